@@ -1,0 +1,311 @@
+//! The async core that produces batches: the plan says which rows batch `i` of epoch `e`
+//! needs, the row groups holding them are read and transformed on the worker pool, and the
+//! rows are gathered into the batch. One build per row group and per batch however many
+//! readers wait for it; both are kept in memory within `memory_limit`.
+
+use crate::format::{self, TensorLayout};
+use crate::plan::{EpochOrder, Plan};
+use crate::source::Source;
+use crate::transform::{self, Columns};
+use crate::view::View;
+use anyhow::{Context, Result};
+use lru::LruCache;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
+use tokio::sync::{OnceCell, Semaphore};
+
+/// A built batch: every tensor's rows, and the safetensors header that goes in front of them.
+#[derive(Debug)]
+pub struct Batch {
+    pub rows: u64,
+    pub tensors: Vec<Vec<u8>>,
+    pub safetensors_header: Vec<u8>,
+}
+
+/// Something whose memory a cache counts.
+pub trait Weighted {
+    fn weight(&self) -> usize;
+}
+
+impl Weighted for Batch {
+    fn weight(&self) -> usize {
+        self.tensors.iter().map(Vec::len).sum::<usize>() + self.safetensors_header.len()
+    }
+}
+
+impl Weighted for Columns {
+    fn weight(&self) -> usize {
+        self.bytes()
+    }
+}
+
+struct MemoState<K, V> {
+    cache: LruCache<K, Arc<V>>,
+    bytes: usize,
+    flights: HashMap<K, Arc<OnceCell<Arc<V>>>>,
+}
+
+/// A byte-bounded LRU cache in front of single-flight builds: concurrent callers for one key
+/// share one build.
+pub struct Memo<K, V> {
+    capacity: usize,
+    state: Mutex<MemoState<K, V>>,
+}
+
+impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
+    pub fn new(capacity: usize) -> Self {
+        Memo {
+            capacity,
+            state: Mutex::new(MemoState {
+                cache: LruCache::unbounded(),
+                bytes: 0,
+                flights: HashMap::new(),
+            }),
+        }
+    }
+
+    pub async fn get_or_build<F>(&self, key: K, build: F) -> Result<Arc<V>>
+    where
+        F: Future<Output = Result<Arc<V>>>,
+    {
+        let cell = {
+            let mut s = self.state.lock().unwrap();
+            if let Some(v) = s.cache.get(&key) {
+                return Ok(v.clone());
+            }
+            s.flights.entry(key.clone()).or_default().clone()
+        };
+        let value = cell.get_or_try_init(|| build).await?.clone();
+        let mut s = self.state.lock().unwrap();
+        if s.flights.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            s.flights.remove(&key);
+            let w = value.weight();
+            if w <= self.capacity {
+                s.bytes += w;
+                if let Some(old) = s.cache.put(key, value.clone()) {
+                    s.bytes -= old.weight();
+                }
+                while s.bytes > self.capacity {
+                    let Some((_, old)) = s.cache.pop_lru() else {
+                        break;
+                    };
+                    s.bytes -= old.weight();
+                }
+            }
+        }
+        Ok(value)
+    }
+
+    /// Bytes held by the cache.
+    pub fn bytes(&self) -> usize {
+        self.state.lock().unwrap().bytes
+    }
+}
+
+pub struct Engine {
+    pub source: Arc<Source>,
+    pub view: Arc<View>,
+    pub plan: Plan,
+    runtime: Handle,
+    /// `threads` permits: row-group decodes and gathers run under one.
+    workers: Arc<Semaphore>,
+    /// Global row-group index → (file, row group in file).
+    row_groups: Vec<(usize, usize)>,
+    decoded: Memo<usize, Columns>,
+    batches: Memo<(u64, u64), Batch>,
+    epochs: Mutex<LruCache<u64, Arc<EpochOrder>>>,
+}
+
+impl Engine {
+    pub fn new(
+        source: Arc<Source>,
+        view: Arc<View>,
+        plan: Plan,
+        runtime: Handle,
+        threads: usize,
+        memory_limit: u64,
+    ) -> Engine {
+        let row_groups = source
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(f, file)| (0..file.row_groups()).map(move |rg| (f, rg)))
+            .collect();
+        let half = (memory_limit / 2) as usize;
+        Engine {
+            source,
+            view,
+            plan,
+            runtime,
+            workers: Arc::new(Semaphore::new(threads)),
+            row_groups,
+            decoded: Memo::new(half),
+            batches: Memo::new(half),
+            epochs: Mutex::new(LruCache::new(8.try_into().unwrap())),
+        }
+    }
+
+    fn epoch_order(&self, epoch: u64) -> Arc<EpochOrder> {
+        let mut epochs = self.epochs.lock().unwrap();
+        epochs
+            .get_or_insert(epoch, || Arc::new(self.plan.epoch(epoch)))
+            .clone()
+    }
+
+    /// The tensor layouts of a batch of `rows` rows, in file order.
+    pub fn layouts(&self, rows: u64) -> Vec<TensorLayout<'_>> {
+        self.view
+            .tensors
+            .iter()
+            .map(|t| TensorLayout {
+                name: &t.name,
+                dtype: t.dtype,
+                shape: t.shape(rows),
+            })
+            .collect()
+    }
+
+    /// Batch `i` of `epoch`, built on first use.
+    pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        self.batches
+            .get_or_build((epoch, i), self.build_batch(epoch, i))
+            .await
+    }
+
+    async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        let order = self.epoch_order(epoch);
+        let rows: Vec<(usize, usize)> = self
+            .plan
+            .batch_rows(&order, i)
+            .into_iter()
+            .map(|r| {
+                let (rg, row) = self.plan.locate(r);
+                (rg, row as usize)
+            })
+            .collect();
+        let needed: BTreeSet<usize> = rows.iter().map(|&(rg, _)| rg).collect();
+        let decoded =
+            futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g))).await?;
+        let by_rg: HashMap<usize, Arc<Columns>> = needed.into_iter().zip(decoded).collect();
+
+        let _permit = self.workers.acquire().await?;
+        let view = self.view.clone();
+        let n = rows.len() as u64;
+        let header = format::safetensors_header(&self.layouts(n));
+        let tensors = tokio::task::spawn_blocking(move || {
+            let picks: Vec<(&Columns, usize)> = rows
+                .iter()
+                .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
+                .collect();
+            transform::gather(&view, &picks)
+        })
+        .await?;
+        Ok(Arc::new(Batch {
+            rows: n,
+            tensors,
+            safetensors_header: header,
+        }))
+    }
+
+    /// Row group `g` (global index) read, decoded and transformed.
+    async fn row_group(&self, g: usize) -> Result<Arc<Columns>> {
+        self.decoded
+            .get_or_build(g, async {
+                let _permit = self.workers.acquire().await?;
+                let (file, rg) = self.row_groups[g];
+                let source = self.source.clone();
+                let view = self.view.clone();
+                let runtime = self.runtime.clone();
+                // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
+                let columns = tokio::task::spawn_blocking(move || {
+                    let batch = runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
+                    transform::transform(&view, &batch).with_context(|| {
+                        format!("file '{}' row group {rg}", source.files[file].name)
+                    })
+                })
+                .await??;
+                Ok(Arc::new(columns))
+            })
+            .await
+    }
+
+    /// Bytes of decoded row groups and built batches held in memory.
+    pub fn memory(&self) -> usize {
+        self.decoded.bytes() + self.batches.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Blob(usize);
+    impl Weighted for Blob {
+        fn weight(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_callers_share_one_build() {
+        let memo: Arc<Memo<u32, Blob>> = Arc::new(Memo::new(1000));
+        let builds = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let memo = memo.clone();
+                let builds = builds.clone();
+                tokio::spawn(async move {
+                    memo.get_or_build(7, async {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok(Arc::new(Blob(10)))
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().0, 10);
+        }
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn the_cache_stays_within_its_capacity() {
+        let memo: Memo<u32, Blob> = Memo::new(100);
+        for k in 0..50 {
+            memo.get_or_build(k, async { Ok(Arc::new(Blob(30))) })
+                .await
+                .unwrap();
+            assert!(memo.bytes() <= 100);
+        }
+        assert_eq!(memo.bytes(), 90);
+        // Too large to keep: served, not cached.
+        memo.get_or_build(99, async { Ok(Arc::new(Blob(500))) })
+            .await
+            .unwrap();
+        assert!(memo.bytes() <= 100);
+    }
+
+    #[tokio::test]
+    async fn a_failed_build_is_retried_by_the_next_caller() {
+        let memo: Memo<u32, Blob> = Memo::new(100);
+        assert!(
+            memo.get_or_build(1, async { anyhow::bail!("boom") })
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            memo.get_or_build(1, async { Ok(Arc::new(Blob(1))) })
+                .await
+                .unwrap()
+                .0,
+            1
+        );
+    }
+}

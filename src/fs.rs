@@ -1,0 +1,451 @@
+//! The filesystem core: the tree a mount shows, as plain functions over inode numbers that
+//! return plain values or an errno. The FUSE adapter (`fuse.rs`) only translates.
+//!
+//! Inode numbers are computed, not stored, for everything below an epoch or rank directory:
+//! `kind (4 bits) | directory id (16) | batch (32) | tensor (12)`, where the directory id
+//! interns the (few) epoch and rank directories that have been looked up. A listing of an
+//! epoch with a million batches therefore costs no memory.
+
+use crate::engine::Engine;
+use crate::format;
+use crate::plan::{rank_batches, rank_to_global};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub type Errno = i32;
+
+pub const ROOT_INO: u64 = 1;
+const DATASET_JSON_INO: u64 = 2;
+pub const DATASET_JSON: &str = "dataset.json";
+
+const KIND_SHIFT: u32 = 60;
+const DIR_SHIFT: u32 = 44;
+const BATCH_SHIFT: u32 = 12;
+const MAX_DIRS: usize = 1 << 16;
+const MAX_BATCHES: u64 = 1 << 32;
+const MAX_TENSORS: usize = 1 << 12;
+
+/// A directory of batches: an epoch, or a rank's view of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Batches {
+    Epoch(u64),
+    Rank { epoch: u64, rank: u64, world: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    Root,
+    DatasetJson,
+    Dir(u32),
+    Safetensors(u32, u64),
+    BatchDir(u32, u64),
+    Npy(u32, u64, usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: String,
+}
+
+fn encode(node: Node) -> u64 {
+    let pack = |kind: u64, d: u32, i: u64, t: usize| {
+        (kind << KIND_SHIFT) | ((d as u64) << DIR_SHIFT) | (i << BATCH_SHIFT) | t as u64
+    };
+    match node {
+        Node::Root => ROOT_INO,
+        Node::DatasetJson => DATASET_JSON_INO,
+        Node::Dir(d) => pack(1, d, 0, 0),
+        Node::Safetensors(d, i) => pack(2, d, i, 0),
+        Node::BatchDir(d, i) => pack(3, d, i, 0),
+        Node::Npy(d, i, t) => pack(4, d, i, t),
+    }
+}
+
+fn decode(ino: u64) -> Option<Node> {
+    let d = ((ino >> DIR_SHIFT) & (MAX_DIRS as u64 - 1)) as u32;
+    let i = (ino >> BATCH_SHIFT) & (MAX_BATCHES - 1);
+    let t = (ino & (MAX_TENSORS as u64 - 1)) as usize;
+    Some(match (ino >> KIND_SHIFT, ino) {
+        (0, ROOT_INO) => Node::Root,
+        (0, DATASET_JSON_INO) => Node::DatasetJson,
+        (1, _) => Node::Dir(d),
+        (2, _) => Node::Safetensors(d, i),
+        (3, _) => Node::BatchDir(d, i),
+        (4, _) => Node::Npy(d, i, t),
+        _ => return None,
+    })
+}
+
+/// A decimal number as names write it: digits, no leading zero.
+fn number(s: &str) -> Option<u64> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
+/// Exact file sizes of a batch of a given row count.
+struct Sizes {
+    safetensors: u64,
+    npy: Vec<u64>,
+}
+
+pub struct Fs {
+    engine: Arc<Engine>,
+    epochs: u64,
+    world_size: Option<u64>,
+    dataset_json: Vec<u8>,
+    /// Digits in a batch file name.
+    width: usize,
+    tensor_index: HashMap<String, usize>,
+    sizes: HashMap<u64, Sizes>,
+    dirs: Mutex<(Vec<Batches>, HashMap<Batches, u32>)>,
+}
+
+impl Fs {
+    pub fn new(
+        engine: Arc<Engine>,
+        epochs: u64,
+        world_size: Option<u64>,
+        dataset_json: Vec<u8>,
+    ) -> Fs {
+        let plan = &engine.plan;
+        let width = plan.batches().saturating_sub(1).to_string().len().max(6);
+        let tensor_index = engine
+            .view
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut sizes = HashMap::new();
+        for rows in [plan.options().batch_size, plan.last_batch_len()] {
+            let layouts = engine.layouts(rows);
+            let data: u64 = layouts.iter().map(|l| l.data_len() as u64).sum();
+            let npy = layouts
+                .iter()
+                .map(|l| (format::npy_header_len(l.dtype, &l.shape) + l.data_len()) as u64)
+                .collect();
+            let safetensors = format::safetensors_header(&layouts).len() as u64 + data;
+            sizes.insert(rows, Sizes { safetensors, npy });
+        }
+        Fs {
+            engine,
+            epochs,
+            world_size,
+            dataset_json,
+            width,
+            tensor_index,
+            sizes,
+            dirs: Mutex::new((Vec::new(), HashMap::new())),
+        }
+    }
+
+    fn dir_id(&self, b: Batches) -> Result<u32, Errno> {
+        let mut dirs = self.dirs.lock().unwrap();
+        if let Some(&id) = dirs.1.get(&b) {
+            return Ok(id);
+        }
+        if dirs.0.len() >= MAX_DIRS {
+            tracing::warn!(
+                "more than {MAX_DIRS} epoch and rank directories looked up; refusing {b:?}"
+            );
+            return Err(libc::ENFILE);
+        }
+        let id = dirs.0.len() as u32;
+        dirs.0.push(b);
+        dirs.1.insert(b, id);
+        Ok(id)
+    }
+
+    fn dir(&self, id: u32) -> Result<Batches, Errno> {
+        self.dirs
+            .lock()
+            .unwrap()
+            .0
+            .get(id as usize)
+            .copied()
+            .ok_or(libc::ENOENT)
+    }
+
+    fn node(&self, ino: u64) -> Result<Node, Errno> {
+        decode(ino).ok_or(libc::ENOENT)
+    }
+
+    fn count(&self, b: Batches) -> u64 {
+        match b {
+            Batches::Epoch(_) => self.engine.plan.batches(),
+            Batches::Rank { world, .. } => rank_batches(self.engine.plan.batches(), world),
+        }
+    }
+
+    /// The (epoch, global batch) that batch `i` of a directory is.
+    fn global(&self, b: Batches, i: u64) -> (u64, u64) {
+        match b {
+            Batches::Epoch(e) => (e, i),
+            Batches::Rank { epoch, rank, world } => (epoch, rank_to_global(rank, world, i)),
+        }
+    }
+
+    fn batch_name(&self, i: u64) -> String {
+        format!("{i:0width$}", width = self.width)
+    }
+
+    fn parse_batch(&self, b: Batches, s: &str) -> Option<u64> {
+        let ok = s.len() == self.width && s.bytes().all(|c| c.is_ascii_digit());
+        ok.then(|| s.parse().ok())
+            .flatten()
+            .filter(|&i| i < self.count(b) && i < MAX_BATCHES)
+    }
+
+    fn sizes(&self, b: Batches, i: u64) -> &Sizes {
+        let (_, g) = self.global(b, i);
+        &self.sizes[&self.engine.plan.batch_len(g)]
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        let node = self.node(ino)?;
+        let (kind, size) = match node {
+            Node::Root | Node::Dir(_) | Node::BatchDir(..) => (Kind::Dir, 0),
+            Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
+            Node::Safetensors(d, i) => (Kind::File, self.sizes(self.dir(d)?, i).safetensors),
+            Node::Npy(d, i, t) => (Kind::File, self.sizes(self.dir(d)?, i).npy[t]),
+        };
+        Ok(Attr { ino, kind, size })
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, Errno> {
+        let node = match self.node(parent)? {
+            Node::Root => {
+                if name == DATASET_JSON {
+                    Node::DatasetJson
+                } else {
+                    let e = name
+                        .strip_prefix("epoch-")
+                        .and_then(number)
+                        .ok_or(libc::ENOENT)?;
+                    Node::Dir(self.dir_id(Batches::Epoch(e))?)
+                }
+            }
+            Node::Dir(d) => {
+                let b = self.dir(d)?;
+                if let Some(stem) = name.strip_suffix(".safetensors") {
+                    Node::Safetensors(d, self.parse_batch(b, stem).ok_or(libc::ENOENT)?)
+                } else if let Some(i) = self.parse_batch(b, name) {
+                    Node::BatchDir(d, i)
+                } else {
+                    let Batches::Epoch(epoch) = b else {
+                        return Err(libc::ENOENT);
+                    };
+                    let (rank, world) = name
+                        .strip_prefix("rank-")
+                        .and_then(|s| s.split_once("-of-"))
+                        .and_then(|(r, w)| Some((number(r)?, number(w)?)))
+                        .filter(|&(r, w)| r < w)
+                        .ok_or(libc::ENOENT)?;
+                    Node::Dir(self.dir_id(Batches::Rank { epoch, rank, world })?)
+                }
+            }
+            Node::BatchDir(d, i) => {
+                let t = name
+                    .strip_suffix(".npy")
+                    .and_then(|n| self.tensor_index.get(n))
+                    .ok_or(libc::ENOENT)?;
+                Node::Npy(d, i, *t)
+            }
+            _ => return Err(libc::ENOTDIR),
+        };
+        self.getattr(encode(node))
+    }
+
+    /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`.
+    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>, Errno> {
+        let node = self.node(ino)?;
+        let entry = |node: Node, kind: Kind, name: String| DirEntry {
+            ino: encode(node),
+            kind,
+            name,
+        };
+        let child = |k: u64| -> Result<Option<DirEntry>, Errno> {
+            Ok(match node {
+                Node::Root => match k {
+                    0 => Some(entry(Node::DatasetJson, Kind::File, DATASET_JSON.into())),
+                    k if k <= self.epochs => {
+                        let e = k - 1;
+                        Some(entry(
+                            Node::Dir(self.dir_id(Batches::Epoch(e))?),
+                            Kind::Dir,
+                            format!("epoch-{e}"),
+                        ))
+                    }
+                    _ => None,
+                },
+                Node::Dir(d) => {
+                    let b = self.dir(d)?;
+                    let n = self.count(b);
+                    if k < 2 * n {
+                        let i = k / 2;
+                        Some(if k.is_multiple_of(2) {
+                            entry(
+                                Node::Safetensors(d, i),
+                                Kind::File,
+                                format!("{}.safetensors", self.batch_name(i)),
+                            )
+                        } else {
+                            entry(Node::BatchDir(d, i), Kind::Dir, self.batch_name(i))
+                        })
+                    } else {
+                        match (b, self.world_size) {
+                            (Batches::Epoch(epoch), Some(world)) if k - 2 * n < world => {
+                                let rank = k - 2 * n;
+                                let id = self.dir_id(Batches::Rank { epoch, rank, world })?;
+                                Some(entry(
+                                    Node::Dir(id),
+                                    Kind::Dir,
+                                    format!("rank-{rank}-of-{world}"),
+                                ))
+                            }
+                            _ => None,
+                        }
+                    }
+                }
+                Node::BatchDir(d, i) => self.engine.view.tensors.get(k as usize).map(|t| {
+                    entry(
+                        Node::Npy(d, i, k as usize),
+                        Kind::File,
+                        format!("{}.npy", t.name),
+                    )
+                }),
+                _ => return Err(libc::ENOTDIR),
+            })
+        };
+        let mut out = Vec::new();
+        let mut k = offset;
+        while out.len() < limit {
+            let e = match k {
+                0 => Some(DirEntry {
+                    ino,
+                    kind: Kind::Dir,
+                    name: ".".into(),
+                }),
+                1 => Some(DirEntry {
+                    ino: ROOT_INO,
+                    kind: Kind::Dir,
+                    name: "..".into(),
+                }),
+                _ => child(k - 2)?,
+            };
+            match e {
+                Some(e) => out.push(e),
+                None => break,
+            }
+            k += 1;
+        }
+        Ok(out)
+    }
+
+    /// Whether a node is a file (`open` refuses directories and vice versa).
+    pub fn is_file(&self, ino: u64) -> Result<bool, Errno> {
+        Ok(self.getattr(ino)?.kind == Kind::File)
+    }
+
+    /// Reads `size` bytes at `offset`, building the batch first if it must.
+    pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let node = self.node(ino)?;
+        let (b, i) = match node {
+            Node::DatasetJson => return Ok(slice(&[&self.dataset_json], offset, size)),
+            Node::Safetensors(d, i) | Node::Npy(d, i, _) => (self.dir(d)?, i),
+            _ => return Err(libc::EISDIR),
+        };
+        let (epoch, g) = self.global(b, i);
+        let batch = self.engine.batch(epoch, g).await.map_err(|e| {
+            tracing::error!("epoch {epoch} batch {g}: {e:#}");
+            libc::EIO
+        })?;
+        Ok(match node {
+            Node::Npy(_, _, t) => {
+                let tensor = &self.engine.view.tensors[t];
+                let header = format::npy_header(tensor.dtype, &tensor.shape(batch.rows));
+                slice(&[&header, &batch.tensors[t]], offset, size)
+            }
+            _ => {
+                let mut parts: Vec<&[u8]> = vec![&batch.safetensors_header];
+                parts.extend(batch.tensors.iter().map(Vec::as_slice));
+                slice(&parts, offset, size)
+            }
+        })
+    }
+}
+
+/// `size` bytes at `offset` of the concatenation of `parts`.
+fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size as usize);
+    let (mut start, end) = (offset as usize, offset as usize + size as usize);
+    let mut base = 0usize;
+    for p in parts {
+        let p_end = base + p.len();
+        if start < p_end && start < end {
+            let to = end.min(p_end);
+            out.extend_from_slice(&p[start - base..to - base]);
+            start = to;
+        }
+        base = p_end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_numbers_round_trip() {
+        for node in [
+            Node::Root,
+            Node::DatasetJson,
+            Node::Dir(0),
+            Node::Dir(65535),
+            Node::Safetensors(3, 0),
+            Node::Safetensors(65535, MAX_BATCHES - 1),
+            Node::BatchDir(1, 12345),
+            Node::Npy(2, 99, 4095),
+        ] {
+            assert_eq!(decode(encode(node)), Some(node));
+        }
+        assert_eq!(decode(0), None);
+        assert_eq!(decode(15 << KIND_SHIFT), None);
+    }
+
+    #[test]
+    fn names_are_canonical_numbers() {
+        assert_eq!(number("0"), Some(0));
+        assert_eq!(number("17"), Some(17));
+        assert_eq!(number("017"), None);
+        assert_eq!(number(""), None);
+        assert_eq!(number("1x"), None);
+    }
+
+    #[test]
+    fn slices_cross_parts() {
+        let parts: [&[u8]; 3] = [b"abc", b"", b"defg"];
+        assert_eq!(slice(&parts, 0, 100), b"abcdefg");
+        assert_eq!(slice(&parts, 2, 3), b"cde");
+        assert_eq!(slice(&parts, 6, 10), b"g");
+        assert_eq!(slice(&parts, 7, 10), b"");
+        assert_eq!(slice(&parts, 50, 10), b"");
+    }
+}

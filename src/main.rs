@@ -1,0 +1,166 @@
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use tensorfs::mount::{self, Dataset, Ready};
+use tensorfs::options::Options;
+
+#[derive(Parser)]
+#[command(
+    name = "tensorfs",
+    version,
+    about = "Mount a Parquet dataset as per-epoch tensor batch files"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount SOURCE (a Parquet file, a prefix of them, or an object-store URL) on MOUNTPOINT.
+    Mount {
+        source: String,
+        mountpoint: String,
+        /// Mount options, comma-separated; may be repeated.
+        #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+        options: Vec<String>,
+        /// Stay in the foreground instead of daemonising.
+        #[arg(short = 'f', long)]
+        foreground: bool,
+    },
+    /// Show the tensor view a mount of SOURCE would show, and what it would refuse.
+    Inspect {
+        source: String,
+        #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+        options: Vec<String>,
+        /// Print the dataset.json a mount would show.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+const SUBCOMMANDS: &[&str] = &["mount", "inspect", "help"];
+
+/// `tensorfs SOURCE MOUNTPOINT -o …` (the form mount(8) calls) is `tensorfs mount …`.
+fn arguments() -> Vec<String> {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.get(1)
+        && !first.starts_with('-')
+        && !SUBCOMMANDS.contains(&first.as_str())
+    {
+        args.insert(1, "mount".into());
+    }
+    args
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("tensorfs: error: {}", mount::one_line(e));
+    ExitCode::FAILURE
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(arguments());
+    match cli.command {
+        Command::Mount {
+            source,
+            mountpoint,
+            options,
+            foreground,
+        } => {
+            let run = || -> anyhow::Result<()> {
+                let opts = Options::parse(&options)?;
+                let mountpoint = mount::check_mountpoint(&mountpoint)?;
+                let ready = if foreground {
+                    Ready::Foreground
+                } else {
+                    mount::daemonize(&mount::log_file(&opts))?
+                };
+                init_logging(&opts.log);
+                mount::serve(&source, &mountpoint, &opts, ready)
+            };
+            match run() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+        Command::Inspect {
+            source,
+            options,
+            json,
+        } => {
+            let run = || -> anyhow::Result<bool> {
+                let opts = Options::parse(&options)?;
+                let dataset = mount::runtime()?.block_on(Dataset::open(&source, &opts))?;
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&dataset.dataset_json(&opts))?
+                    );
+                } else {
+                    print_view(&dataset, &opts);
+                }
+                dataset.check()?;
+                Ok(true)
+            };
+            match run() {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+fn print_view(d: &Dataset, opts: &Options) {
+    let files = d.source.files.len();
+    println!(
+        "source       {} ({files} file{}, {} rows, {} row groups)",
+        d.source.display,
+        if files == 1 { "" } else { "s" },
+        d.plan.rows(),
+        d.plan.row_groups()
+    );
+    println!("fingerprint  {}", d.source.fingerprint());
+    println!(
+        "batches      {} per epoch of {} rows (last: {} rows), shuffle={}",
+        d.plan.batches(),
+        opts.batch_size,
+        d.plan.last_batch_len(),
+        opts.shuffle.name()
+    );
+    println!("tensors");
+    let width = d
+        .view
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(0);
+    for t in &d.view.tensors {
+        let shape: Vec<String> = t
+            .shape(opts.batch_size)
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let unit = t.unit.map(|u| format!("  unit {u}")).unwrap_or_default();
+        println!(
+            "  {:width$}  {:8} [{}]{unit}",
+            t.name,
+            t.dtype.name(),
+            shape.join(", ")
+        );
+    }
+    if !d.view.problems.is_empty() {
+        println!("refused");
+        for p in &d.view.problems {
+            println!("  - {p}");
+        }
+    }
+}

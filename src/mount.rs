@@ -1,0 +1,338 @@
+//! Opening a dataset and mounting it: what `tensorfs mount` and `tensorfs inspect` share, the
+//! checks made before anything is mounted, daemonising, and the FUSE session's life.
+
+use crate::engine::Engine;
+use crate::fs::Fs;
+use crate::fuse::FuseAdapter;
+use crate::options::Options;
+use crate::plan::Plan;
+use crate::source::Source;
+use crate::view::{self, View};
+use anyhow::{Context, Result, anyhow, bail};
+use fuser::{Config, MountOption, SessionACL};
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A dataset opened under a set of options: what a mount would show.
+pub struct Dataset {
+    pub source: Arc<Source>,
+    pub view: Arc<View>,
+    pub plan: Plan,
+}
+
+impl Dataset {
+    /// Opens the source and builds the view. A view with problems is returned as it is, so
+    /// that `inspect` can show them; [`Dataset::check`] turns them into the refusal.
+    pub async fn open(source: &str, opts: &Options) -> Result<Dataset> {
+        let source = Arc::new(Source::open(source, &opts.store).await?);
+        let view = Arc::new(view::build(&source, opts).await?);
+        let rg_rows: Vec<u64> = source
+            .files
+            .iter()
+            .flat_map(|f| {
+                let md = f.metadata.metadata();
+                (0..md.num_row_groups()).map(move |rg| md.row_group(rg).num_rows() as u64)
+            })
+            .collect();
+        let plan = Plan::new(&rg_rows, opts.order());
+        Ok(Dataset { source, view, plan })
+    }
+
+    pub fn check(&self) -> Result<()> {
+        match self.view.refusal() {
+            Some(line) => Err(anyhow!(line)),
+            None => Ok(()),
+        }
+    }
+
+    pub fn dataset_json(&self, opts: &Options) -> serde_json::Value {
+        view::dataset_json(&self.source, &self.view, &self.plan, opts)
+    }
+}
+
+/// The mount's runtime: I/O on a couple of async workers; decoding runs on blocking threads,
+/// bounded by the engine's `threads` permits.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(256)
+        .thread_name("tensorfs-worker")
+        .enable_all()
+        .build()?)
+}
+
+/// Mount points of the given filesystem type, from /proc/self/mountinfo.
+fn mounted_with_type(mountpoint: &Path, fstype: &str) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            return false;
+        };
+        fields.get(4).map(|p| unescape_mountinfo(p))
+            == Some(mountpoint.to_string_lossy().into_owned())
+            && fields.get(sep + 1) == Some(&fstype)
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn find_in_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/bin", "/usr/bin", "/sbin", "/usr/sbin"].map(PathBuf::from))
+        .any(|d| d.join(name).is_file())
+}
+
+/// Checks the mount point before any work: it must be an empty-or-not directory that is not
+/// already a tensorfs mount.
+pub fn check_mountpoint(mountpoint: &str) -> Result<PathBuf> {
+    let path = std::fs::canonicalize(mountpoint)
+        .map_err(|e| anyhow!("mount point '{mountpoint}' cannot be used: {e}"))?;
+    if !path.is_dir() {
+        bail!("mount point '{mountpoint}' is not a directory");
+    }
+    if mounted_with_type(&path, "fuse.tensorfs") {
+        bail!("mount point '{mountpoint}' already has a tensorfs mount; unmount it first");
+    }
+    Ok(path)
+}
+
+fn create_cache_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cache_dir '{}' cannot be created", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cache_dir '{}' cannot be made private", dir.display()))
+}
+
+/// How the mounted daemon tells the `tensorfs mount` process it is ready, or why it failed.
+pub enum Ready {
+    Foreground,
+    Pipe(std::fs::File),
+}
+
+impl Ready {
+    fn report(&mut self, outcome: &Result<()>) {
+        if let Ready::Pipe(f) = self {
+            let msg = match outcome {
+                Ok(()) => "OK\n".to_string(),
+                Err(e) => format!("{}\n", one_line(e)),
+            };
+            let _ = f.write_all(msg.as_bytes());
+        }
+    }
+}
+
+/// An error as the one line a refused command prints.
+pub fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+/// Forks: the parent waits until the child reports the mount live (exit 0) or fails (prints
+/// the child's error line, exit 1). Must be called before any thread exists.
+pub fn daemonize(log_file: &Path) -> Result<Ready> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid array of two ints for pipe to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        bail!("pipe: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the process is single-threaded here (no runtime exists yet), so the child may
+    // go on running arbitrary code.
+    match unsafe { libc::fork() } {
+        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(read_end);
+            // SAFETY: setsid has no preconditions; in a fresh child it cannot fail.
+            unsafe { libc::setsid() };
+            redirect_stdio(log_file);
+            Ok(Ready::Pipe(std::fs::File::from(write_end)))
+        }
+        _ => {
+            drop(write_end);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(read_end).read_to_string(&mut msg);
+            match msg.trim_end() {
+                "OK" => std::process::exit(0),
+                "" => {
+                    eprintln!(
+                        "tensorfs: error: the daemon exited before the mount was ready; see {}",
+                        log_file.display()
+                    );
+                    std::process::exit(1)
+                }
+                line => {
+                    eprintln!("tensorfs: error: {line}");
+                    std::process::exit(1)
+                }
+            }
+        }
+    }
+}
+
+fn redirect_stdio(log_file: &Path) {
+    let open = |path: &Path, append: bool| {
+        std::fs::OpenOptions::new()
+            .read(!append)
+            .append(append)
+            .create(append)
+            .open(path)
+    };
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = open(Path::new("/dev/null"), false) {
+        // SAFETY: both descriptors are valid; dup2 onto 0 and 1 replaces them atomically.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+    let log = log_file
+        .parent()
+        .map(create_cache_dir)
+        .and_then(|r| r.ok())
+        .and_then(|_| open(log_file, true).ok());
+    if let Some(log) = log {
+        // SAFETY: as above.
+        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+    }
+}
+
+/// Where a daemonised mount logs.
+pub fn log_file(opts: &Options) -> PathBuf {
+    opts.cache_dir.join("tensorfs.log")
+}
+
+/// Opens the dataset, mounts it and serves until unmounted.
+pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
+    let runtime = runtime()?;
+    let opened = runtime.block_on(Dataset::open(source, opts)).and_then(|d| {
+        d.check()?;
+        create_cache_dir(&opts.cache_dir)?;
+        Ok(d)
+    });
+    let dataset = match opened {
+        Ok(d) => d,
+        Err(e) => {
+            ready.report(&Err(anyhow!("{}", one_line(&e))));
+            return Err(e);
+        }
+    };
+    let json = serde_json::to_vec_pretty(&dataset.dataset_json(opts))?;
+    let engine = Arc::new(Engine::new(
+        dataset.source.clone(),
+        dataset.view.clone(),
+        dataset.plan.clone(),
+        runtime.handle().clone(),
+        opts.threads,
+        opts.memory_limit,
+    ));
+    let fs = Arc::new(Fs::new(engine, opts.epochs, opts.world_size, json));
+    let adapter = FuseAdapter::new(fs, runtime.handle().clone());
+
+    let auto_unmount = find_in_path("fusermount3");
+    let mut mount_options = vec![
+        MountOption::FSName(source.to_string()),
+        MountOption::Subtype("tensorfs".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+    ];
+    if auto_unmount {
+        mount_options.push(MountOption::AutoUnmount);
+    } else {
+        tracing::warn!("fusermount3 is not installed: a killed daemon leaves its mount behind");
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = match (opts.allow_other, auto_unmount) {
+        (true, _) => SessionACL::All,
+        // auto_unmount goes through fusermount3, which needs allow_root (or allow_other).
+        (false, true) => SessionACL::RootAndOwner,
+        (false, false) => SessionACL::Owner,
+    };
+    config.n_threads = Some(4);
+    config.clone_fd = true;
+
+    let mut session = match fuser::Session::new(adapter, mountpoint, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            let e = anyhow!("cannot mount on '{}': {e}", mountpoint.display());
+            ready.report(&Err(anyhow!("{}", one_line(&e))));
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        "mounted {source} on {}: {} rows, {} batches per epoch, {} tensors",
+        mountpoint.display(),
+        dataset.plan.rows(),
+        dataset.plan.batches(),
+        dataset.view.tensors.len()
+    );
+    ready.report(&Ok(()));
+    drop(ready);
+
+    // SIGTERM and SIGINT unmount cleanly; the session then ends by itself.
+    let mut unmounter = session.unmount_callable();
+    runtime.spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("signal received: unmounting");
+        if let Err(e) = unmounter.unmount() {
+            tracing::error!("unmount failed: {e}");
+        }
+    });
+    session.run().context("FUSE session")?;
+    tracing::info!("unmounted {}", mountpoint.display());
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), r"/x\y");
+    }
+}

@@ -1,0 +1,525 @@
+//! Mount options: `-o a=1,b=2` strings parsed and checked into [`Options`].
+//!
+//! Content options change the bytes of batches; runtime options change only how they are
+//! produced and served; object_store keys configure the source. Options that mount(8) and
+//! fstab pass to every filesystem are accepted and ignored.
+
+use crate::dtype::DType;
+use crate::plan::{OrderOptions, Shuffle};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OptionError(String);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nulls {
+    Error,
+    Zero,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passthrough {
+    Auto,
+    Off,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    // Content options.
+    pub batch_size: u64,
+    pub drop_last: bool,
+    pub columns: Option<Vec<String>>,
+    pub seed: u64,
+    pub shuffle: Shuffle,
+    pub shuffle_window: u64,
+    pub casts: Vec<(String, DType)>,
+    pub stacks: Vec<(String, Vec<String>)>,
+    pub pads: Vec<(String, usize)>,
+    pub nulls: Nulls,
+    // Runtime options.
+    pub epochs: u64,
+    pub world_size: Option<u64>,
+    pub cache_dir: PathBuf,
+    pub cache_size: Option<u64>,
+    pub prefetch: u64,
+    pub memory_limit: u64,
+    pub threads: usize,
+    pub passthrough: Passthrough,
+    pub allow_other: bool,
+    pub log: String,
+    /// object_store configuration keys, passed to the store as they are.
+    pub store: Vec<(String, String)>,
+}
+
+/// Options that mount(8), fstab and systemd hand to every filesystem.
+const GENERIC: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "users",
+    "nouser",
+    "owner",
+    "group",
+    "nofail",
+    "_netdev",
+    "rw",
+    "ro",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nodiratime",
+    "diratime",
+    "sync",
+    "async",
+    "loud",
+    "silent",
+];
+
+/// Prefixes of object_store configuration keys.
+const STORE_PREFIXES: &[&str] = &[
+    "aws_",
+    "google_",
+    "azure_",
+    "http_",
+    "client_",
+    "object_store_",
+];
+
+fn is_generic(key: &str) -> bool {
+    GENERIC.contains(&key) || key.starts_with("x-") || key == "comment"
+}
+
+fn default_cache_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/cache/tensorfs");
+    }
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("tensorfs"),
+        _ => {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+            PathBuf::from(home).join(".cache").join("tensorfs")
+        }
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            batch_size: 1024,
+            drop_last: false,
+            columns: None,
+            seed: 0,
+            shuffle: Shuffle::Window,
+            shuffle_window: 4,
+            casts: Vec::new(),
+            stacks: Vec::new(),
+            pads: Vec::new(),
+            nulls: Nulls::Error,
+            epochs: 1,
+            world_size: None,
+            cache_dir: default_cache_dir(),
+            cache_size: None,
+            prefetch: 8,
+            memory_limit: 2 << 30,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            passthrough: Passthrough::Auto,
+            allow_other: false,
+            log: "info".into(),
+            store: Vec::new(),
+        }
+    }
+}
+
+fn bad(key: &str, value: &str, why: impl std::fmt::Display) -> OptionError {
+    OptionError(format!("bad mount option {key}={value}: {why}"))
+}
+
+fn positive(key: &str, value: &str) -> Result<u64, OptionError> {
+    match value.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(bad(key, value, "expected a whole number greater than 0")),
+    }
+}
+
+/// `200G`, `512M`, `1.5G`, `4096`: binary units.
+pub fn parse_size(value: &str) -> Option<u64> {
+    let v = value.trim();
+    let v = v
+        .strip_suffix("iB")
+        .or_else(|| v.strip_suffix('B'))
+        .unwrap_or(v);
+    let (num, mult) = match v.chars().last()? {
+        'K' | 'k' => (&v[..v.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&v[..v.len() - 1], 1 << 20),
+        'G' | 'g' => (&v[..v.len() - 1], 1 << 30),
+        'T' | 't' => (&v[..v.len() - 1], 1 << 40),
+        _ => (v, 1),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult);
+    }
+    let f: f64 = num.parse().ok()?;
+    (f.is_finite() && f >= 0.0).then_some((f * mult as f64) as u64)
+}
+
+/// Splits `COL:REST` at the first `:`; both parts must be non-empty.
+fn pair<'a>(key: &str, value: &'a str, what: &str) -> Result<(&'a str, &'a str), OptionError> {
+    match value.split_once(':') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a, b)),
+        _ => Err(bad(key, value, format!("expected {key}={what}"))),
+    }
+}
+
+impl Options {
+    /// Parses `-o` arguments; each may hold several comma-separated options.
+    pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Options, OptionError> {
+        let mut o = Options::default();
+        for arg in args {
+            for opt in arg.as_ref().split(',').filter(|s| !s.is_empty()) {
+                o.apply(opt)?;
+            }
+        }
+        o.check()?;
+        Ok(o)
+    }
+
+    fn apply(&mut self, opt: &str) -> Result<(), OptionError> {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let flag = |set: &mut bool| match value {
+            None | Some("true") | Some("1") | Some("on") => {
+                *set = true;
+                Ok(())
+            }
+            Some("false") | Some("0") | Some("off") => {
+                *set = false;
+                Ok(())
+            }
+            Some(v) => Err(bad(key, v, "expected no value, true or false")),
+        };
+        match key {
+            "drop_last" => return flag(&mut self.drop_last),
+            "allow_other" => return flag(&mut self.allow_other),
+            _ if is_generic(key) => return Ok(()),
+            _ => {}
+        }
+        let Some(value) = value else {
+            return Err(OptionError(format!("unknown mount option '{key}'")));
+        };
+        match key {
+            "batch_size" => self.batch_size = positive(key, value)?,
+            "columns" => {
+                let cols: Vec<String> = value.split(':').map(str::to_string).collect();
+                if cols.iter().any(String::is_empty) {
+                    return Err(bad(key, value, "expected columns=A:B:C"));
+                }
+                self.columns = Some(cols);
+            }
+            "seed" => {
+                self.seed = value
+                    .parse()
+                    .map_err(|_| bad(key, value, "expected a whole number"))?
+            }
+            "shuffle" => {
+                self.shuffle = match value {
+                    "none" => Shuffle::None,
+                    "window" => Shuffle::Window,
+                    "global" => Shuffle::Global,
+                    _ => return Err(bad(key, value, "expected none, window or global")),
+                }
+            }
+            "shuffle_window" => self.shuffle_window = positive(key, value)?,
+            "epochs" => self.epochs = positive(key, value)?,
+            "world_size" => self.world_size = Some(positive(key, value)?),
+            "cast" => {
+                let (col, dtype) = pair(key, value, "COL:DTYPE")?;
+                let dtype = dtype.parse::<DType>().map_err(|e| bad(key, value, e))?;
+                self.casts.push((col.into(), dtype));
+            }
+            "stack" => {
+                let (name, cols) = pair(key, value, "NAME:COL1+COL2+…")?;
+                let cols: Vec<String> = cols.split('+').map(str::to_string).collect();
+                if cols.iter().any(String::is_empty) {
+                    return Err(bad(key, value, "expected stack=NAME:COL1+COL2+…"));
+                }
+                self.stacks.push((name.into(), cols));
+            }
+            "pad" => {
+                let (col, len) = pair(key, value, "COL:LENGTH")?;
+                let len = positive(key, len).map_err(|_| {
+                    bad(
+                        key,
+                        value,
+                        "the length must be a whole number greater than 0",
+                    )
+                })?;
+                self.pads.push((col.into(), len as usize));
+            }
+            "nulls" => {
+                self.nulls = match value {
+                    "error" => Nulls::Error,
+                    "zero" => Nulls::Zero,
+                    _ => return Err(bad(key, value, "expected error or zero")),
+                }
+            }
+            "cache_dir" => {
+                if value.is_empty() {
+                    return Err(bad(key, value, "expected a directory"));
+                }
+                self.cache_dir = PathBuf::from(value);
+            }
+            "cache_size" => {
+                self.cache_size = Some(
+                    parse_size(value)
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| bad(key, value, "expected a size such as 200G"))?,
+                )
+            }
+            "prefetch" => {
+                self.prefetch = value
+                    .parse()
+                    .map_err(|_| bad(key, value, "expected a whole number"))?
+            }
+            "memory_limit" => {
+                self.memory_limit = parse_size(value)
+                    .filter(|&n| n >= 1 << 20)
+                    .ok_or_else(|| bad(key, value, "expected a size of at least 1M, such as 2G"))?
+            }
+            "threads" => self.threads = positive(key, value)? as usize,
+            "passthrough" => {
+                self.passthrough = match value {
+                    "auto" => Passthrough::Auto,
+                    "off" => Passthrough::Off,
+                    _ => return Err(bad(key, value, "expected auto or off")),
+                }
+            }
+            "log" => {
+                tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(key, value, e))?;
+                self.log = value.into();
+            }
+            _ if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
+                self.store.push((key.into(), value.into()));
+            }
+            _ => return Err(OptionError(format!("unknown mount option '{key}'"))),
+        }
+        Ok(())
+    }
+
+    /// Checks between options.
+    fn check(&self) -> Result<(), OptionError> {
+        let mut seen = std::collections::HashSet::new();
+        for (col, _) in &self.pads {
+            if !seen.insert(col) {
+                return Err(OptionError(format!(
+                    "mount option pad= names column '{col}' twice"
+                )));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (col, _) in &self.casts {
+            if !seen.insert(col) {
+                return Err(OptionError(format!(
+                    "mount option cast= names column '{col}' twice"
+                )));
+            }
+        }
+        let mut members = std::collections::HashSet::new();
+        for (name, cols) in &self.stacks {
+            for c in cols {
+                if !members.insert(c) {
+                    return Err(OptionError(format!(
+                        "mount option stack={name}: column '{c}' is stacked twice"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn order(&self) -> OrderOptions {
+        OrderOptions {
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            shuffle: self.shuffle,
+            window: self.shuffle_window,
+            seed: self.seed,
+        }
+    }
+
+    /// The options in force, for dataset.json; secrets of the store are left out.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut m: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+        m.insert("batch_size", json!(self.batch_size));
+        m.insert("drop_last", json!(self.drop_last));
+        m.insert("columns", json!(self.columns));
+        m.insert("seed", json!(self.seed));
+        m.insert("shuffle", json!(self.shuffle.name()));
+        m.insert("shuffle_window", json!(self.shuffle_window));
+        m.insert(
+            "cast",
+            json!(
+                self.casts
+                    .iter()
+                    .map(|(c, d)| format!("{c}:{d}"))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        m.insert(
+            "stack",
+            json!(
+                self.stacks
+                    .iter()
+                    .map(|(n, c)| format!("{n}:{}", c.join("+")))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        m.insert(
+            "pad",
+            json!(
+                self.pads
+                    .iter()
+                    .map(|(c, l)| format!("{c}:{l}"))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        m.insert(
+            "nulls",
+            json!(if self.nulls == Nulls::Zero {
+                "zero"
+            } else {
+                "error"
+            }),
+        );
+        m.insert("epochs", json!(self.epochs));
+        m.insert("world_size", json!(self.world_size));
+        m.insert("cache_dir", json!(self.cache_dir));
+        m.insert("cache_size", json!(self.cache_size));
+        m.insert("prefetch", json!(self.prefetch));
+        m.insert("memory_limit", json!(self.memory_limit));
+        m.insert("threads", json!(self.threads));
+        m.insert(
+            "passthrough",
+            json!(if self.passthrough == Passthrough::Auto {
+                "auto"
+            } else {
+                "off"
+            }),
+        );
+        m.insert("allow_other", json!(self.allow_other));
+        m.insert("log", json!(self.log));
+        let store: BTreeMap<&str, &str> = self
+            .store
+            .iter()
+            .filter(|(k, _)| !is_secret(k))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        m.insert("store", json!(store));
+        json!(m)
+    }
+}
+
+/// Store keys whose values are credentials.
+pub fn is_secret(key: &str) -> bool {
+    [
+        "secret",
+        "key",
+        "token",
+        "password",
+        "sas",
+        "credential",
+        "signature",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(args: &[&str]) -> String {
+        Options::parse(args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let o = Options::parse(&[
+            "batch_size=64,drop_last",
+            "columns=a:b,seed=7",
+            "shuffle=none",
+        ])
+        .unwrap();
+        assert_eq!(o.batch_size, 64);
+        assert!(o.drop_last);
+        assert_eq!(o.columns, Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(o.seed, 7);
+        assert_eq!(o.shuffle, Shuffle::None);
+        let o = Options::parse(&["cast=a:float16,cast=b:int32,stack=xy:x+y,pad=t:16,nulls=zero"])
+            .unwrap();
+        assert_eq!(
+            o.casts,
+            vec![("a".into(), DType::F16), ("b".into(), DType::I32)]
+        );
+        assert_eq!(o.stacks, vec![("xy".into(), vec!["x".into(), "y".into()])]);
+        assert_eq!(o.pads, vec![("t".into(), 16)]);
+        assert_eq!(o.nulls, Nulls::Zero);
+        let d = Options::parse::<&str>(&[]).unwrap();
+        assert_eq!(
+            (d.batch_size, d.shuffle, d.shuffle_window, d.epochs),
+            (1024, Shuffle::Window, 4, 1)
+        );
+    }
+
+    #[test]
+    fn generic_and_store_options() {
+        let o = Options::parse(&[
+            "defaults,nofail,_netdev,x-systemd.automount,ro,aws_endpoint=http://127.0.0.1:9000,aws_secret_access_key=s3cr3t",
+        ])
+        .unwrap();
+        assert_eq!(o.store.len(), 2);
+        let json = o.to_json().to_string();
+        assert!(json.contains("127.0.0.1:9000"));
+        assert!(!json.contains("s3cr3t"));
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        assert!(err(&["batch_size=0"]).contains("batch_size=0"));
+        assert!(err(&["batch_size=abc"]).contains("batch_size"));
+        assert!(err(&["shuffle=foo"]).contains("shuffle=foo"));
+        assert!(err(&["frobnicate=1"]).contains("'frobnicate'"));
+        assert!(err(&["verbose"]).contains("'verbose'"));
+        assert!(err(&["cast=a:float128"]).contains("float128"));
+        assert!(err(&["cast=a"]).contains("cast=a"));
+        assert!(err(&["pad=t:0"]).contains("pad=t:0"));
+        assert!(err(&["stack=s:a+"]).contains("stack"));
+        assert!(err(&["memory_limit=lots"]).contains("memory_limit"));
+        assert!(err(&["pad=t:4,pad=t:5"]).contains("'t'"));
+        assert!(err(&["drop_last=maybe"]).contains("drop_last"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1.5K"), Some(1536));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+}

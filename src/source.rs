@@ -1,0 +1,265 @@
+//! The dataset source: Parquet objects behind `object_store`.
+//!
+//! A source is one Parquet object, or a prefix whose `*.parquet` objects, in lexicographic key
+//! order, form the dataset. Footers are loaded once, concurrently, and kept; a row group is then
+//! read with a column projection, as ranged GETs that object_store coalesces.
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::RecordBatch;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use sha2::{Digest, Sha256};
+use std::ops::Range;
+use std::sync::Arc;
+use url::Url;
+
+/// How many footers are fetched at once when a mount starts.
+const METADATA_CONCURRENCY: usize = 32;
+
+pub struct SourceFile {
+    /// The key relative to the source's prefix (the file name for a single-file source).
+    pub name: String,
+    pub location: Path,
+    pub size: u64,
+    pub e_tag: Option<String>,
+    pub metadata: ArrowReaderMetadata,
+}
+
+impl SourceFile {
+    pub fn rows(&self) -> u64 {
+        self.metadata.metadata().file_metadata().num_rows() as u64
+    }
+
+    pub fn row_groups(&self) -> usize {
+        self.metadata.metadata().num_row_groups()
+    }
+}
+
+pub struct Source {
+    /// The source as the user named it, for messages.
+    pub display: String,
+    store: Arc<dyn ObjectStore>,
+    pub files: Vec<SourceFile>,
+}
+
+/// Turns SOURCE (a URL or a local path) into a URL object_store understands.
+fn source_url(source: &str) -> Result<Url> {
+    if source.contains("://") {
+        return Url::parse(source)
+            .map_err(|e| anyhow!("source '{source}' is not a valid URL: {e}"));
+    }
+    let path = std::fs::canonicalize(source)
+        .map_err(|e| anyhow!("source '{source}' cannot be opened: {}", io_reason(&e)))?;
+    let mut url = Url::from_file_path(&path)
+        .map_err(|_| anyhow!("source '{source}' is not a usable path"))?;
+    if path.is_dir() && !url.path().ends_with('/') {
+        url.set_path(&format!("{}/", url.path()));
+    }
+    Ok(url)
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+impl Source {
+    pub async fn open(source: &str, store_options: &[(String, String)]) -> Result<Source> {
+        let url = source_url(source)?;
+        let (store, prefix) = object_store::parse_url_opts(
+            &url,
+            store_options.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .map_err(|e| anyhow!("source '{source}' cannot be used: {e}"))?;
+        let store: Arc<dyn ObjectStore> = Arc::from(store);
+
+        let objects = Self::list(&store, &prefix, source).await?;
+        let files = futures::stream::iter(objects)
+            .map(|(name, meta)| {
+                let store = store.clone();
+                async move {
+                    let mut reader = ObjectReader::new(store, meta.location.clone(), meta.size);
+                    let metadata =
+                        ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                            .await
+                            .map_err(|e| {
+                                anyhow!("file '{name}' is not a readable Parquet file: {e}")
+                            })?;
+                    Ok::<_, anyhow::Error>(SourceFile {
+                        name,
+                        location: meta.location,
+                        size: meta.size,
+                        e_tag: meta.e_tag,
+                        metadata,
+                    })
+                }
+            })
+            .buffered(METADATA_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(Source {
+            display: source.to_string(),
+            store,
+            files,
+        })
+    }
+
+    /// The objects of the dataset, in canonical order, with their names relative to the prefix.
+    async fn list(
+        store: &Arc<dyn ObjectStore>,
+        prefix: &Path,
+        source: &str,
+    ) -> Result<Vec<(String, ObjectMeta)>> {
+        if prefix.as_ref().ends_with(".parquet") {
+            match store.head(prefix).await {
+                Ok(meta) => {
+                    let name = prefix.filename().unwrap_or(prefix.as_ref()).to_string();
+                    return Ok(vec![(name, meta)]);
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => bail!("source '{source}' cannot be read: {e}"),
+            }
+        }
+        let mut objects: Vec<ObjectMeta> = store
+            .list(Some(prefix))
+            .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
+            .try_collect()
+            .await
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => {
+                    anyhow!("source '{source}' does not exist")
+                }
+                e => anyhow!("source '{source}' cannot be listed: {e}"),
+            })?;
+        if objects.is_empty() {
+            bail!("source '{source}' holds no *.parquet objects");
+        }
+        objects.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+        let strip = prefix.as_ref().len();
+        Ok(objects
+            .into_iter()
+            .map(|m| {
+                let name = m.location.as_ref()[strip..]
+                    .trim_start_matches('/')
+                    .to_string();
+                (name, m)
+            })
+            .collect())
+    }
+
+    /// Identifies the dataset's content: every object's key, size and ETag, in order.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        for f in &self.files {
+            h.update(f.name.as_bytes());
+            h.update([0]);
+            h.update(f.size.to_le_bytes());
+            h.update(f.e_tag.as_deref().unwrap_or("").as_bytes());
+            h.update([0]);
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads one row group of one file, only the given root columns (Arrow field indices).
+    pub async fn read_row_group(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+    ) -> Result<RecordBatch> {
+        let f = &self.files[file];
+        let reader = ObjectReader::new(self.store.clone(), f.location.clone(), f.size);
+        let rows = f.metadata.metadata().row_group(rg).num_rows() as usize;
+        let mask = ProjectionMask::roots(
+            f.metadata.metadata().file_metadata().schema_descr(),
+            roots.iter().copied(),
+        );
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
+            .with_row_groups(vec![rg])
+            .with_projection(mask)
+            .with_batch_size(rows.max(1))
+            .build()
+            .with_context(|| format!("file '{}' row group {rg}", f.name))?;
+        let batches: Vec<RecordBatch> = stream
+            .try_collect()
+            .await
+            .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
+        let schema = match batches.first() {
+            Some(b) => b.schema(),
+            None => Arc::new(f.metadata.schema().project(roots)?),
+        };
+        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    }
+}
+
+/// An [`AsyncFileReader`] over one object of an object store, whose size is known so that the
+/// footer is read without probing.
+struct ObjectReader {
+    store: Arc<dyn ObjectStore>,
+    location: Path,
+    size: u64,
+}
+
+impl ObjectReader {
+    fn new(store: Arc<dyn ObjectStore>, location: Path, size: u64) -> Self {
+        ObjectReader {
+            store,
+            location,
+            size,
+        }
+    }
+}
+
+fn parquet_err(e: object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for ObjectReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        self.store
+            .get_range(&self.location, range)
+            .map_err(parquet_err)
+            .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.location, &ranges)
+                .await
+                .map_err(parquet_err)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let metadata = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .with_page_index_policy(PageIndexPolicy::Skip)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,374 @@
+//! The push-down transform: one row group's Arrow columns → fixed-stride tensor columns
+//! (dictionaries decoded, casts, stacks, padded lists with their lengths, zero-filled nulls
+//! with their masks), and the gather of rows from those columns into a batch.
+
+use crate::dtype::DType;
+use crate::view::{ItemKind, Part, View};
+use anyhow::{Result, bail};
+use arrow::array::{Array, AsArray, OffsetSizeTrait};
+use arrow::datatypes::DataType;
+use half::f16;
+
+/// One row group, transformed: for every tensor of the view, `rows` rows of fixed size.
+#[derive(Debug)]
+pub struct Columns {
+    pub rows: usize,
+    pub tensors: Vec<Vec<u8>>,
+    /// Lists longer than their `pad=` length, cut.
+    pub truncated: u64,
+}
+
+impl Columns {
+    pub fn bytes(&self) -> usize {
+        self.tensors.iter().map(Vec::len).sum()
+    }
+}
+
+/// Elements of one column, flattened: their type, little-endian bytes, and which are valid
+/// (`None`: all of them). Null elements hold zeros.
+struct Flat {
+    dtype: DType,
+    data: Vec<u8>,
+    valid: Option<Vec<bool>>,
+}
+
+fn dtype_of(dt: &DataType) -> Option<DType> {
+    Some(match dt {
+        DataType::Boolean => DType::Bool,
+        DataType::Int8 => DType::I8,
+        DataType::Int16 => DType::I16,
+        DataType::Int32 | DataType::Date32 | DataType::Time32(_) => DType::I32,
+        DataType::Int64
+        | DataType::Date64
+        | DataType::Timestamp(..)
+        | DataType::Time64(_)
+        | DataType::Duration(_) => DType::I64,
+        DataType::UInt8 => DType::U8,
+        DataType::UInt16 => DType::U16,
+        DataType::UInt32 => DType::U32,
+        DataType::UInt64 => DType::U64,
+        DataType::Float16 => DType::F16,
+        DataType::Float32 => DType::F32,
+        DataType::Float64 => DType::F64,
+        _ => return None,
+    })
+}
+
+fn flatten(array: &dyn Array) -> Result<Flat> {
+    let valid: Option<Vec<bool>> = array
+        .logical_nulls()
+        .filter(|n| n.null_count() > 0)
+        .map(|n| n.iter().collect());
+    match array.data_type() {
+        DataType::Dictionary(_, values) => {
+            let decoded = arrow::compute::cast(array, values)?;
+            flatten(decoded.as_ref())
+        }
+        DataType::FixedSizeList(_, n) => {
+            let n = *n as usize;
+            let list = array.as_fixed_size_list();
+            let mut flat = flatten(list.values().as_ref())?;
+            if let Some(rows) = valid {
+                let size = flat.dtype.size();
+                let elems = flat.valid.get_or_insert_with(|| vec![true; rows.len() * n]);
+                for (r, ok) in rows.iter().enumerate() {
+                    if !ok {
+                        elems[r * n..(r + 1) * n].fill(false);
+                        flat.data[r * n * size..(r + 1) * n * size].fill(0);
+                    }
+                }
+            }
+            Ok(flat)
+        }
+        DataType::Boolean => {
+            let b = array.as_boolean();
+            let data = (0..b.len())
+                .map(|i| u8::from(b.value(i) && b.is_valid(i)))
+                .collect();
+            Ok(Flat {
+                dtype: DType::Bool,
+                data,
+                valid,
+            })
+        }
+        dt => {
+            let Some(dtype) = dtype_of(dt) else {
+                bail!("column type {dt} has no tensor mapping");
+            };
+            let size = dtype.size();
+            let d = array.to_data();
+            let buf = &d.buffers()[0].as_slice()[d.offset() * size..(d.offset() + d.len()) * size];
+            let mut data = buf.to_vec();
+            if let Some(v) = &valid {
+                for (i, ok) in v.iter().enumerate() {
+                    if !ok {
+                        data[i * size..(i + 1) * size].fill(0);
+                    }
+                }
+            }
+            Ok(Flat { dtype, data, valid })
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Num {
+    I(i128),
+    F(f64),
+}
+
+fn load(d: DType, b: &[u8]) -> Num {
+    macro_rules! int {
+        ($t:ty) => {
+            Num::I(<$t>::from_le_bytes(b.try_into().unwrap()) as i128)
+        };
+    }
+    match d {
+        DType::Bool => Num::I(i128::from(b[0] != 0)),
+        DType::I8 => int!(i8),
+        DType::I16 => int!(i16),
+        DType::I32 => int!(i32),
+        DType::I64 => int!(i64),
+        DType::U8 => int!(u8),
+        DType::U16 => int!(u16),
+        DType::U32 => int!(u32),
+        DType::U64 => int!(u64),
+        DType::F16 => Num::F(f16::from_le_bytes(b.try_into().unwrap()).to_f64()),
+        DType::F32 => Num::F(f32::from_le_bytes(b.try_into().unwrap()) as f64),
+        DType::F64 => Num::F(f64::from_le_bytes(b.try_into().unwrap())),
+    }
+}
+
+/// NumPy's `astype` where it is defined: integers wrap, floats round to nearest, floats to
+/// integers truncate (saturating, NaN to 0, where NumPy leaves it undefined).
+fn store(d: DType, n: Num, out: &mut Vec<u8>) {
+    macro_rules! int {
+        ($t:ty) => {
+            out.extend_from_slice(
+                &match n {
+                    Num::I(v) => v as $t,
+                    Num::F(f) => f as $t,
+                }
+                .to_le_bytes(),
+            )
+        };
+    }
+    let as_f64 = match n {
+        Num::I(v) => v as f64,
+        Num::F(f) => f,
+    };
+    match d {
+        DType::Bool => out.push(u8::from(match n {
+            Num::I(v) => v != 0,
+            Num::F(f) => f != 0.0,
+        })),
+        DType::I8 => int!(i8),
+        DType::I16 => int!(i16),
+        DType::I32 => int!(i32),
+        DType::I64 => int!(i64),
+        DType::U8 => int!(u8),
+        DType::U16 => int!(u16),
+        DType::U32 => int!(u32),
+        DType::U64 => int!(u64),
+        DType::F16 => out.extend_from_slice(&f16::from_f64(as_f64).to_le_bytes()),
+        DType::F32 => out.extend_from_slice(&(as_f64 as f32).to_le_bytes()),
+        DType::F64 => out.extend_from_slice(&as_f64.to_le_bytes()),
+    }
+}
+
+/// Converts little-endian elements of `from` to `to`.
+pub fn cast(data: Vec<u8>, from: DType, to: DType) -> Vec<u8> {
+    if from == to {
+        return data;
+    }
+    let mut out = Vec::with_capacity(data.len() / from.size() * to.size());
+    for e in data.chunks_exact(from.size()) {
+        store(to, load(from, e), &mut out);
+    }
+    out
+}
+
+fn mask_bytes(valid: &Option<Vec<bool>>, elems: usize) -> Vec<u8> {
+    match valid {
+        Some(v) => v.iter().map(|&ok| u8::from(ok)).collect(),
+        None => vec![1; elems],
+    }
+}
+
+struct Padded {
+    data: Vec<u8>,
+    lens: Vec<u8>,
+    valid: Vec<bool>,
+    has_nulls: bool,
+    truncated: u64,
+}
+
+fn pad<O: OffsetSizeTrait>(array: &dyn Array, len: usize, dtype: DType) -> Result<Padded> {
+    let list = array.as_list::<O>();
+    let values = flatten(list.values().as_ref())?;
+    let size = dtype.size();
+    let rows = list.len();
+    let mut out = Padded {
+        data: vec![0; rows * len * size],
+        lens: Vec::with_capacity(rows * 4),
+        valid: vec![false; rows * len],
+        has_nulls: false,
+        truncated: 0,
+    };
+    let offsets = list.value_offsets();
+    for r in 0..rows {
+        let (start, end) = (offsets[r].as_usize(), offsets[r + 1].as_usize());
+        let n = if list.is_null(r) { 0 } else { end - start };
+        let kept = n.min(len);
+        out.truncated += u64::from(n > len);
+        out.data[r * len * size..(r * len + kept) * size]
+            .copy_from_slice(&values.data[start * size..(start + kept) * size]);
+        for k in 0..kept {
+            let ok = values.valid.as_ref().is_none_or(|v| v[start + k]);
+            out.valid[r * len + k] = ok;
+            out.has_nulls |= !ok;
+        }
+        out.lens.extend_from_slice(&(kept as i32).to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// Transforms one row group, projected to `view.roots`, into the view's tensor columns.
+pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Columns> {
+    let rows = batch.num_rows();
+    let mut tensors: Vec<Vec<u8>> = vec![Vec::new(); view.tensors.len()];
+    let mut truncated = 0;
+    for (ii, item) in view.items.iter().enumerate() {
+        let column = |field: usize| batch.column(view.column_of(field)).as_ref();
+        let null_error = || {
+            anyhow::anyhow!(
+                "column '{}' holds nulls that its statistics did not count; mount with nulls=zero",
+                item.name
+            )
+        };
+        let (data, len, mask) = match &item.kind {
+            ItemKind::Column { field } => {
+                let flat = flatten(column(*field))?;
+                if flat.valid.is_some() && !item.mask {
+                    return Err(null_error());
+                }
+                let elems = flat.data.len() / flat.dtype.size();
+                let mask = mask_bytes(&flat.valid, elems);
+                (cast(flat.data, flat.dtype, item.dtype), None, mask)
+            }
+            ItemKind::Stack { fields } => {
+                let k = fields.len();
+                let size = item.source_dtype.size();
+                let mut data = vec![0u8; rows * k * size];
+                let mut mask = vec![1u8; rows * k];
+                for (j, &f) in fields.iter().enumerate() {
+                    let flat = flatten(column(f))?;
+                    if flat.valid.is_some() && !item.mask {
+                        return Err(null_error());
+                    }
+                    let member = cast(flat.data, flat.dtype, item.source_dtype);
+                    for r in 0..rows {
+                        data[(r * k + j) * size..(r * k + j + 1) * size]
+                            .copy_from_slice(&member[r * size..(r + 1) * size]);
+                        if let Some(v) = &flat.valid {
+                            mask[r * k + j] = u8::from(v[r]);
+                        }
+                    }
+                }
+                (cast(data, item.source_dtype, item.dtype), None, mask)
+            }
+            ItemKind::Pad { field, len } => {
+                let array = column(*field);
+                let p = match array.data_type() {
+                    DataType::LargeList(_) => pad::<i64>(array, *len, item.source_dtype)?,
+                    _ => pad::<i32>(array, *len, item.source_dtype)?,
+                };
+                if p.has_nulls && !item.mask {
+                    return Err(null_error());
+                }
+                truncated += p.truncated;
+                let mask = p.valid.iter().map(|&ok| u8::from(ok)).collect();
+                (
+                    cast(p.data, item.source_dtype, item.dtype),
+                    Some(p.lens),
+                    mask,
+                )
+            }
+        };
+        let expected = rows * item.inner.iter().product::<usize>() * item.dtype.size();
+        if data.len() != expected {
+            bail!(
+                "column '{}' decoded to {} bytes, expected {expected}",
+                item.name,
+                data.len()
+            );
+        }
+        let (mut data, mut len, mut mask) = (Some(data), len, Some(mask));
+        for (ti, t) in view
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.item == ii)
+        {
+            tensors[ti] = match t.part {
+                Part::Data => data.take(),
+                Part::Len => len.take(),
+                Part::Mask => mask.take(),
+            }
+            .expect("each part is served once");
+        }
+    }
+    Ok(Columns {
+        rows,
+        tensors,
+        truncated,
+    })
+}
+
+/// Gathers rows (a row group's columns and a row in it) into a batch: one buffer per tensor.
+pub fn gather(view: &View, rows: &[(&Columns, usize)]) -> Vec<Vec<u8>> {
+    view.tensors
+        .iter()
+        .enumerate()
+        .map(|(ti, t)| {
+            let rb = t.row_bytes();
+            let mut out = Vec::with_capacity(rows.len() * rb);
+            for (cols, r) in rows {
+                out.extend_from_slice(&cols.tensors[ti][r * rb..(r + 1) * rb]);
+            }
+            out
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn casts_follow_numpy() {
+        let ints: Vec<u8> = [-1i64, 300, 7]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let as_u8 = cast(ints.clone(), DType::I64, DType::U8);
+        assert_eq!(as_u8, vec![255, 44, 7]);
+        let as_f32 = cast(ints, DType::I64, DType::F32);
+        let back: Vec<f32> = as_f32
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(back, vec![-1.0, 300.0, 7.0]);
+        let floats: Vec<u8> = [1.5f64, -2.7, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            cast(floats.clone(), DType::F64, DType::I32)[..4],
+            1i32.to_le_bytes()
+        );
+        assert_eq!(cast(floats.clone(), DType::F64, DType::Bool), vec![1, 1, 0]);
+        let h = cast(floats, DType::F64, DType::F16);
+        assert_eq!(f16::from_le_bytes([h[0], h[1]]).to_f64(), 1.5);
+    }
+}

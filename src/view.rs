@@ -1,0 +1,662 @@
+//! The tensor view: which tensors a dataset shows under the mount options, and what it refuses.
+//!
+//! Columns map to items (a column, a stack of columns, or a padded list column); an item gives
+//! one tensor, plus `NAME.len` for a padded list and `NAME.mask` when nulls are zero-filled.
+//! Everything a mount would refuse is found here, before anything is mounted.
+
+use crate::dtype::DType;
+use crate::options::{Nulls, Options};
+use crate::plan::Plan;
+use crate::source::Source;
+use anyhow::Result;
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use serde_json::json;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ItemKind {
+    /// A scalar or fixed-size-list column.
+    Column { field: usize },
+    /// Scalar columns stacked into `[B, k]`.
+    Stack { fields: Vec<usize> },
+    /// A variable-length list column zero-padded (or cut) to `len`.
+    Pad { field: usize, len: usize },
+}
+
+#[derive(Clone, Debug)]
+pub struct Item {
+    pub name: String,
+    pub kind: ItemKind,
+    /// The element type as decoded from Arrow (for a stack, its members' common type).
+    pub source_dtype: DType,
+    /// The element type served, after `cast=`.
+    pub dtype: DType,
+    /// The shape of one row.
+    pub inner: Vec<usize>,
+    /// Whether nulls are zero-filled and a mask tensor is served.
+    pub mask: bool,
+    pub unit: Option<&'static str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Data,
+    Len,
+    Mask,
+}
+
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: DType,
+    /// The shape of one row; the batch file's shape is `[rows] + inner`.
+    pub inner: Vec<usize>,
+    pub item: usize,
+    pub part: Part,
+    pub unit: Option<&'static str>,
+}
+
+impl Tensor {
+    pub fn row_bytes(&self) -> usize {
+        self.dtype.size() * self.inner.iter().product::<usize>()
+    }
+
+    pub fn shape(&self, rows: u64) -> Vec<usize> {
+        let mut shape = vec![rows as usize];
+        shape.extend(&self.inner);
+        shape
+    }
+}
+
+#[derive(Debug)]
+pub struct View {
+    pub schema: Arc<Schema>,
+    pub items: Vec<Item>,
+    pub tensors: Vec<Tensor>,
+    /// The Arrow field indices to read, ascending (the order of a projected batch's columns).
+    pub roots: Vec<usize>,
+    /// Why a mount would be refused; empty when it would not.
+    pub problems: Vec<String>,
+}
+
+impl View {
+    /// Position of a field among the columns of a projected row group.
+    pub fn column_of(&self, field: usize) -> usize {
+        self.roots
+            .binary_search(&field)
+            .expect("field is projected")
+    }
+
+    /// The one line a refused mount prints.
+    pub fn refusal(&self) -> Option<String> {
+        let first = self.problems.first()?;
+        Some(match self.problems.len() {
+            1 => first.clone(),
+            n => format!(
+                "{first} (and {} more: `tensorfs inspect` lists them)",
+                n - 1
+            ),
+        })
+    }
+}
+
+/// What an Arrow type maps to.
+enum Mapped {
+    /// `[inner]` of `elem` per row.
+    Fixed {
+        elem: DType,
+        inner: Vec<usize>,
+        unit: Option<&'static str>,
+    },
+    /// A variable-length list of scalars.
+    List {
+        elem: DType,
+        unit: Option<&'static str>,
+    },
+}
+
+fn unit_name(u: &TimeUnit) -> &'static str {
+    match u {
+        TimeUnit::Second => "s",
+        TimeUnit::Millisecond => "ms",
+        TimeUnit::Microsecond => "us",
+        TimeUnit::Nanosecond => "ns",
+    }
+}
+
+fn map_type(dt: &DataType) -> Option<Mapped> {
+    let scalar = |elem| {
+        Some(Mapped::Fixed {
+            elem,
+            inner: vec![],
+            unit: None,
+        })
+    };
+    let timed = |elem, unit| {
+        Some(Mapped::Fixed {
+            elem,
+            inner: vec![],
+            unit: Some(unit),
+        })
+    };
+    match dt {
+        DataType::Boolean => scalar(DType::Bool),
+        DataType::Int8 => scalar(DType::I8),
+        DataType::Int16 => scalar(DType::I16),
+        DataType::Int32 => scalar(DType::I32),
+        DataType::Int64 => scalar(DType::I64),
+        DataType::UInt8 => scalar(DType::U8),
+        DataType::UInt16 => scalar(DType::U16),
+        DataType::UInt32 => scalar(DType::U32),
+        DataType::UInt64 => scalar(DType::U64),
+        DataType::Float16 => scalar(DType::F16),
+        DataType::Float32 => scalar(DType::F32),
+        DataType::Float64 => scalar(DType::F64),
+        DataType::Date32 => timed(DType::I32, "D"),
+        DataType::Date64 => timed(DType::I64, "ms"),
+        DataType::Timestamp(u, _) => timed(DType::I64, unit_name(u)),
+        DataType::Time32(u) => timed(DType::I32, unit_name(u)),
+        DataType::Time64(u) => timed(DType::I64, unit_name(u)),
+        DataType::Duration(u) => timed(DType::I64, unit_name(u)),
+        DataType::Dictionary(_, values) => match map_type(values)? {
+            Mapped::Fixed { elem, inner, unit } if inner.is_empty() => {
+                Some(Mapped::Fixed { elem, inner, unit })
+            }
+            _ => None,
+        },
+        DataType::FixedSizeList(f, n) => match map_type(f.data_type())? {
+            Mapped::Fixed { elem, inner, unit } => {
+                let mut shape = vec![*n as usize];
+                shape.extend(inner);
+                Some(Mapped::Fixed {
+                    elem,
+                    inner: shape,
+                    unit,
+                })
+            }
+            Mapped::List { .. } => None,
+        },
+        DataType::List(f) | DataType::LargeList(f) => match map_type(f.data_type())? {
+            Mapped::Fixed { elem, inner, unit } if inner.is_empty() => {
+                Some(Mapped::List { elem, unit })
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn valid_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// Compares every file's schema with the first one's, by column names and types.
+fn check_schemas(source: &Source) -> Option<String> {
+    let first = &source.files[0];
+    let a = first.metadata.schema();
+    for f in &source.files[1..] {
+        let b = f.metadata.schema();
+        let names = |s: &Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
+        let diff = if names(a) != names(b) {
+            Some(format!(
+                "columns [{}] and [{}]",
+                names(a).join(", "),
+                names(b).join(", ")
+            ))
+        } else {
+            a.fields()
+                .iter()
+                .zip(b.fields())
+                .find(|(x, y)| x.data_type() != y.data_type())
+                .map(|(x, y)| {
+                    format!(
+                        "column '{}' is {} and {}",
+                        x.name(),
+                        x.data_type(),
+                        y.data_type()
+                    )
+                })
+        };
+        if let Some(diff) = diff {
+            return Some(format!(
+                "files '{}' and '{}' have different schemas: {diff}",
+                first.name, f.name
+            ));
+        }
+    }
+    None
+}
+
+/// What the statistics say of a column's nulls.
+enum NullStats {
+    None,
+    Some {
+        file: String,
+    },
+    /// Statistics are missing, or (for lists) also count empty lists: these row groups must be
+    /// read to know.
+    Unknown(Vec<(usize, usize)>),
+}
+
+fn null_stats(source: &Source, field: usize, is_list: bool) -> NullStats {
+    let mut unknown = Vec::new();
+    for (fi, f) in source.files.iter().enumerate() {
+        let md = f.metadata.metadata();
+        let descr = md.file_metadata().schema_descr();
+        let leaves: Vec<usize> = (0..descr.num_columns())
+            .filter(|&l| descr.get_column_root_idx(l) == field)
+            .collect();
+        for rg in 0..md.num_row_groups() {
+            let chunk = md.row_group(rg);
+            let counts: Vec<Option<u64>> = leaves
+                .iter()
+                .map(|&l| {
+                    chunk
+                        .column(l)
+                        .statistics()
+                        .and_then(|s| s.null_count_opt())
+                })
+                .collect();
+            let any = counts.iter().any(|c| c.is_some_and(|n| n > 0));
+            if any && !is_list {
+                return NullStats::Some {
+                    file: f.name.clone(),
+                };
+            }
+            if any || counts.iter().any(Option::is_none) {
+                unknown.push((fi, rg));
+            }
+        }
+    }
+    if unknown.is_empty() {
+        NullStats::None
+    } else {
+        NullStats::Unknown(unknown)
+    }
+}
+
+/// Whether an array holds nulls that would be served: for a list, null elements (a null or
+/// empty list is just length 0).
+pub fn has_served_nulls(array: &dyn Array) -> bool {
+    match array.data_type() {
+        DataType::List(_) => array.as_list::<i32>().values().logical_null_count() > 0,
+        DataType::LargeList(_) => array.as_list::<i64>().values().logical_null_count() > 0,
+        DataType::FixedSizeList(..) => {
+            array.logical_null_count() > 0
+                || has_served_nulls(array.as_fixed_size_list().values().as_ref())
+        }
+        _ => array.logical_null_count() > 0,
+    }
+}
+
+async fn column_has_nulls(source: &Source, field: usize, is_list: bool) -> Result<Option<String>> {
+    match null_stats(source, field, is_list) {
+        NullStats::None => Ok(None),
+        NullStats::Some { file } => Ok(Some(file)),
+        NullStats::Unknown(groups) => {
+            for (file, rg) in groups {
+                let batch = source.read_row_group(file, rg, &[field]).await?;
+                let column: &ArrayRef = batch.column(0);
+                if has_served_nulls(column.as_ref()) {
+                    return Ok(Some(source.files[file].name.clone()));
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Builds the view of `source` under `opts`. Refusals are collected in `problems`; an error
+/// is returned only when the source cannot be read.
+pub async fn build(source: &Source, opts: &Options) -> Result<View> {
+    let schema = source.files[0].metadata.schema().clone();
+    let mut problems = Vec::new();
+    if let Some(p) = check_schemas(source) {
+        problems.push(p);
+    }
+    let index: HashMap<&str, usize> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name().as_str(), i))
+        .collect();
+    let all: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+
+    // The selected columns, in order.
+    let selected: Vec<usize> = match &opts.columns {
+        Some(cols) => {
+            let mut out = Vec::new();
+            for c in cols {
+                match index.get(c.as_str()) {
+                    Some(&i) if out.contains(&i) => {
+                        problems.push(format!("mount option columns= names column '{c}' twice"))
+                    }
+                    Some(&i) => out.push(i),
+                    None => problems.push(format!(
+                        "mount option columns= names column '{c}', which the dataset does not have (it has: {})",
+                        all.join(", ")
+                    )),
+                }
+            }
+            out
+        }
+        None => (0..schema.fields().len()).collect(),
+    };
+
+    let mapped: HashMap<usize, Option<Mapped>> = selected
+        .iter()
+        .map(|&i| (i, map_type(schema.field(i).data_type())))
+        .collect();
+    let supported: Vec<&str> = selected
+        .iter()
+        .filter(|&i| match &mapped[i] {
+            Some(Mapped::Fixed { .. }) => true,
+            Some(Mapped::List { .. }) => {
+                opts.pads.iter().any(|(c, _)| c == schema.field(*i).name())
+            }
+            None => false,
+        })
+        .map(|&i| schema.field(i).name().as_str())
+        .collect();
+    let keep_hint = if supported.is_empty() {
+        "no column of the dataset can be served".to_string()
+    } else {
+        format!("leave it out with columns={}", supported.join(":"))
+    };
+
+    // Unsupported types, all in one line.
+    let unsupported: Vec<String> = selected
+        .iter()
+        .filter(|i| mapped[i].is_none())
+        .map(|&i| {
+            format!(
+                "'{}' ({})",
+                schema.field(i).name(),
+                schema.field(i).data_type()
+            )
+        })
+        .collect();
+    if !unsupported.is_empty() {
+        let (what, it) = if unsupported.len() == 1 {
+            ("column", "it")
+        } else {
+            ("columns", "them")
+        };
+        problems.push(format!(
+            "{what} {} {} no tensor mapping (strings, structs, maps and decimals are not served); {}",
+            unsupported.join(", "),
+            if unsupported.len() == 1 { "has" } else { "have" },
+            keep_hint.replace("it", it)
+        ));
+    }
+
+    let pads: HashMap<&str, usize> = opts.pads.iter().map(|(c, l)| (c.as_str(), *l)).collect();
+    let casts: HashMap<&str, DType> = opts.casts.iter().map(|(c, d)| (c.as_str(), *d)).collect();
+    let mut stack_of: HashMap<usize, usize> = HashMap::new();
+    for (si, (name, cols)) in opts.stacks.iter().enumerate() {
+        for c in cols {
+            match index.get(c.as_str()) {
+                Some(&i) if selected.contains(&i) => {
+                    stack_of.insert(i, si);
+                }
+                Some(_) => problems.push(format!(
+                    "mount option stack={name}: column '{c}' is not among columns="
+                )),
+                None => problems.push(format!(
+                    "mount option stack={name}: the dataset has no column '{c}' (it has: {})",
+                    all.join(", ")
+                )),
+            }
+        }
+    }
+    for (c, _) in &opts.pads {
+        match index.get(c.as_str()).filter(|i| selected.contains(i)) {
+            None => problems.push(format!("mount option pad={c}: no column '{c}' is served")),
+            Some(i) if !matches!(mapped[i], Some(Mapped::List { .. })) => problems.push(format!(
+                "mount option pad={c}: column '{c}' is not a variable-length list ({})",
+                schema.field(*i).data_type()
+            )),
+            Some(_) => {}
+        }
+    }
+
+    let mut items: Vec<Item> = Vec::new();
+    let mut stacks_done: HashSet<usize> = HashSet::new();
+    for &i in &selected {
+        let field: &Field = schema.field(i);
+        let name = field.name().as_str();
+        let Some(m) = &mapped[&i] else { continue };
+        if let Some(&si) = stack_of.get(&i) {
+            if !stacks_done.insert(si) {
+                continue;
+            }
+            let (sname, cols) = &opts.stacks[si];
+            let mut fields = Vec::new();
+            let mut dtypes: Vec<(String, DType)> = Vec::new();
+            for c in cols {
+                let Some(&fi) = index.get(c.as_str()) else {
+                    continue;
+                };
+                match mapped.get(&fi) {
+                    Some(Some(Mapped::Fixed { elem, inner, .. })) if inner.is_empty() => {
+                        fields.push(fi);
+                        dtypes.push((c.clone(), casts.get(c.as_str()).copied().unwrap_or(*elem)));
+                    }
+                    Some(Some(_)) => problems.push(format!(
+                        "mount option stack={sname}: column '{c}' is not a scalar column ({})",
+                        schema.field(fi).data_type()
+                    )),
+                    _ => {}
+                }
+            }
+            if fields.len() != cols.len() {
+                continue;
+            }
+            if let Some((c, d)) = dtypes.iter().find(|(_, d)| *d != dtypes[0].1) {
+                problems.push(format!(
+                    "mount option stack={sname}: columns '{}' ({}) and '{c}' ({d}) have different dtypes; make them one with cast=, e.g. cast={c}:{}",
+                    dtypes[0].0, dtypes[0].1, dtypes[0].1
+                ));
+                continue;
+            }
+            let source_dtype = dtypes[0].1;
+            items.push(Item {
+                name: sname.clone(),
+                kind: ItemKind::Stack { fields },
+                source_dtype,
+                dtype: casts.get(sname.as_str()).copied().unwrap_or(source_dtype),
+                inner: vec![cols.len()],
+                mask: false,
+                unit: None,
+            });
+            continue;
+        }
+        let (kind, elem, inner, unit) = match m {
+            Mapped::Fixed { elem, inner, unit } => {
+                (ItemKind::Column { field: i }, *elem, inner.clone(), *unit)
+            }
+            Mapped::List { elem, unit } => match pads.get(name) {
+                Some(&len) => (ItemKind::Pad { field: i, len }, *elem, vec![len], *unit),
+                None => {
+                    problems.push(format!(
+                        "column '{name}' is a variable-length list ({}); give it a fixed length with pad={name}:L, or {}",
+                        field.data_type(),
+                        keep_hint
+                    ));
+                    continue;
+                }
+            },
+        };
+        items.push(Item {
+            name: name.to_string(),
+            kind,
+            source_dtype: elem,
+            dtype: casts.get(name).copied().unwrap_or(elem),
+            inner,
+            mask: false,
+            unit,
+        });
+    }
+
+    for (c, _) in &opts.casts {
+        let known = items.iter().any(|it| it.name == *c)
+            || opts.stacks.iter().any(|(_, cols)| cols.contains(c));
+        if !known {
+            problems.push(format!(
+                "mount option cast={c}: no column or stack '{c}' is served"
+            ));
+        }
+    }
+
+    // Nulls, from the statistics (and from the data where those cannot tell).
+    for item in &mut items {
+        let fields: Vec<usize> = match &item.kind {
+            ItemKind::Column { field } | ItemKind::Pad { field, .. } => vec![*field],
+            ItemKind::Stack { fields } => fields.clone(),
+        };
+        let is_list = matches!(item.kind, ItemKind::Pad { .. });
+        for f in fields {
+            if let Some(file) = column_has_nulls(source, f, is_list).await? {
+                let col = schema.field(f).name();
+                match opts.nulls {
+                    Nulls::Zero => item.mask = true,
+                    Nulls::Error => problems.push(format!(
+                        "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor, or {}",
+                        item.name, keep_hint
+                    )),
+                }
+                break;
+            }
+        }
+    }
+
+    let mut tensors = Vec::new();
+    for (ii, item) in items.iter().enumerate() {
+        let mut push = |name: String, dtype, inner: Vec<usize>, part, unit| {
+            tensors.push(Tensor {
+                name,
+                dtype,
+                inner,
+                item: ii,
+                part,
+                unit,
+            })
+        };
+        push(
+            item.name.clone(),
+            item.dtype,
+            item.inner.clone(),
+            Part::Data,
+            item.unit,
+        );
+        if matches!(item.kind, ItemKind::Pad { .. }) {
+            push(
+                format!("{}.len", item.name),
+                DType::I32,
+                vec![],
+                Part::Len,
+                None,
+            );
+        }
+        if item.mask {
+            push(
+                format!("{}.mask", item.name),
+                DType::U8,
+                item.inner.clone(),
+                Part::Mask,
+                None,
+            );
+        }
+    }
+    let mut names = HashSet::new();
+    for t in &tensors {
+        if !valid_file_name(&t.name) {
+            problems.push(format!(
+                "tensor '{}' cannot be a file name; rename it with stack= or {keep_hint}",
+                t.name
+            ));
+        } else if !names.insert(t.name.as_str()) {
+            problems.push(format!(
+                "two tensors are named '{}'; rename one with stack=",
+                t.name
+            ));
+        }
+    }
+    if items.is_empty() && problems.is_empty() {
+        problems.push("the dataset has no columns to serve".into());
+    }
+
+    let roots: BTreeSet<usize> = items
+        .iter()
+        .flat_map(|it| match &it.kind {
+            ItemKind::Column { field } | ItemKind::Pad { field, .. } => vec![*field],
+            ItemKind::Stack { fields } => fields.clone(),
+        })
+        .collect();
+    Ok(View {
+        schema,
+        items,
+        tensors,
+        roots: roots.into_iter().collect(),
+        problems,
+    })
+}
+
+/// The content of `dataset.json`.
+pub fn dataset_json(
+    source: &Source,
+    view: &View,
+    plan: &Plan,
+    opts: &Options,
+) -> serde_json::Value {
+    let batches = plan.batches();
+    let tensors: Vec<serde_json::Value> = view
+        .tensors
+        .iter()
+        .map(|t| {
+            let mut v = json!({
+                "name": t.name,
+                "dtype": t.dtype.name(),
+                "shape": t.shape(opts.batch_size),
+                "safetensors_dtype": t.dtype.safetensors(),
+                "npy": format!("{}.npy", t.name),
+            });
+            if let Some(u) = t.unit {
+                v["unit"] = json!(u);
+            }
+            v
+        })
+        .collect();
+    let files: Vec<serde_json::Value> = source
+        .files
+        .iter()
+        .map(|f| json!({"path": f.name, "rows": f.rows(), "row_groups": f.row_groups(), "size": f.size}))
+        .collect();
+    let world = opts.world_size;
+    json!({
+        "source": source.display,
+        "fingerprint": source.fingerprint(),
+        "rows": plan.rows(),
+        "row_groups": plan.row_groups(),
+        "batch_size": opts.batch_size,
+        "drop_last": opts.drop_last,
+        "batches_per_epoch": batches,
+        "last_batch_rows": plan.last_batch_len(),
+        "epochs": opts.epochs,
+        "shuffle": opts.shuffle.name(),
+        "seed": opts.seed,
+        "world_size": world,
+        "rank_batches_per_epoch": world.map(|w| crate::plan::rank_batches(batches, w)),
+        "rank_left_out_batches": world.map(|w| batches % w),
+        "tensors": tensors,
+        "files": files,
+        "options": opts.to_json(),
+    })
+}
