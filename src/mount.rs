@@ -64,8 +64,9 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Mount points of the given filesystem type, from /proc/self/mountinfo.
-fn mounted_with_type(mountpoint: &Path, fstype: &str) -> bool {
+/// Whether a FUSE filesystem is mounted on `mountpoint`, from /proc/self/mountinfo. (fuser's
+/// own mount calls the type plain `fuse`; through fusermount3 it is `fuse.tensorfs`.)
+fn fuse_mounted_on(mountpoint: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
@@ -76,7 +77,9 @@ fn mounted_with_type(mountpoint: &Path, fstype: &str) -> bool {
         };
         fields.get(4).map(|p| unescape_mountinfo(p))
             == Some(mountpoint.to_string_lossy().into_owned())
-            && fields.get(sep + 1) == Some(&fstype)
+            && fields
+                .get(sep + 1)
+                .is_some_and(|t| *t == "fuse" || t.starts_with("fuse."))
     })
 }
 
@@ -107,16 +110,20 @@ fn find_in_path(name: &str) -> bool {
         .any(|d| d.join(name).is_file())
 }
 
-/// Checks the mount point before any work: it must be an empty-or-not directory that is not
-/// already a tensorfs mount.
+/// Checks the mount point before any work: a directory without a FUSE mount on it.
 pub fn check_mountpoint(mountpoint: &str) -> Result<PathBuf> {
-    let path = std::fs::canonicalize(mountpoint)
-        .map_err(|e| anyhow!("mount point '{mountpoint}' cannot be used: {e}"))?;
-    if !path.is_dir() {
+    let unusable = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENOTCONN) => anyhow!(
+            "mount point '{mountpoint}' is a FUSE mount whose daemon has died; unmount it first (umount {mountpoint})"
+        ),
+        _ => anyhow!("mount point '{mountpoint}' cannot be used: {e}"),
+    };
+    let path = std::fs::canonicalize(mountpoint).map_err(unusable)?;
+    if !std::fs::metadata(&path).map_err(unusable)?.is_dir() {
         bail!("mount point '{mountpoint}' is not a directory");
     }
-    if mounted_with_type(&path, "fuse.tensorfs") {
-        bail!("mount point '{mountpoint}' already has a tensorfs mount; unmount it first");
+    if fuse_mounted_on(&path) {
+        bail!("mount point '{mountpoint}' already has a FUSE mount; unmount it first");
     }
     Ok(path)
 }
@@ -235,6 +242,9 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     let runtime = runtime()?;
     let opened = runtime.block_on(Dataset::open(source, opts)).and_then(|d| {
         d.check()?;
+        if opts.auto_unmount && !find_in_path("fusermount3") {
+            bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
+        }
         create_cache_dir(&opts.cache_dir)?;
         Ok(d)
     });
@@ -257,7 +267,6 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     let fs = Arc::new(Fs::new(engine, opts.epochs, opts.world_size, json));
     let adapter = FuseAdapter::new(fs, runtime.handle().clone());
 
-    let auto_unmount = find_in_path("fusermount3");
     let mut mount_options = vec![
         MountOption::FSName(source.to_string()),
         MountOption::Subtype("tensorfs".into()),
@@ -266,16 +275,15 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         MountOption::NoSuid,
         MountOption::DefaultPermissions,
     ];
-    if auto_unmount {
+    if opts.auto_unmount {
         mount_options.push(MountOption::AutoUnmount);
-    } else {
-        tracing::warn!("fusermount3 is not installed: a killed daemon leaves its mount behind");
     }
     let mut config = Config::default();
     config.mount_options = mount_options;
-    config.acl = match (opts.allow_other, auto_unmount) {
+    config.acl = match (opts.allow_other, opts.auto_unmount) {
         (true, _) => SessionACL::All,
-        // auto_unmount goes through fusermount3, which needs allow_root (or allow_other).
+        // auto_unmount goes through fusermount3, which needs allow_root: the kernel then lets
+        // every user in, and the session answers only root and the owner.
         (false, true) => SessionACL::RootAndOwner,
         (false, false) => SessionACL::Owner,
     };

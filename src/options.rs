@@ -48,6 +48,8 @@ pub struct Options {
     pub threads: usize,
     pub passthrough: Passthrough,
     pub allow_other: bool,
+    /// Unmount when the daemon dies (through fusermount3).
+    pub auto_unmount: bool,
     pub log: String,
     /// object_store configuration keys, passed to the store as they are.
     pub store: Vec<(String, String)>,
@@ -136,6 +138,7 @@ impl Default for Options {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             passthrough: Passthrough::Auto,
             allow_other: false,
+            auto_unmount: false,
             log: "info".into(),
             store: Vec::new(),
         }
@@ -214,6 +217,7 @@ impl Options {
         match key {
             "drop_last" => return flag(&mut self.drop_last),
             "allow_other" => return flag(&mut self.allow_other),
+            "auto_unmount" => return flag(&mut self.auto_unmount),
             _ if is_generic(key) => return Ok(()),
             _ => {}
         }
@@ -421,6 +425,7 @@ impl Options {
             }),
         );
         m.insert("allow_other", json!(self.allow_other));
+        m.insert("auto_unmount", json!(self.auto_unmount));
         m.insert("log", json!(self.log));
         let store: BTreeMap<&str, &str> = self
             .store

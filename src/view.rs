@@ -365,10 +365,18 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
         })
         .map(|&i| schema.field(i).name().as_str())
         .collect();
-    let keep_hint = if supported.is_empty() {
-        "no column of the dataset can be served".to_string()
-    } else {
-        format!("leave it out with columns={}", supported.join(":"))
+    // The hint a refusal ends with: the columns= that leaves the refused column out.
+    let leave_out = |refused: &str, pronoun: &str| {
+        let keep: Vec<&str> = supported
+            .iter()
+            .copied()
+            .filter(|c| *c != refused)
+            .collect();
+        if keep.is_empty() {
+            "no other column of the dataset can be served".to_string()
+        } else {
+            format!("leave {pronoun} out with columns={}", keep.join(":"))
+        }
     };
 
     // Unsupported types, all in one line.
@@ -393,7 +401,7 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
             "{what} {} {} no tensor mapping (strings, structs, maps and decimals are not served); {}",
             unsupported.join(", "),
             if unsupported.len() == 1 { "has" } else { "have" },
-            keep_hint.replace("it", it)
+            leave_out("", it)
         ));
     }
 
@@ -488,7 +496,7 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
                     problems.push(format!(
                         "column '{name}' is a variable-length list ({}); give it a fixed length with pad={name}:L, or {}",
                         field.data_type(),
-                        keep_hint
+                        leave_out(name, "it")
                     ));
                     continue;
                 }
@@ -529,7 +537,8 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
                     Nulls::Zero => item.mask = true,
                     Nulls::Error => problems.push(format!(
                         "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor, or {}",
-                        item.name, keep_hint
+                        item.name,
+                        leave_out(col, "it")
                     )),
                 }
                 break;
@@ -579,8 +588,9 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
     for t in &tensors {
         if !valid_file_name(&t.name) {
             problems.push(format!(
-                "tensor '{}' cannot be a file name; rename it with stack= or {keep_hint}",
-                t.name
+                "tensor '{}' cannot be a file name; rename it with stack= or {}",
+                t.name,
+                leave_out(&t.name, "its column")
             ));
         } else if !names.insert(t.name.as_str()) {
             problems.push(format!(
