@@ -1,0 +1,162 @@
+"""The command line: the mount(8) helper form, --foreground, sources (one file, file:// URL,
+lexicographic order, non-Parquet files ignored), daemon life cycle."""
+
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tfs
+from tfs import batch_name
+
+
+def test_helper_form_mounts(mounter, shuf_ds):
+    """`tensorfs SOURCE MNT -o batch_size=64`, the form mount(8) calls."""
+    m = mounter(shuf_ds.path, "batch_size=64", form="helper")
+    dj = m.dataset()
+    assert dj["batch_size"] == 64
+    assert dj["batches_per_epoch"] == 41  # ceil(2600 / 64)
+    assert dj["last_batch_rows"] == 2600 - 40 * 64
+    assert len(tfs.load_safetensors(m.p("epoch-0", batch_name(40) + ".safetensors"))["id"]) == 40
+
+
+def test_helper_form_accepts_generic_mount_options(mounter, shuf_ds):
+    """mount(8) and mount.fuse3 pass generic options such as rw, nosuid, nodev along."""
+    m = mounter(shuf_ds.path, "rw", "nosuid", "nodev", "noatime", "batch_size=64", form="helper")
+    assert m.dataset()["batch_size"] == 64
+
+
+@pytest.mark.skipif(not shutil.which("mount.fuse3"), reason="needs mount.fuse3 (fuse3)")
+def test_mount_fuse3_helper(mounter, shuf_ds, tmp_path):
+    """`mount -t fuse.tensorfs SOURCE DIR -o OPTS` runs `mount.fuse3 SOURCE DIR -t tensorfs -o OPTS`,
+    which runs `tensorfs SOURCE DIR -o OPTS,dev,suid` from PATH. (mount(8) itself resets PATH,
+    so it is not called here: that would need tensorfs installed in /usr/bin.)"""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "tensorfs").symlink_to(tfs.BIN)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
+    mnt = mounter.mountpoint()
+    proc = subprocess.run(
+        ["mount.fuse3", str(shuf_ds.path), str(mnt), "-t", "tensorfs", "-o", f"batch_size=64,cache_dir={tmp_path / 'c'}"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert tfs.is_mounted(mnt)
+    dj = tfs.Mount(mnt, str(shuf_ds.path), [], tmp_path / "c").dataset()
+    assert dj["batch_size"] == 64
+
+
+def test_every_documented_option_accepted(mounter, shuf_ds):
+    m = mounter(
+        shuf_ds.path,
+        "batch_size=100,drop_last,columns=x:id,seed=5,shuffle=window,shuffle_window=3,epochs=2",
+        "cache_size=1G,prefetch=2,memory_limit=512M,threads=2,passthrough=off,allow_other,log=warn",
+        "nulls=error",
+    )
+    dj = m.dataset()
+    assert (dj["batch_size"], dj["batches_per_epoch"], dj["epochs"]) == (100, 26, 2)
+    assert [t["name"] for t in dj["tensors"]] == ["x", "id"]
+    b = tfs.load_safetensors(m.p("epoch-1", "000025.safetensors"))
+    tfs.assert_array(b["x"], (b["id"] / 2).astype(np.float32), "x")
+    # The cache directory is private.
+    assert os.stat(m.cache).st_mode & 0o777 == 0o700
+
+
+def test_allow_other_only_when_asked(mounter, shuf_ds):
+    plain = mounter(shuf_ds.path, "batch_size=256")
+    other = mounter(shuf_ds.path, "batch_size=256", "allow_other")
+    assert "allow_other" not in tfs.mount_options(plain.path), ",".join(tfs.mount_options(plain.path))
+    assert "allow_other" in tfs.mount_options(other.path), ",".join(tfs.mount_options(other.path))
+
+
+def test_foreground(tmp_path, shuf_ds):
+    mnt = tmp_path / "fg"
+    mnt.mkdir()
+    proc = subprocess.Popen(
+        [str(tfs.BIN), "mount", str(shuf_ds.path), str(mnt), "-o", f"batch_size=100,cache_dir={tmp_path / 'c'}", "--foreground"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not tfs.is_mounted(mnt):
+            assert proc.poll() is None, f"tensorfs --foreground exited {proc.returncode} before mounting"
+            assert time.monotonic() < deadline, "not mounted after 60 s"
+            time.sleep(0.05)
+        assert proc.poll() is None, "--foreground must not return while mounted"
+        assert tfs.read_exact(mnt / "dataset.json")
+        assert len(tfs.load_safetensors(mnt / "epoch-0" / "000025.safetensors")["id"]) == 100
+        subprocess.run(["umount", str(mnt)], check=True, timeout=30)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        tfs.unmount(mnt)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_daemon_exits_after_umount(mounter, shuf_ds):
+    for how in (["umount"], ["fusermount3", "-u"]):
+        m = mounter(shuf_ds.path, "batch_size=256")
+        tfs.sha256(m.p("epoch-0", "000003.safetensors"))
+        assert m.pids, "no daemon process found whose command line names the mountpoint"
+        subprocess.run([*how, str(m.path)], check=True, timeout=30)
+        assert not tfs.is_mounted(m.path)
+        assert tfs.wait_exited(m.pids, 15) == [], f"daemon still running 15 s after {how[0]}"
+
+
+def test_mount_command_detaches_its_output(mounter, shuf_ds):
+    """`tensorfs mount` returns and closes the caller's pipes: $(tensorfs mount ...) works."""
+    mnt = mounter.mountpoint()
+    proc = subprocess.run(
+        [str(tfs.BIN), "mount", str(shuf_ds.path), str(mnt), "-o", f"cache_dir={mnt.parent / 'c'}"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert tfs.is_mounted(mnt)
+
+
+def test_single_file_source(mounter, main_ds):
+    m = mounter(main_ds.path / "part-001.parquet", "shuffle=none", "batch_size=400", "columns=id:i32")
+    dj = m.dataset()
+    assert dj["rows"] == 900
+    assert len(dj["files"]) == 1 and os.path.basename(dj["files"][0]["path"]) == "part-001.parquet"
+    got = tfs.load_safetensors(m.p("epoch-0", "000002.safetensors"))
+    tfs.assert_array(got["id"], main_ds.ref["id"][1100 + 800 : 2000], "id")
+    tfs.assert_array(got["i32"], main_ds.ref["i32"][1100 + 800 : 2000], "i32")
+
+
+def test_file_url_source(mounter, shuf_ds):
+    plain = mounter(shuf_ds.path, "batch_size=256", "shuffle=global")
+    url = mounter(f"file://{shuf_ds.path}", "batch_size=256", "shuffle=global")
+    assert url.dataset()["rows"] == 2600
+    for rel in ("epoch-0/000000.safetensors", "epoch-0/000010/id.npy"):
+        assert tfs.sha256(url.p(rel)) == tfs.sha256(plain.p(rel))
+
+
+def test_lexicographic_file_order_and_other_files_ignored(mounter, tmp_path):
+    src = tmp_path / "lex"
+    src.mkdir()
+    # Written in this order; lexicographic order is part-10, part-2, part-9.
+    for name, start in (("part-9.parquet", 200), ("part-2.parquet", 100), ("part-10.parquet", 0)):
+        pq.write_table(pa.table({"id": pa.array(np.arange(start, start + 100, dtype=np.int64))}), src / name, row_group_size=50)
+    (src / "_SUCCESS").write_text("")
+    (src / "README.txt").write_text("not data\n")
+    (src / "part-0.parquet.crc").write_bytes(b"\x00\x01")
+    m = mounter(src, "shuffle=none", "batch_size=300")
+    dj = m.dataset()
+    assert [os.path.basename(f["path"]) for f in dj["files"]] == ["part-10.parquet", "part-2.parquet", "part-9.parquet"]
+    got = tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))["id"]
+    tfs.assert_array(got, np.arange(300, dtype=np.int64), "id")

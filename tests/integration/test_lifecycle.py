@@ -1,0 +1,131 @@
+"""The daemon's life: a second mount on a busy mount point, SIGTERM, SIGKILL with and without
+auto_unmount, and mount(8) through the helper in mount/ (a `-t fuse.tensorfs` line and an
+fstab line)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+import tfs
+
+REPO = tfs.BIN.parents[2] if tfs.BIN.parent.name in ("debug", "release") else None
+
+
+def tensorfs_pids(m) -> list[int]:
+    """The tensorfs daemons of a mount (not the fusermount3 that auto_unmount keeps beside it)."""
+    out = []
+    for pid in m.pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "tensorfs":
+                    out.append(pid)
+        except OSError:
+            pass
+    assert out, f"no tensorfs daemon among {m.pids}"
+    return out
+
+
+def wait_unmounted(path, timeout=10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not tfs.is_mounted(path):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_second_mount_on_the_same_mount_point_is_refused(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "batch_size=64")
+    proc = tfs.run(["mount", shuf_ds.path, m.path, "-o", f"cache_dir={m.cache}"])
+    line = tfs.error_line(proc)
+    assert str(m.path) in line and "already" in line
+    # The first mount still serves.
+    assert m.dataset()["batch_size"] == 64
+
+
+def test_sigterm_unmounts_cleanly(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "batch_size=64")
+    tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))
+    for pid in tensorfs_pids(m):
+        os.kill(pid, signal.SIGTERM)
+    assert wait_unmounted(m.path), "SIGTERM left the mount in place"
+    assert tfs.wait_exited(m.pids, 10) == []
+
+
+@pytest.mark.skipif(not shutil.which("fusermount3"), reason="auto_unmount needs fusermount3")
+def test_sigkill_with_auto_unmount_leaves_no_dead_mount(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "batch_size=64", "auto_unmount")
+    for pid in tensorfs_pids(m):
+        os.kill(pid, signal.SIGKILL)
+    assert wait_unmounted(m.path), "a killed daemon with auto_unmount left its mount behind"
+    # The mount point is usable again at once.
+    again = tfs.run(["mount", shuf_ds.path, m.path, "-o", f"batch_size=32,cache_dir={m.cache}"])
+    assert again.returncode == 0, again.stderr
+    assert m.dataset()["batch_size"] == 32
+    m.pids = tfs.daemon_pids(m.path)
+
+
+def test_dead_mount_is_named_on_the_next_mount(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "batch_size=64")
+    for pid in tensorfs_pids(m):
+        os.kill(pid, signal.SIGKILL)
+    tfs.wait_exited(m.pids, 10)
+    proc = tfs.run(["mount", shuf_ds.path, m.path, "-o", f"cache_dir={m.cache}"])
+    line = tfs.error_line(proc)
+    assert "died" in line or "already" in line, line
+
+
+@pytest.fixture
+def mount_helper():
+    """Installs mount/mount.fuse.tensorfs where mount(8) looks for it, for this test only."""
+    if os.geteuid() != 0 or REPO is None:
+        pytest.skip("needs root and a repository build of tensorfs")
+    src = REPO / "mount" / "mount.fuse.tensorfs"
+    dest = "/sbin/mount.fuse.tensorfs"
+    if os.path.exists(dest):
+        pytest.skip(f"{dest} exists already; not replacing it")
+    shutil.copy(src, dest)
+    os.chmod(dest, 0o755)
+    try:
+        yield dict(os.environ, TENSORFS_BIN=str(tfs.BIN))
+    finally:
+        os.unlink(dest)
+
+
+def test_mount_t_fuse_tensorfs_and_an_fstab_line(mounter, shuf_ds, mount_helper, tmp_path):
+    mnt = mounter.mountpoint()
+    cache = tmp_path / "cache"
+    proc = subprocess.run(
+        ["mount", "-t", "fuse.tensorfs", str(shuf_ds.path), str(mnt), "-o", f"batch_size=64,nofail,cache_dir={cache}"],
+        capture_output=True, text=True, timeout=60, env=mount_helper, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    m = tfs.Mount(mnt, str(shuf_ds.path), [], cache, pids=tfs.daemon_pids(mnt))
+    mounter.mounts.append(m)
+    assert m.dataset()["batch_size"] == 64
+    m.unmount()
+    assert not tfs.is_mounted(mnt)
+
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{shuf_ds.path} {mnt} fuse.tensorfs batch_size=32,noauto,_netdev,cache_dir={cache} 0 0\n")
+    proc = subprocess.run(
+        ["mount", "-T", str(fstab), str(mnt)],
+        capture_output=True, text=True, timeout=60, env=mount_helper, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    m.pids = tfs.daemon_pids(mnt)
+    assert m.dataset()["batch_size"] == 32
+
+    # A refusal through mount(8) still fails the mount and leaves nothing mounted.
+    m.unmount()
+    bad = subprocess.run(
+        ["mount", "-t", "fuse.tensorfs", str(shuf_ds.path), str(mnt), "-o", "batch_size=0"],
+        capture_output=True, text=True, timeout=60, env=mount_helper, stdin=subprocess.DEVNULL,
+    )
+    assert bad.returncode != 0
+    assert "batch_size" in bad.stderr
+    assert not tfs.is_mounted(mnt)
