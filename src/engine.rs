@@ -3,9 +3,11 @@
 //! rows are gathered into the batch. One build per row group and per batch however many
 //! readers wait for it; both are kept in memory within `memory_limit`.
 
+use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
 use crate::plan::{EpochOrder, Plan};
 use crate::source::Source;
+use crate::stats::Stats;
 use crate::transform::{self, Columns};
 use crate::view::View;
 use anyhow::{Context, Result};
@@ -13,6 +15,7 @@ use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::hash::Hash;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{OnceCell, Semaphore};
@@ -105,10 +108,29 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     }
 }
 
+/// What materialising a batch file gave: its path in the cache, or nothing when the cache
+/// could not take it (the file is then served from memory).
+pub struct Materialized(pub Option<PathBuf>);
+
+impl Weighted for Materialized {
+    fn weight(&self) -> usize {
+        // Never kept by the memo: it only makes concurrent materialisations of a file one.
+        usize::MAX
+    }
+}
+
+/// What the engine may use: worker threads, and bytes of memory for its caches.
+pub struct Limits {
+    pub threads: usize,
+    pub memory: u64,
+}
+
 pub struct Engine {
     pub source: Arc<Source>,
     pub view: Arc<View>,
     pub plan: Plan,
+    pub stats: Arc<Stats>,
+    pub cache: Option<Arc<DiskCache>>,
     runtime: Handle,
     /// `threads` permits: row-group decodes and gathers run under one.
     workers: Arc<Semaphore>,
@@ -116,7 +138,10 @@ pub struct Engine {
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
     batches: Memo<(u64, u64), Batch>,
+    materializing: Memo<Item, Materialized>,
     epochs: Mutex<LruCache<u64, Arc<EpochOrder>>>,
+    /// The (epoch, batch) most recently asked for: where readers are, for eviction.
+    now: Mutex<(u64, u64)>,
 }
 
 impl Engine {
@@ -124,9 +149,10 @@ impl Engine {
         source: Arc<Source>,
         view: Arc<View>,
         plan: Plan,
+        stats: Arc<Stats>,
+        cache: Option<Arc<DiskCache>>,
         runtime: Handle,
-        threads: usize,
-        memory_limit: u64,
+        limits: Limits,
     ) -> Engine {
         let row_groups = source
             .files
@@ -134,17 +160,21 @@ impl Engine {
             .enumerate()
             .flat_map(|(f, file)| (0..file.row_groups()).map(move |rg| (f, rg)))
             .collect();
-        let half = (memory_limit / 2) as usize;
+        let half = (limits.memory / 2) as usize;
         Engine {
             source,
             view,
             plan,
+            stats,
+            cache,
             runtime,
-            workers: Arc::new(Semaphore::new(threads)),
+            workers: Arc::new(Semaphore::new(limits.threads)),
             row_groups,
             decoded: Memo::new(half),
             batches: Memo::new(half),
+            materializing: Memo::new(0),
             epochs: Mutex::new(LruCache::new(8.try_into().unwrap())),
+            now: Mutex::new((0, 0)),
         }
     }
 
@@ -170,6 +200,7 @@ impl Engine {
 
     /// Batch `i` of `epoch`, built on first use.
     pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        *self.now.lock().unwrap() = (epoch, i);
         self.batches
             .get_or_build((epoch, i), self.build_batch(epoch, i))
             .await
@@ -203,6 +234,7 @@ impl Engine {
             transform::gather(&view, &picks)
         })
         .await?;
+        Stats::add(&self.stats.c.batches_built, 1);
         Ok(Arc::new(Batch {
             rows: n,
             tensors,
@@ -210,7 +242,8 @@ impl Engine {
         }))
     }
 
-    /// Row group `g` (global index) read, decoded and transformed.
+    /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
+    /// transformed (and then cached).
     async fn row_group(&self, g: usize) -> Result<Arc<Columns>> {
         self.decoded
             .get_or_build(g, async {
@@ -219,12 +252,34 @@ impl Engine {
                 let source = self.source.clone();
                 let view = self.view.clone();
                 let runtime = self.runtime.clone();
+                let cache = self.cache.clone();
+                let stats = self.stats.clone();
+                let distance = self.distance_fn();
                 // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
-                let columns = tokio::task::spawn_blocking(move || {
+                let columns = tokio::task::spawn_blocking(move || -> Result<Columns> {
+                    let tensors = view.tensors.len();
+                    if let Some(l) = cache
+                        .as_ref()
+                        .and_then(|c| c.load_columns(g, tensors, &stats))
+                    {
+                        Stats::add(&stats.c.column_hits, 1);
+                        return Ok(Columns::loaded(l));
+                    }
+                    Stats::add(&stats.c.column_misses, 1);
+                    let started = std::time::Instant::now();
                     let batch = runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
-                    transform::transform(&view, &batch).with_context(|| {
+                    let t = transform::transform(&view, &batch).with_context(|| {
                         format!("file '{}' row group {rg}", source.files[file].name)
-                    })
+                    })?;
+                    Stats::add(&stats.c.row_groups_decoded, 1);
+                    Stats::add(&stats.c.rows_decoded, t.rows as u64);
+                    Stats::add(&stats.c.pad_truncated, t.truncated);
+                    Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
+                    if let Some(c) = &cache {
+                        let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
+                        c.store_columns(g, t.rows, &parts, &*distance, &stats);
+                    }
+                    Ok(Columns::owned(t.rows, t.tensors))
                 })
                 .await??;
                 Ok(Arc::new(columns))
@@ -232,7 +287,86 @@ impl Engine {
             .await
     }
 
-    /// Bytes of decoded row groups and built batches held in memory.
+    /// How far ahead of the readers an item is next needed, in rows (`u64::MAX`: never).
+    fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
+        let (epoch, batch) = *self.now.lock().unwrap();
+        let per_epoch = self.plan.epoch_rows().max(1);
+        let bs = self.plan.options().batch_size;
+        let now = epoch * per_epoch + batch * bs;
+        let (this, next) = (self.epoch_order(epoch), self.epoch_order(epoch + 1));
+        let plan = self.plan.clone();
+        Box::new(move |item| match item {
+            Item::Columns { rg } => {
+                let span = plan.row_group_span(&this, rg);
+                let at = batch * bs;
+                if span.end > at {
+                    span.start.saturating_sub(at)
+                } else {
+                    per_epoch - at + plan.row_group_span(&next, rg).start
+                }
+            }
+            _ => {
+                let (e, i) = item.batch().expect("a batch item");
+                (e * per_epoch + i * bs)
+                    .checked_sub(now)
+                    .unwrap_or(u64::MAX)
+            }
+        })
+    }
+
+    /// The batch file `item` in the local cache, checked, materialising it first if needed.
+    /// `None`: the cache cannot hold it; serve it from memory.
+    pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+        let Some(cache) = self.cache.clone() else {
+            return Ok(None);
+        };
+        let (epoch, batch) = item.batch().expect("a batch item");
+        *self.now.lock().unwrap() = (epoch, batch);
+        let stats = self.stats.clone();
+        let lookup = cache.clone();
+        let hit = tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;
+        if let Some(hit) = hit {
+            Stats::add(&self.stats.c.batch_file_hits, 1);
+            return Ok(Some(hit));
+        }
+        let made = self
+            .materializing
+            .get_or_build(item, async {
+                Stats::add(&self.stats.c.batch_file_misses, 1);
+                let b = self.batch(epoch, batch).await?;
+                let cache = cache.clone();
+                let stats = self.stats.clone();
+                let distance = self.distance_fn();
+                let view = self.view.clone();
+                let path = tokio::task::spawn_blocking(move || {
+                    let npy_header;
+                    let parts: Vec<&[u8]> = match item {
+                        Item::Npy { tensor, .. } => {
+                            let t = &view.tensors[tensor];
+                            npy_header = format::npy_header(t.dtype, &t.shape(b.rows));
+                            vec![&npy_header, &b.tensors[tensor]]
+                        }
+                        _ => std::iter::once(b.safetensors_header.as_slice())
+                            .chain(b.tensors.iter().map(Vec::as_slice))
+                            .collect(),
+                    };
+                    let stored = cache.store_batch_file(item, &parts, &*distance, &stats);
+                    if stored.is_some() {
+                        Stats::add(&stats.c.batch_files_written, 1);
+                    }
+                    stored.map(|(_, p)| p)
+                })
+                .await?;
+                Ok(Arc::new(Materialized(path)))
+            })
+            .await?;
+        Ok(match &made.0 {
+            Some(path) => std::fs::File::open(path).ok().map(|f| (f, path.clone())),
+            None => None,
+        })
+    }
+
+    /// Bytes of row groups and built batches held in the daemon's memory.
     pub fn memory(&self) -> usize {
         self.decoded.bytes() + self.batches.bytes()
     }

@@ -6,17 +6,32 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
+use crate::cache::Item;
 use crate::engine::Engine;
 use crate::format;
 use crate::plan::{rank_batches, rank_to_global};
+use crate::stats::Stats;
 use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub type Errno = i32;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
+const GDS_INO: u64 = 3;
+const META_INO: u64 = 4;
+const STATS_JSON_INO: u64 = 5;
 pub const DATASET_JSON: &str = "dataset.json";
+const GDS: &str = "gds";
+const META: &str = ".tensorfs";
+const STATS_JSON: &str = "stats.json";
+/// The extended attribute that names a batch file's backing file.
+pub const PATH_XATTR: &str = "user.tensorfs.path";
+/// How long a backing file handed out by path stays pinned in the cache.
+const PIN_GRACE: Duration = Duration::from_secs(300);
 
 const KIND_SHIFT: u32 = 60;
 const DIR_SHIFT: u32 = 44;
@@ -36,6 +51,12 @@ pub enum Batches {
 pub enum Node {
     Root,
     DatasetJson,
+    /// `gds/`: the epoch tree again, batch files as symlinks to their backing files.
+    Gds,
+    /// `.tensorfs/`
+    Meta,
+    StatsJson,
+    /// An epoch or rank directory, in the main tree or under `gds/`.
     Dir(u32),
     Safetensors(u32, u64),
     BatchDir(u32, u64),
@@ -46,6 +67,7 @@ pub enum Node {
 pub enum Kind {
     Dir,
     File,
+    Symlink,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +91,9 @@ fn encode(node: Node) -> u64 {
     match node {
         Node::Root => ROOT_INO,
         Node::DatasetJson => DATASET_JSON_INO,
+        Node::Gds => GDS_INO,
+        Node::Meta => META_INO,
+        Node::StatsJson => STATS_JSON_INO,
         Node::Dir(d) => pack(1, d, 0, 0),
         Node::Safetensors(d, i) => pack(2, d, i, 0),
         Node::BatchDir(d, i) => pack(3, d, i, 0),
@@ -83,6 +108,9 @@ fn decode(ino: u64) -> Option<Node> {
     Some(match (ino >> KIND_SHIFT, ino) {
         (0, ROOT_INO) => Node::Root,
         (0, DATASET_JSON_INO) => Node::DatasetJson,
+        (0, GDS_INO) => Node::Gds,
+        (0, META_INO) => Node::Meta,
+        (0, STATS_JSON_INO) => Node::StatsJson,
         (1, _) => Node::Dir(d),
         (2, _) => Node::Safetensors(d, i),
         (3, _) => Node::BatchDir(d, i),
@@ -98,10 +126,22 @@ fn number(s: &str) -> Option<u64> {
     canonical.then(|| s.parse().ok()).flatten()
 }
 
+/// Digits in batch file names: six, or more for an epoch of a million batches or more.
+pub fn name_width(batches: u64) -> usize {
+    batches.saturating_sub(1).to_string().len().max(6)
+}
+
 /// Exact file sizes of a batch of a given row count.
 struct Sizes {
     safetensors: u64,
     npy: Vec<u64>,
+}
+
+/// Epoch and rank directories by id, and whether each is under `gds/`.
+#[derive(Default)]
+struct Dirs {
+    list: Vec<(Batches, bool)>,
+    ids: HashMap<(Batches, bool), u32>,
 }
 
 pub struct Fs {
@@ -113,7 +153,8 @@ pub struct Fs {
     width: usize,
     tensor_index: HashMap<String, usize>,
     sizes: HashMap<u64, Sizes>,
-    dirs: Mutex<(Vec<Batches>, HashMap<Batches, u32>)>,
+    /// Interned epoch and rank directories, and whether each is under `gds/`.
+    dirs: Mutex<Dirs>,
 }
 
 impl Fs {
@@ -124,7 +165,7 @@ impl Fs {
         dataset_json: Vec<u8>,
     ) -> Fs {
         let plan = &engine.plan;
-        let width = plan.batches().saturating_sub(1).to_string().len().max(6);
+        let width = name_width(plan.batches());
         let tensor_index = engine
             .view
             .tensors
@@ -151,35 +192,75 @@ impl Fs {
             width,
             tensor_index,
             sizes,
-            dirs: Mutex::new((Vec::new(), HashMap::new())),
+            dirs: Mutex::default(),
         }
     }
 
-    fn dir_id(&self, b: Batches) -> Result<u32, Errno> {
+    pub fn stats(&self) -> &Stats {
+        &self.engine.stats
+    }
+
+    fn dir_id(&self, b: Batches, gds: bool) -> Result<u32, Errno> {
         let mut dirs = self.dirs.lock().unwrap();
-        if let Some(&id) = dirs.1.get(&b) {
+        if let Some(&id) = dirs.ids.get(&(b, gds)) {
             return Ok(id);
         }
-        if dirs.0.len() >= MAX_DIRS {
+        if dirs.list.len() >= MAX_DIRS {
             tracing::warn!(
                 "more than {MAX_DIRS} epoch and rank directories looked up; refusing {b:?}"
             );
             return Err(libc::ENFILE);
         }
-        let id = dirs.0.len() as u32;
-        dirs.0.push(b);
-        dirs.1.insert(b, id);
+        let id = dirs.list.len() as u32;
+        dirs.list.push((b, gds));
+        dirs.ids.insert((b, gds), id);
         Ok(id)
     }
 
-    fn dir(&self, id: u32) -> Result<Batches, Errno> {
+    fn dir_entry(&self, id: u32) -> Result<(Batches, bool), Errno> {
         self.dirs
             .lock()
             .unwrap()
-            .0
+            .list
             .get(id as usize)
             .copied()
             .ok_or(libc::ENOENT)
+    }
+
+    fn dir(&self, id: u32) -> Result<Batches, Errno> {
+        Ok(self.dir_entry(id)?.0)
+    }
+
+    /// The cache item a batch file node is (by global batch, so rank views share it).
+    fn item(&self, node: Node) -> Result<Item, Errno> {
+        let (d, i, tensor) = match node {
+            Node::Safetensors(d, i) => (d, i, None),
+            Node::Npy(d, i, t) => (d, i, Some(t)),
+            _ => return Err(libc::EINVAL),
+        };
+        let (epoch, batch) = self.global(self.dir(d)?, i);
+        Ok(match tensor {
+            None => Item::Safetensors { epoch, batch },
+            Some(tensor) => Item::Npy {
+                epoch,
+                batch,
+                tensor,
+            },
+        })
+    }
+
+    /// Where a batch file's backing file is (or will be) in the local cache.
+    fn backing_path(&self, node: Node) -> Result<PathBuf, Errno> {
+        let cache = self.engine.cache.as_ref().ok_or(libc::ENOENT)?;
+        Ok(cache.path(self.item(node)?))
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        let mut v = self.engine.stats.to_json();
+        v["memory_bytes"] = serde_json::json!(self.engine.memory());
+        let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
+        out.push(b'\n');
+        out
     }
 
     fn node(&self, ino: u64) -> Result<Node, Errno> {
@@ -220,8 +301,15 @@ impl Fs {
     pub fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
         let node = self.node(ino)?;
         let (kind, size) = match node {
-            Node::Root | Node::Dir(_) | Node::BatchDir(..) => (Kind::Dir, 0),
+            Node::Root | Node::Meta | Node::Dir(_) | Node::BatchDir(..) => (Kind::Dir, 0),
+            Node::Gds if self.engine.cache.is_some() => (Kind::Dir, 0),
+            Node::Gds => return Err(libc::ENOENT),
             Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
+            Node::StatsJson => (Kind::File, self.stats_json().len() as u64),
+            Node::Safetensors(d, _) | Node::Npy(d, ..) if self.dir_entry(d)?.1 => (
+                Kind::Symlink,
+                self.backing_path(node)?.as_os_str().len() as u64,
+            ),
             Node::Safetensors(d, i) => (Kind::File, self.sizes(self.dir(d)?, i).safetensors),
             Node::Npy(d, i, t) => (Kind::File, self.sizes(self.dir(d)?, i).npy[t]),
         };
@@ -229,20 +317,25 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, Errno> {
-        let node = match self.node(parent)? {
-            Node::Root => {
-                if name == DATASET_JSON {
-                    Node::DatasetJson
-                } else {
-                    let e = name
-                        .strip_prefix("epoch-")
-                        .and_then(number)
-                        .ok_or(libc::ENOENT)?;
-                    Node::Dir(self.dir_id(Batches::Epoch(e))?)
-                }
+        let parent = self.node(parent)?;
+        if parent == Node::Gds && self.engine.cache.is_none() {
+            return Err(libc::ENOENT);
+        }
+        let node = match parent {
+            Node::Root if name == DATASET_JSON => Node::DatasetJson,
+            Node::Root if name == GDS => Node::Gds,
+            Node::Root if name == META => Node::Meta,
+            Node::Meta if name == STATS_JSON => Node::StatsJson,
+            Node::Meta => return Err(libc::ENOENT),
+            Node::Root | Node::Gds => {
+                let e = name
+                    .strip_prefix("epoch-")
+                    .and_then(number)
+                    .ok_or(libc::ENOENT)?;
+                Node::Dir(self.dir_id(Batches::Epoch(e), parent == Node::Gds)?)
             }
             Node::Dir(d) => {
-                let b = self.dir(d)?;
+                let (b, gds) = self.dir_entry(d)?;
                 if let Some(stem) = name.strip_suffix(".safetensors") {
                     Node::Safetensors(d, self.parse_batch(b, stem).ok_or(libc::ENOENT)?)
                 } else if let Some(i) = self.parse_batch(b, name) {
@@ -257,7 +350,7 @@ impl Fs {
                         .and_then(|(r, w)| Some((number(r)?, number(w)?)))
                         .filter(|&(r, w)| r < w)
                         .ok_or(libc::ENOENT)?;
-                    Node::Dir(self.dir_id(Batches::Rank { epoch, rank, world })?)
+                    Node::Dir(self.dir_id(Batches::Rank { epoch, rank, world }, gds)?)
                 }
             }
             Node::BatchDir(d, i) => {
@@ -272,6 +365,18 @@ impl Fs {
         self.getattr(encode(node))
     }
 
+    /// The `k`-th listed epoch directory, in the main tree or under `gds/`.
+    fn epoch_entry(&self, k: u64, gds: bool) -> Result<Option<DirEntry>, Errno> {
+        if k >= self.epochs {
+            return Ok(None);
+        }
+        Ok(Some(DirEntry {
+            ino: encode(Node::Dir(self.dir_id(Batches::Epoch(k), gds)?)),
+            kind: Kind::Dir,
+            name: format!("epoch-{k}"),
+        }))
+    }
+
     /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`.
     pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>, Errno> {
         let node = self.node(ino)?;
@@ -282,27 +387,42 @@ impl Fs {
         };
         let child = |k: u64| -> Result<Option<DirEntry>, Errno> {
             Ok(match node {
-                Node::Root => match k {
-                    0 => Some(entry(Node::DatasetJson, Kind::File, DATASET_JSON.into())),
-                    k if k <= self.epochs => {
-                        let e = k - 1;
-                        Some(entry(
-                            Node::Dir(self.dir_id(Batches::Epoch(e))?),
-                            Kind::Dir,
-                            format!("epoch-{e}"),
-                        ))
+                Node::Root => {
+                    let extra: &[(Node, &str)] = if self.engine.cache.is_some() {
+                        &[
+                            (Node::DatasetJson, DATASET_JSON),
+                            (Node::Meta, META),
+                            (Node::Gds, GDS),
+                        ]
+                    } else {
+                        &[(Node::DatasetJson, DATASET_JSON), (Node::Meta, META)]
+                    };
+                    match extra.get(k as usize) {
+                        Some((n, name)) => {
+                            let kind = if *n == Node::DatasetJson {
+                                Kind::File
+                            } else {
+                                Kind::Dir
+                            };
+                            Some(entry(*n, kind, name.to_string()))
+                        }
+                        None => self.epoch_entry(k - extra.len() as u64, false)?,
                     }
-                    _ => None,
-                },
+                }
+                Node::Gds => self.epoch_entry(k, true)?,
+                Node::Meta => {
+                    (k == 0).then(|| entry(Node::StatsJson, Kind::File, STATS_JSON.into()))
+                }
                 Node::Dir(d) => {
-                    let b = self.dir(d)?;
+                    let (b, gds) = self.dir_entry(d)?;
+                    let file = if gds { Kind::Symlink } else { Kind::File };
                     let n = self.count(b);
                     if k < 2 * n {
                         let i = k / 2;
                         Some(if k.is_multiple_of(2) {
                             entry(
                                 Node::Safetensors(d, i),
-                                Kind::File,
+                                file,
                                 format!("{}.safetensors", self.batch_name(i)),
                             )
                         } else {
@@ -312,7 +432,7 @@ impl Fs {
                         match (b, self.world_size) {
                             (Batches::Epoch(epoch), Some(world)) if k - 2 * n < world => {
                                 let rank = k - 2 * n;
-                                let id = self.dir_id(Batches::Rank { epoch, rank, world })?;
+                                let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
                                 Some(entry(
                                     Node::Dir(id),
                                     Kind::Dir,
@@ -323,13 +443,16 @@ impl Fs {
                         }
                     }
                 }
-                Node::BatchDir(d, i) => self.engine.view.tensors.get(k as usize).map(|t| {
-                    entry(
-                        Node::Npy(d, i, k as usize),
-                        Kind::File,
-                        format!("{}.npy", t.name),
-                    )
-                }),
+                Node::BatchDir(d, i) => {
+                    let file = if self.dir_entry(d)?.1 {
+                        Kind::Symlink
+                    } else {
+                        Kind::File
+                    };
+                    self.engine.view.tensors.get(k as usize).map(|t| {
+                        entry(Node::Npy(d, i, k as usize), file, format!("{}.npy", t.name))
+                    })
+                }
                 _ => return Err(libc::ENOTDIR),
             })
         };
@@ -358,9 +481,75 @@ impl Fs {
         Ok(out)
     }
 
-    /// Whether a node is a file (`open` refuses directories and vice versa).
-    pub fn is_file(&self, ino: u64) -> Result<bool, Errno> {
-        Ok(self.getattr(ino)?.kind == Kind::File)
+    /// What `open` may open: a regular file, or `EISDIR`/`ELOOP`.
+    pub fn openable(&self, ino: u64) -> Result<Openable, Errno> {
+        let node = self.node(ino)?;
+        match self.getattr(ino)?.kind {
+            Kind::Dir => Err(libc::EISDIR),
+            Kind::Symlink => Err(libc::ELOOP),
+            Kind::File => Ok(match node {
+                Node::StatsJson => Openable::Live,
+                Node::DatasetJson => Openable::Fixed,
+                _ => Openable::Batch,
+            }),
+        }
+    }
+
+    /// A batch file's backing file, materialised on the local cache first if it must be.
+    /// `None`: the cache cannot take it, the daemon serves it from memory.
+    pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>, Errno> {
+        let item = self.item(self.node(ino)?)?;
+        self.engine.materialize(item).await.map_err(|e| {
+            tracing::error!(
+                "materialising {}: {e:#}",
+                self.engine
+                    .cache
+                    .as_ref()
+                    .map(|c| c.path(item).display().to_string())
+                    .unwrap_or_default()
+            );
+            libc::EIO
+        })
+    }
+
+    /// The backing file's path, once materialised, pinned for GPUDirect readers.
+    async fn handed_out_path(&self, node: Node) -> Result<Vec<u8>, Errno> {
+        let (_, path) = self.materialize(encode(node)).await?.ok_or(libc::EIO)?;
+        if let Some(cache) = &self.engine.cache {
+            cache.pin(self.item(node)?, PIN_GRACE);
+        }
+        Ok(path.into_os_string().into_encoded_bytes())
+    }
+
+    /// `readlink` of a `gds/` symlink.
+    pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        if self.getattr(ino)?.kind != Kind::Symlink {
+            return Err(libc::EINVAL);
+        }
+        self.handed_out_path(self.node(ino)?).await
+    }
+
+    /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
+    pub fn is_batch_file(&self, ino: u64) -> bool {
+        self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
+            && matches!(self.node(ino), Ok(Node::Safetensors(..) | Node::Npy(..)))
+    }
+
+    /// The names of a node's extended attributes.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        Ok(if self.is_batch_file(ino) && self.engine.cache.is_some() {
+            format!("{PATH_XATTR}\0").into_bytes()
+        } else {
+            Vec::new()
+        })
+    }
+
+    /// `user.tensorfs.path`: the backing file's path, materialised and pinned.
+    pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>, Errno> {
+        if name != PATH_XATTR || !self.is_batch_file(ino) || self.engine.cache.is_none() {
+            return Err(libc::ENODATA);
+        }
+        self.handed_out_path(self.node(ino)?).await
     }
 
     /// Reads `size` bytes at `offset`, building the batch first if it must.
@@ -368,6 +557,7 @@ impl Fs {
         let node = self.node(ino)?;
         let (b, i) = match node {
             Node::DatasetJson => return Ok(slice(&[&self.dataset_json], offset, size)),
+            Node::StatsJson => return Ok(slice(&[&self.stats_json()], offset, size)),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => (self.dir(d)?, i),
             _ => return Err(libc::EISDIR),
         };
@@ -389,6 +579,17 @@ impl Fs {
             }
         })
     }
+}
+
+/// How an openable file is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Openable {
+    /// A batch file: materialised and passed through, or served by the daemon.
+    Batch,
+    /// dataset.json: fixed for the mount's life.
+    Fixed,
+    /// stats.json: new content on every read.
+    Live,
 }
 
 /// `size` bytes at `offset` of the concatenation of `parts`.

@@ -1,36 +1,71 @@
 //! The thin fuser adapter: each callback is translated into a call on [`Fs`]; reads are
 //! answered from tokio tasks, so the FUSE threads never wait on a batch build.
 
-use crate::fs::{Attr, Fs, Kind};
+use crate::fs::{Attr, Fs, Kind, Openable};
+use crate::stats::Stats;
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow,
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
+use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
-use tokio::runtime::Handle;
+use tokio::runtime::Handle as Handle_;
 
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// An open file: the backing file it was served from, if any, and its passthrough id.
+struct Handle {
+    file: Option<Arc<File>>,
+    _backing: Option<Arc<BackingId>>,
+}
+
+/// Open files and the passthrough ids of their inodes (the kernel wants one backing file per
+/// inode at a time, so opens of one inode share it).
+#[derive(Default)]
+struct Handles {
+    open: HashMap<u64, Handle>,
+    backing: HashMap<u64, Weak<BackingId>>,
+}
+
 pub struct FuseAdapter {
     fs: Arc<Fs>,
-    runtime: Handle,
+    runtime: Handle_,
     mounted_at: SystemTime,
     uid: u32,
     gid: u32,
+    /// Whether to try passthrough: asked for, accepted by the kernel at init, and not refused
+    /// since.
+    passthrough: Arc<AtomicBool>,
+    handles: Arc<Mutex<Handles>>,
+    next_fh: AtomicU64,
 }
 
 fn errno(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
+/// An xattr reply: the size when asked for it (`size == 0`), else the value if it fits.
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32)
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(value)
+    }
+}
+
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, runtime: Handle) -> Self {
+    pub fn new(fs: Arc<Fs>, runtime: Handle_, passthrough: bool) -> Self {
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {
@@ -39,6 +74,9 @@ impl FuseAdapter {
             mounted_at: SystemTime::now(),
             uid,
             gid,
+            passthrough: Arc::new(AtomicBool::new(passthrough)),
+            handles: Arc::default(),
+            next_fh: AtomicU64::new(1),
         }
     }
 
@@ -46,6 +84,7 @@ impl FuseAdapter {
         let (kind, perm, nlink) = match a.kind {
             Kind::Dir => (FileType::Directory, 0o555, 2),
             Kind::File => (FileType::RegularFile, 0o444, 1),
+            Kind::Symlink => (FileType::Symlink, 0o777, 1),
         };
         FileAttr {
             ino: INodeNo(a.ino),
@@ -71,6 +110,17 @@ impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large reads: fewer round trips through the daemon.
         let _ = config.set_max_readahead(1 << 20);
+        if self.passthrough.load(Ordering::Relaxed) {
+            // Backing files live on an ordinary filesystem: one level of stacking below us.
+            let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(2).is_ok();
+            if !ok {
+                tracing::warn!(
+                    "the kernel does not offer FUSE passthrough: reads are served by the daemon"
+                );
+            }
+            self.passthrough.store(ok, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -95,18 +145,90 @@ impl Filesystem for FuseAdapter {
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return reply.error(Errno::EROFS);
         }
-        match self.fs.is_file(ino.0) {
-            Ok(true) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Ok(false) => reply.error(Errno::EISDIR),
-            Err(e) => reply.error(errno(e)),
+        let kind = match self.fs.openable(ino.0) {
+            Ok(k) => k,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        match kind {
+            Openable::Live => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Openable::Fixed => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Openable::Batch => {}
         }
+        let fs = self.fs.clone();
+        let handles = self.handles.clone();
+        let passthrough = self.passthrough.clone();
+        self.runtime.spawn(async move {
+            Stats::add(&fs.stats().c.opens, 1);
+            let file = match fs.materialize(ino.0).await {
+                Ok(f) => f.map(|(file, _)| Arc::new(file)),
+                Err(e) => return reply.error(errno(e)),
+            };
+            let mut h = handles.lock().unwrap();
+            let backing = match &file {
+                Some(file) if passthrough.load(Ordering::Relaxed) => {
+                    match h.backing.get(&ino.0).and_then(Weak::upgrade) {
+                        Some(id) => Some(id),
+                        None => match reply.open_backing(file.as_ref()) {
+                            Ok(id) => {
+                                let id = Arc::new(id);
+                                h.backing.insert(ino.0, Arc::downgrade(&id));
+                                Some(id)
+                            }
+                            Err(e) => {
+                                tracing::warn!(
+                                    "FUSE passthrough refused ({e}): reads are served by the daemon"
+                                );
+                                passthrough.store(false, Ordering::Relaxed);
+                                None
+                            }
+                        },
+                    }
+                }
+                _ => None,
+            };
+            h.open.insert(
+                fh,
+                Handle {
+                    file,
+                    _backing: backing.clone(),
+                },
+            );
+            drop(h);
+            match backing {
+                Some(id) => {
+                    Stats::add(&fs.stats().c.passthrough_opens, 1);
+                    // The kernel takes no caching flags with passthrough (EIO otherwise).
+                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
+                }
+                None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut h = self.handles.lock().unwrap();
+        h.open.remove(&fh.0);
+        if h.backing.get(&ino.0).is_some_and(|w| w.strong_count() == 0) {
+            h.backing.remove(&ino.0);
+        }
+        reply.ok();
     }
 
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -114,9 +236,52 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
+        let file = self
+            .handles
+            .lock()
+            .unwrap()
+            .open
+            .get(&fh.0)
+            .and_then(|h| h.file.clone());
         self.runtime.spawn(async move {
-            match fs.read(ino.0, offset, size).await {
-                Ok(data) => reply.data(&data),
+            let data = match file {
+                // Materialised (checked at open): read the backing file.
+                Some(file) => tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0; size as usize];
+                    let mut got = 0;
+                    while got < buf.len() {
+                        match file.read_at(&mut buf[got..], offset + got as u64) {
+                            Ok(0) => break,
+                            Ok(n) => got += n,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(_) => return Err(libc::EIO),
+                        }
+                    }
+                    buf.truncate(got);
+                    Ok(buf)
+                })
+                .await
+                .unwrap_or(Err(libc::EIO)),
+                None => fs.read(ino.0, offset, size).await,
+            };
+            match data {
+                Ok(data) => {
+                    if fs.is_batch_file(ino.0) {
+                        Stats::add(&fs.stats().c.daemon_reads, 1);
+                        Stats::add(&fs.stats().c.daemon_read_bytes, data.len() as u64);
+                    }
+                    reply.data(&data)
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.runtime.spawn(async move {
+            match fs.readlink(ino.0).await {
+                Ok(target) => reply.data(&target),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -170,22 +335,21 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::NO_XATTR);
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let fs = self.fs.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.runtime.spawn(async move {
+            match fs.getxattr(ino.0, &name).await {
+                Ok(value) => xattr_reply(reply, &value, size),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => xattr_reply(reply, &names, size),
+            Err(e) => reply.error(errno(e)),
         }
     }
 

@@ -6,6 +6,7 @@
 //! batches on the worker pool, `fs` is the tree, `fuse` the adapter to the kernel, and `mount`
 //! ties them together.
 
+pub mod cache;
 pub mod dtype;
 pub mod engine;
 pub mod format;
@@ -15,5 +16,6 @@ pub mod mount;
 pub mod options;
 pub mod plan;
 pub mod source;
+pub mod stats;
 pub mod transform;
 pub mod view;

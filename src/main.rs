@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         } => {
             let run = || -> anyhow::Result<bool> {
                 let opts = Options::parse(&options)?;
-                let dataset = mount::runtime()?.block_on(Dataset::open(&source, &opts))?;
+                let dataset = mount::runtime()?.block_on(Dataset::open(&source, &opts, None))?;
                 if json {
                     println!(
                         "{}",

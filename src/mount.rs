@@ -1,12 +1,14 @@
 //! Opening a dataset and mounting it: what `tensorfs mount` and `tensorfs inspect` share, the
 //! checks made before anything is mounted, daemonising, and the FUSE session's life.
 
-use crate::engine::Engine;
+use crate::cache::{self, DiskCache};
+use crate::engine::{Engine, Limits};
 use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
 use crate::options::Options;
 use crate::plan::Plan;
 use crate::source::Source;
+use crate::stats::Stats;
 use crate::view::{self, View};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
@@ -21,13 +23,16 @@ pub struct Dataset {
     pub source: Arc<Source>,
     pub view: Arc<View>,
     pub plan: Plan,
+    pub stats: Arc<Stats>,
 }
 
 impl Dataset {
     /// Opens the source and builds the view. A view with problems is returned as it is, so
     /// that `inspect` can show them; [`Dataset::check`] turns them into the refusal.
-    pub async fn open(source: &str, opts: &Options) -> Result<Dataset> {
-        let source = Arc::new(Source::open(source, &opts.store).await?);
+    /// `footers`: where footers are kept between mounts (none for `inspect`).
+    pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
+        let stats = Arc::new(Stats::default());
+        let source = Arc::new(Source::open(source, &opts.store, footers, stats.clone()).await?);
         let view = Arc::new(view::build(&source, opts).await?);
         let rg_rows: Vec<u64> = source
             .files
@@ -38,7 +43,12 @@ impl Dataset {
             })
             .collect();
         let plan = Plan::new(&rg_rows, opts.order());
-        Ok(Dataset { source, view, plan })
+        Ok(Dataset {
+            source,
+            view,
+            plan,
+            stats,
+        })
     }
 
     pub fn check(&self) -> Result<()> {
@@ -51,6 +61,55 @@ impl Dataset {
     pub fn dataset_json(&self, opts: &Options) -> serde_json::Value {
         view::dataset_json(&self.source, &self.view, &self.plan, opts)
     }
+
+    /// Opens the local cache for this dataset and these content options.
+    pub fn open_cache(&self, opts: &Options, width: usize) -> Result<DiskCache> {
+        let o = opts.to_json();
+        let pick =
+            |keys: &[&str]| -> String { keys.iter().map(|k| format!("{k}={};", o[*k])).collect() };
+        let fingerprint = self.source.fingerprint();
+        let columns = pick(&["columns", "cast", "stack", "pad", "nulls"]);
+        let order = pick(&[
+            "batch_size",
+            "drop_last",
+            "seed",
+            "shuffle",
+            "shuffle_window",
+        ]);
+        let ckey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
+        let bkey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes(), order.as_bytes()]);
+        let capacity = match opts.cache_size {
+            Some(n) => n,
+            None => free_space(&opts.cache_dir)? / 5 * 4,
+        };
+        let names = self.view.tensors.iter().map(|t| t.name.clone()).collect();
+        DiskCache::open(
+            &opts.cache_dir,
+            ckey,
+            bkey,
+            capacity,
+            width,
+            names,
+            &self.stats,
+        )
+    }
+}
+
+/// Bytes free for unprivileged use on the filesystem holding `dir`.
+fn free_space(dir: &Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs is plain old data that statvfs(3) fills; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        bail!(
+            "cache_dir '{}': {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// The mount's runtime: I/O on a couple of async workers; decoding runs on blocking threads,
@@ -240,12 +299,13 @@ pub fn log_file(opts: &Options) -> PathBuf {
 /// Opens the dataset, mounts it and serves until unmounted.
 pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
     let runtime = runtime()?;
-    let opened = runtime.block_on(Dataset::open(source, opts)).and_then(|d| {
+    let footers = opts.cache_dir.join("v1").join("footers");
+    let opened = create_cache_dir(&opts.cache_dir).and_then(|()| {
+        let d = runtime.block_on(Dataset::open(source, opts, Some(&footers)))?;
         d.check()?;
         if opts.auto_unmount && !find_in_path("fusermount3") {
             bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
         }
-        create_cache_dir(&opts.cache_dir)?;
         Ok(d)
     });
     let dataset = match opened {
@@ -256,16 +316,29 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         }
     };
     let json = serde_json::to_vec_pretty(&dataset.dataset_json(opts))?;
+    let width = crate::fs::name_width(dataset.plan.batches());
+    let cache = match dataset.open_cache(opts, width) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            ready.report(&Err(anyhow!("{}", one_line(&e))));
+            return Err(e);
+        }
+    };
     let engine = Arc::new(Engine::new(
         dataset.source.clone(),
         dataset.view.clone(),
         dataset.plan.clone(),
+        dataset.stats.clone(),
+        Some(cache),
         runtime.handle().clone(),
-        opts.threads,
-        opts.memory_limit,
+        Limits {
+            threads: opts.threads,
+            memory: opts.memory_limit,
+        },
     ));
     let fs = Arc::new(Fs::new(engine, opts.epochs, opts.world_size, json));
-    let adapter = FuseAdapter::new(fs, runtime.handle().clone());
+    let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
+    let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
 
     let mut mount_options = vec![
         MountOption::FSName(source.to_string()),

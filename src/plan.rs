@@ -138,10 +138,15 @@ impl Plan {
                 let windows = (0..=rgs.len().div_ceil(k))
                     .map(|w| start[(w * k).min(rgs.len())])
                     .collect();
+                let mut slot_of = vec![0; rgs.len()];
+                for (slot, &rg) in rgs.iter().enumerate() {
+                    slot_of[rg] = slot;
+                }
                 Order::Window {
                     rgs,
                     start,
                     windows,
+                    slot_of,
                 }
             }
         };
@@ -159,6 +164,7 @@ impl Plan {
                 rgs,
                 start,
                 windows,
+                ..
             } => {
                 let mut perms: HashMap<usize, Permutation> = HashMap::new();
                 positions
@@ -184,6 +190,23 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The epoch positions whose rows may come from row group `rg`: the cache uses it to know
+    /// when a row group is needed next.
+    pub fn row_group_span(&self, order: &EpochOrder, rg: usize) -> std::ops::Range<u64> {
+        match &order.order {
+            Order::Canonical => self.rg_start[rg]..self.rg_start[rg + 1],
+            Order::Global(_) => 0..self.rows(),
+            Order::Window {
+                windows, slot_of, ..
+            } => {
+                let w = slot_of[rg] / self.opts.window as usize;
+                windows[w]..windows[w + 1]
+            }
+        }
+    }
+}
+
 /// What an epoch's order needs beyond the plan.
 #[derive(Clone, Debug)]
 pub struct EpochOrder {
@@ -201,6 +224,8 @@ enum Order {
         rgs: Vec<usize>,
         start: Vec<u64>,
         windows: Vec<u64>,
+        /// Each row group's place in `rgs`.
+        slot_of: Vec<usize>,
     },
 }
 
@@ -418,6 +443,31 @@ mod tests {
         // A global batch draws from all over the dataset, not from one window.
         let groups: HashSet<usize> = g0[..64].iter().map(|&r| global.locate(r).0).collect();
         assert!(groups.len() > 4);
+    }
+
+    #[test]
+    fn row_group_spans_hold_their_rows() {
+        let rg_rows = vec![10, 0, 7, 13, 5, 9];
+        for shuffle in [Shuffle::None, Shuffle::Window, Shuffle::Global] {
+            let plan = Plan::new(
+                &rg_rows,
+                OrderOptions {
+                    batch_size: 1,
+                    drop_last: false,
+                    shuffle,
+                    window: 2,
+                    seed: 3,
+                },
+            );
+            let order = plan.epoch(2);
+            for pos in 0..plan.rows() {
+                let (rg, _) = plan.locate(plan.batch_rows(&order, pos)[0]);
+                assert!(
+                    plan.row_group_span(&order, rg).contains(&pos),
+                    "{shuffle:?} {pos} {rg}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! order, form the dataset. Footers are loaded once, concurrently, and kept; a row group is then
 //! read with a column projection, as ranged GETs that object_store coalesces.
 
+use crate::cache;
+use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
 use bytes::Bytes;
@@ -28,6 +30,8 @@ const METADATA_CONCURRENCY: usize = 32;
 pub struct SourceFile {
     /// The key relative to the source's prefix (the file name for a single-file source).
     pub name: String,
+    /// Names this version of the object: its URL, size and ETag (or modification time).
+    pub id: [u8; 32],
     pub location: Path,
     pub size: u64,
     pub e_tag: Option<String>,
@@ -48,6 +52,9 @@ pub struct Source {
     /// The source as the user named it, for messages.
     pub display: String,
     store: Arc<dyn ObjectStore>,
+    stats: Arc<Stats>,
+    /// Where footers and other facts about the objects are kept between mounts.
+    kept: Option<std::path::PathBuf>,
     pub files: Vec<SourceFile>,
 }
 
@@ -76,7 +83,14 @@ fn io_reason(e: &std::io::Error) -> String {
 }
 
 impl Source {
-    pub async fn open(source: &str, store_options: &[(String, String)]) -> Result<Source> {
+    /// Lists the source and loads every file's footer (concurrently; from `footers`, a
+    /// directory of footers kept by earlier mounts, when the object has not changed).
+    pub async fn open(
+        source: &str,
+        store_options: &[(String, String)],
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
         let url = source_url(source)?;
         let (store, prefix) = object_store::parse_url_opts(
             &url,
@@ -88,17 +102,32 @@ impl Source {
         let objects = Self::list(&store, &prefix, source).await?;
         let files = futures::stream::iter(objects)
             .map(|(name, meta)| {
-                let store = store.clone();
+                let reader = ObjectReader::new(
+                    store.clone(),
+                    meta.location.clone(),
+                    meta.size,
+                    stats.clone(),
+                );
+                let url = url.to_string();
                 async move {
-                    let mut reader = ObjectReader::new(store, meta.location.clone(), meta.size);
+                    let version =
+                        format!("{:?}|{:?}|{}", meta.e_tag, meta.version, meta.last_modified);
+                    let id = cache::identity(&[
+                        url.as_bytes(),
+                        meta.location.as_ref().as_bytes(),
+                        &meta.size.to_le_bytes(),
+                        version.as_bytes(),
+                    ]);
+                    let kept = footers.map(|dir| dir.join(format!("{}.footer", hex(&id[..16]))));
                     let metadata =
-                        ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                        load_metadata(&reader, kept.as_deref(), &id)
                             .await
                             .map_err(|e| {
-                                anyhow!("file '{name}' is not a readable Parquet file: {e}")
+                                anyhow!("file '{name}' is not a readable Parquet file: {e:#}")
                             })?;
                     Ok::<_, anyhow::Error>(SourceFile {
                         name,
+                        id,
                         location: meta.location,
                         size: meta.size,
                         e_tag: meta.e_tag,
@@ -112,6 +141,8 @@ impl Source {
         Ok(Source {
             display: source.to_string(),
             store,
+            stats,
+            kept: footers.map(Into::into),
             files,
         })
     }
@@ -159,6 +190,29 @@ impl Source {
             .collect())
     }
 
+    fn fact_path(&self, file: usize, what: &str) -> Option<(std::path::PathBuf, [u8; 32])> {
+        let id = cache::identity(&[&self.files[file].id, what.as_bytes()]);
+        Some((
+            self.kept.as_ref()?.join(format!("{}.fact", hex(&id[..16]))),
+            id,
+        ))
+    }
+
+    /// A fact about one file that an earlier mount found out and kept (such as whether a list
+    /// column holds nulls, which only reading it tells).
+    pub fn kept_fact(&self, file: usize, what: &str) -> Option<Vec<u8>> {
+        let (path, id) = self.fact_path(file, what)?;
+        cache::read_blob(&path, &id)
+    }
+
+    pub fn keep_fact(&self, file: usize, what: &str, value: &[u8]) {
+        if let Some((path, id)) = self.fact_path(file, what)
+            && let Err(e) = cache::write_blob(&path, &id, value)
+        {
+            tracing::warn!("cannot keep '{}': {e:#}", path.display());
+        }
+    }
+
     /// Identifies the dataset's content: every object's key, size and ETag, in order.
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
@@ -180,7 +234,12 @@ impl Source {
         roots: &[usize],
     ) -> Result<RecordBatch> {
         let f = &self.files[file];
-        let reader = ObjectReader::new(self.store.clone(), f.location.clone(), f.size);
+        let reader = ObjectReader::new(
+            self.store.clone(),
+            f.location.clone(),
+            f.size,
+            self.stats.clone(),
+        );
         let rows = f.metadata.metadata().row_group(rg).num_rows() as usize;
         let mask = ProjectionMask::roots(
             f.metadata.metadata().file_metadata().schema_descr(),
@@ -204,21 +263,93 @@ impl Source {
     }
 }
 
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// How much of a file's end is fetched first: most footers fit, so one request does.
+const FOOTER_GUESS: u64 = 64 << 10;
+
+/// A file's Parquet metadata: from the kept footer when there is one, else fetched (its
+/// suffix, in one request when the footer fits the guess) and kept for the next mount.
+async fn load_metadata(
+    reader: &ObjectReader,
+    kept: Option<&std::path::Path>,
+    id: &[u8; 32],
+) -> Result<ArrowReaderMetadata> {
+    let footer = match kept.and_then(|p| cache::read_blob(p, id)) {
+        Some(b) => Bytes::from(b),
+        None => {
+            let footer = fetch_footer(reader).await?;
+            if let Some(p) = kept
+                && let Err(e) = cache::write_blob(p, id, &footer)
+            {
+                tracing::warn!("cannot keep the footer of '{}': {e:#}", reader.location);
+            }
+            footer
+        }
+    };
+    let metadata = ParquetMetaDataReader::decode_metadata(&footer[..footer.len() - 8])?;
+    Ok(ArrowReaderMetadata::try_new(
+        Arc::new(metadata),
+        ArrowReaderOptions::new(),
+    )?)
+}
+
+/// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).
+async fn fetch_footer(reader: &ObjectReader) -> Result<Bytes> {
+    let size = reader.size;
+    if size < 12 {
+        bail!("{size} bytes is too small for Parquet");
+    }
+    let guess = FOOTER_GUESS.min(size);
+    let tail = reader.get(size - guess..size).await?;
+    let end = &tail[tail.len() - 8..];
+    match &end[4..] {
+        b"PAR1" => {}
+        b"PARE" => bail!("encrypted Parquet is not supported"),
+        _ => bail!("no Parquet magic at the end of the file"),
+    }
+    let need = u32::from_le_bytes(end[..4].try_into().unwrap()) as u64 + 8;
+    if need > size {
+        bail!("the footer claims {need} bytes of a {size}-byte file");
+    }
+    if need <= guess {
+        return Ok(tail.slice((guess - need) as usize..));
+    }
+    reader.get(size - need..size).await
+}
+
 /// An [`AsyncFileReader`] over one object of an object store, whose size is known so that the
 /// footer is read without probing.
 struct ObjectReader {
     store: Arc<dyn ObjectStore>,
     location: Path,
     size: u64,
+    stats: Arc<Stats>,
 }
 
 impl ObjectReader {
-    fn new(store: Arc<dyn ObjectStore>, location: Path, size: u64) -> Self {
+    fn new(store: Arc<dyn ObjectStore>, location: Path, size: u64, stats: Arc<Stats>) -> Self {
         ObjectReader {
             store,
             location,
             size,
+            stats,
         }
+    }
+
+    async fn get(&self, range: Range<u64>) -> Result<Bytes> {
+        self.count(std::slice::from_ref(&range));
+        Ok(self.store.get_range(&self.location, range).await?)
+    }
+
+    fn count(&self, ranges: &[Range<u64>]) {
+        Stats::add(&self.stats.c.remote_requests, ranges.len() as u64);
+        Stats::add(
+            &self.stats.c.remote_bytes,
+            ranges.iter().map(|r| r.end - r.start).sum(),
+        );
     }
 }
 
@@ -228,6 +359,7 @@ fn parquet_err(e: object_store::Error) -> ParquetError {
 
 impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        self.count(std::slice::from_ref(&range));
         self.store
             .get_range(&self.location, range)
             .map_err(parquet_err)
@@ -238,6 +370,7 @@ impl AsyncFileReader for ObjectReader {
         &mut self,
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        self.count(&ranges);
         async move {
             self.store
                 .get_ranges(&self.location, &ranges)

@@ -2,6 +2,7 @@
 //! (dictionaries decoded, casts, stacks, padded lists with their lengths, zero-filled nulls
 //! with their masks), and the gather of rows from those columns into a batch.
 
+use crate::cache::LoadedColumns;
 use crate::dtype::DType;
 use crate::view::{ItemKind, Part, View};
 use anyhow::{Result, bail};
@@ -9,19 +10,56 @@ use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
 use half::f16;
 
-/// One row group, transformed: for every tensor of the view, `rows` rows of fixed size.
-#[derive(Debug)]
+/// One row group, transformed: for every tensor of the view, `rows` rows of fixed size, as
+/// decoded or as loaded from the local cache.
 pub struct Columns {
+    pub rows: usize,
+    data: ColumnData,
+}
+
+enum ColumnData {
+    Owned(Vec<Vec<u8>>),
+    Loaded(LoadedColumns),
+}
+
+impl Columns {
+    pub fn owned(rows: usize, tensors: Vec<Vec<u8>>) -> Columns {
+        Columns {
+            rows,
+            data: ColumnData::Owned(tensors),
+        }
+    }
+
+    pub fn loaded(l: LoadedColumns) -> Columns {
+        Columns {
+            rows: l.rows,
+            data: ColumnData::Loaded(l),
+        }
+    }
+
+    /// The rows of tensor `t`, back to back.
+    pub fn tensor(&self, t: usize) -> &[u8] {
+        match &self.data {
+            ColumnData::Owned(v) => &v[t],
+            ColumnData::Loaded(l) => &l.buf[l.ranges[t].clone()],
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            ColumnData::Owned(v) => v.iter().map(Vec::len).sum(),
+            ColumnData::Loaded(l) => l.buf.len(),
+        }
+    }
+}
+
+/// A transformed row group and what transforming it counted.
+pub struct Transformed {
     pub rows: usize,
     pub tensors: Vec<Vec<u8>>,
     /// Lists longer than their `pad=` length, cut.
     pub truncated: u64,
-}
-
-impl Columns {
-    pub fn bytes(&self) -> usize {
-        self.tensors.iter().map(Vec::len).sum()
-    }
 }
 
 /// Elements of one column, flattened: their type, little-endian bytes, and which are valid
@@ -234,7 +272,7 @@ fn pad<O: OffsetSizeTrait>(array: &dyn Array, len: usize, dtype: DType) -> Resul
 }
 
 /// Transforms one row group, projected to `view.roots`, into the view's tensor columns.
-pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Columns> {
+pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Transformed> {
     let rows = batch.num_rows();
     let mut tensors: Vec<Vec<u8>> = vec![Vec::new(); view.tensors.len()];
     let mut truncated = 0;
@@ -318,7 +356,7 @@ pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Colum
             .expect("each part is served once");
         }
     }
-    Ok(Columns {
+    Ok(Transformed {
         rows,
         tensors,
         truncated,
@@ -334,7 +372,7 @@ pub fn gather(view: &View, rows: &[(&Columns, usize)]) -> Vec<Vec<u8>> {
             let rb = t.row_bytes();
             let mut out = Vec::with_capacity(rows.len() * rb);
             for (cols, r) in rows {
-                out.extend_from_slice(&cols.tensors[ti][r * rb..(r + 1) * rb]);
+                out.extend_from_slice(&cols.tensor(ti)[r * rb..(r + 1) * rb]);
             }
             out
         })

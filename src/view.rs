@@ -302,9 +302,18 @@ async fn column_has_nulls(source: &Source, field: usize, is_list: bool) -> Resul
         NullStats::Some { file } => Ok(Some(file)),
         NullStats::Unknown(groups) => {
             for (file, rg) in groups {
-                let batch = source.read_row_group(file, rg, &[field]).await?;
-                let column: &ArrayRef = batch.column(0);
-                if has_served_nulls(column.as_ref()) {
+                let fact = format!("nulls of root column {field} in row group {rg}");
+                let nulls = match source.kept_fact(file, &fact).as_deref() {
+                    Some([n]) => *n == 1,
+                    _ => {
+                        let batch = source.read_row_group(file, rg, &[field]).await?;
+                        let column: &ArrayRef = batch.column(0);
+                        let nulls = has_served_nulls(column.as_ref());
+                        source.keep_fact(file, &fact, &[u8::from(nulls)]);
+                        nulls
+                    }
+                };
+                if nulls {
                     return Ok(Some(source.files[file].name.clone()));
                 }
             }

@@ -1,0 +1,875 @@
+//! The local SSD cache: transformed row-group columns (so a reshuffled epoch gathers without
+//! decoding Parquet again) and the materialised batch files that readers open.
+//!
+//! Layout under `cache_dir`:
+//!
+//! ```text
+//! v1/tmp/PID-N                          files being written (a dead PID's are removed at start)
+//! v1/cols-CKEY/rg-000042.cols           one row group's tensor columns: header + data
+//! v1/batches-BKEY/epoch-E/000042.safetensors       a batch file, byte for byte what the mount
+//! v1/batches-BKEY/epoch-E/000042/x.npy             shows, so the kernel can pass reads through
+//! v1/batches-BKEY/epoch-E/.000042.safetensors.meta  its length and crc32c
+//! ```
+//!
+//! CKEY hashes the dataset fingerprint and the column transforms; BKEY adds the order options,
+//! so a changed option can never serve stale bytes. Every item is checked against its crc32c
+//! when it is served; a corrupt, truncated or missing item is dropped and counted as a miss.
+//! Writes go to a temp file, are fsynced, then renamed into place. When the cache is over
+//! `cache_size`, the items needed furthest in the future are evicted first.
+
+use crate::stats::Stats;
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const VERSION: u32 = 1;
+const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
+const META_MAGIC: &[u8; 8] = b"TFSMETA1";
+const COLS_DATA_AT: usize = 4096;
+
+/// What a cached item is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Item {
+    Columns {
+        rg: usize,
+    },
+    Safetensors {
+        epoch: u64,
+        batch: u64,
+    },
+    Npy {
+        epoch: u64,
+        batch: u64,
+        tensor: usize,
+    },
+}
+
+impl Item {
+    pub fn batch(&self) -> Option<(u64, u64)> {
+        match *self {
+            Item::Columns { .. } => None,
+            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
+                Some((epoch, batch))
+            }
+        }
+    }
+}
+
+struct Entry {
+    bytes: u64,
+    pinned_until: Option<Instant>,
+}
+
+/// A row group's tensor columns, read from the cache and checked. They are read into memory,
+/// not mapped: a mapping would show a later change to the file to readers after the check.
+pub struct LoadedColumns {
+    pub rows: usize,
+    pub buf: Vec<u8>,
+    pub ranges: Vec<std::ops::Range<usize>>,
+}
+
+pub struct DiskCache {
+    root: PathBuf,
+    cols: PathBuf,
+    batches: PathBuf,
+    tmp: PathBuf,
+    ckey: String,
+    bkey: String,
+    /// Digits in a batch file name (as the mount shows them).
+    width: usize,
+    tensor_names: Vec<String>,
+    capacity: u64,
+    entries: Mutex<HashMap<Item, Entry>>,
+    used: AtomicU64,
+    next_tmp: AtomicU64,
+    full_warned: AtomicBool,
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(p)
+        .with_context(|| format!("cannot create '{}'", p.display()))
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn hash32(parts: &[&[u8]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().into()
+}
+
+/// A short hex name for a key.
+pub fn key_name(parts: &[&[u8]]) -> String {
+    hash32(parts)[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl DiskCache {
+    /// Opens the cache for one dataset and option set: creates its directories, removes what a
+    /// crashed daemon left, and indexes what is there (checksums are checked on use, not here).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(
+        cache_dir: &Path,
+        ckey: String,
+        bkey: String,
+        capacity: u64,
+        width: usize,
+        tensor_names: Vec<String>,
+        stats: &Stats,
+    ) -> Result<DiskCache> {
+        let root = cache_dir.join("v1");
+        let cache = DiskCache {
+            cols: root.join(format!("cols-{ckey}")),
+            batches: root.join(format!("batches-{bkey}")),
+            tmp: root.join("tmp"),
+            root,
+            ckey,
+            bkey,
+            width,
+            tensor_names,
+            capacity,
+            entries: Mutex::new(HashMap::new()),
+            used: AtomicU64::new(0),
+            next_tmp: AtomicU64::new(0),
+            full_warned: AtomicBool::new(false),
+        };
+        for d in [&cache.root, &cache.cols, &cache.batches, &cache.tmp] {
+            mkdir(d)?;
+        }
+        cache.clean_tmp();
+        cache.scan();
+        Stats::set(&stats.c.cache_capacity, capacity);
+        Stats::set(&stats.c.cache_bytes, cache.used());
+        tracing::info!(
+            "cache {}: {} items, {} bytes of {}",
+            cache.root.display(),
+            cache.entries.lock().unwrap().len(),
+            cache.used(),
+            capacity
+        );
+        Ok(cache)
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn clean_tmp(&self) {
+        let Ok(dir) = std::fs::read_dir(&self.tmp) else {
+            return;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_none_or(|p| !pid_alive(p) || p == std::process::id()) {
+                tracing::info!("removing '{name}', left by a daemon that is gone");
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// Indexes the items on disk; batch files without their meta (a crash between the two
+    /// renames) are removed.
+    fn scan(&self) {
+        let mut entries = self.entries.lock().unwrap();
+        let mut used = 0;
+        if let Ok(dir) = std::fs::read_dir(&self.cols) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let rg = name
+                    .strip_prefix("rg-")
+                    .and_then(|s| s.strip_suffix(".cols"))
+                    .and_then(|s| s.parse().ok());
+                match (rg, e.metadata()) {
+                    (Some(rg), Ok(md)) => {
+                        used += md.len();
+                        entries.insert(
+                            Item::Columns { rg },
+                            Entry {
+                                bytes: md.len(),
+                                pinned_until: None,
+                            },
+                        );
+                    }
+                    _ => {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        let Ok(epochs) = std::fs::read_dir(&self.batches) else {
+            return;
+        };
+        for ep in epochs.flatten() {
+            let Some(epoch) = ep
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("epoch-"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let mut found: Vec<(Item, PathBuf)> = Vec::new();
+            let walk = |dir: &Path, found: &mut Vec<(Item, PathBuf)>| -> Vec<PathBuf> {
+                let mut subdirs = Vec::new();
+                for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                    let path = e.path();
+                    if path.is_dir() {
+                        subdirs.push(path);
+                    } else if let Some(item) = self.item_of(epoch, &path) {
+                        found.push((item, path));
+                    }
+                }
+                subdirs
+            };
+            for sub in walk(&ep.path(), &mut found) {
+                walk(&sub, &mut found);
+            }
+            for (item, path) in found {
+                let meta = meta_path(&path);
+                match (std::fs::metadata(&path), std::fs::metadata(&meta)) {
+                    (Ok(d), Ok(m)) => {
+                        let bytes = d.len() + m.len();
+                        used += bytes;
+                        entries.insert(
+                            item,
+                            Entry {
+                                bytes,
+                                pinned_until: None,
+                            },
+                        );
+                    }
+                    _ => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+        }
+        self.used.store(used, Ordering::Relaxed);
+    }
+
+    /// The item a batch file path names, if any (meta sidecars name none).
+    fn item_of(&self, epoch: u64, path: &Path) -> Option<Item> {
+        let name = path.file_name()?.to_str()?;
+        if name.starts_with('.') {
+            return None;
+        }
+        if let Some(stem) = name.strip_suffix(".safetensors") {
+            return Some(Item::Safetensors {
+                epoch,
+                batch: stem.parse().ok()?,
+            });
+        }
+        let tensor = name.strip_suffix(".npy")?;
+        let batch = path.parent()?.file_name()?.to_str()?.parse().ok()?;
+        let tensor = self.tensor_names.iter().position(|t| t == tensor)?;
+        Some(Item::Npy {
+            epoch,
+            batch,
+            tensor,
+        })
+    }
+
+    /// Where an item lives.
+    pub fn path(&self, item: Item) -> PathBuf {
+        let w = self.width;
+        match item {
+            Item::Columns { rg } => self.cols.join(format!("rg-{rg:06}.cols")),
+            Item::Safetensors { epoch, batch } => self
+                .batches
+                .join(format!("epoch-{epoch}/{batch:0w$}.safetensors")),
+            Item::Npy {
+                epoch,
+                batch,
+                tensor,
+            } => self.batches.join(format!(
+                "epoch-{epoch}/{batch:0w$}/{}.npy",
+                self.tensor_names[tensor]
+            )),
+        }
+    }
+
+    fn identity(&self, item: Item) -> [u8; 32] {
+        let key = match item {
+            Item::Columns { .. } => &self.ckey,
+            _ => &self.bkey,
+        };
+        hash32(&[
+            key.as_bytes(),
+            self.path(item).as_os_str().as_encoded_bytes(),
+        ])
+    }
+
+    fn contains(&self, item: Item) -> bool {
+        self.entries.lock().unwrap().contains_key(&item)
+    }
+
+    /// Drops an item that failed its check: a counted miss, never an error.
+    fn drop_corrupt(&self, item: Item, why: &str, stats: &Stats) {
+        tracing::warn!(
+            "cache item {} is {why}: dropped, it will be rebuilt",
+            self.path(item).display()
+        );
+        Stats::add(&stats.c.cache_corrupt_dropped, 1);
+        self.remove(item, stats);
+    }
+
+    fn remove(&self, item: Item, stats: &Stats) {
+        let path = self.path(item);
+        let _ = std::fs::remove_file(&path);
+        if item.batch().is_some() {
+            let _ = std::fs::remove_file(meta_path(&path));
+        }
+        if let Some(e) = self.entries.lock().unwrap().remove(&item) {
+            self.used.fetch_sub(e.bytes, Ordering::Relaxed);
+        }
+        Stats::set(&stats.c.cache_bytes, self.used());
+    }
+
+    /// Keeps an item from eviction for `grace` (a path handed out to GPUDirect readers).
+    pub fn pin(&self, item: Item, grace: Duration) {
+        if let Some(e) = self.entries.lock().unwrap().get_mut(&item) {
+            e.pinned_until = Some(Instant::now() + grace);
+        }
+    }
+
+    /// A row group's columns from the cache, checked; `None` on a miss.
+    pub fn load_columns(&self, rg: usize, tensors: usize, stats: &Stats) -> Option<LoadedColumns> {
+        let item = Item::Columns { rg };
+        if !self.contains(item) {
+            return None;
+        }
+        let buf = match std::fs::read(self.path(item)) {
+            Ok(b) => b,
+            Err(_) => {
+                self.drop_corrupt(item, "missing", stats);
+                return None;
+            }
+        };
+        match parse_columns(&buf, &self.identity(item), tensors) {
+            Ok((rows, ranges)) => Some(LoadedColumns { rows, buf, ranges }),
+            Err(e) => {
+                self.drop_corrupt(item, &e.to_string(), stats);
+                None
+            }
+        }
+    }
+
+    /// Writes a row group's columns; `false` when the cache cannot take them.
+    pub fn store_columns(
+        &self,
+        rg: usize,
+        rows: usize,
+        tensors: &[&[u8]],
+        distance: &dyn Fn(Item) -> u64,
+        stats: &Stats,
+    ) -> bool {
+        let item = Item::Columns { rg };
+        let header = columns_header(rows, tensors, &self.identity(item));
+        let mut parts: Vec<&[u8]> = vec![&header];
+        parts.extend_from_slice(tensors);
+        self.write(item, &parts, None, distance, stats).is_some()
+    }
+
+    /// A batch file from the cache, checked against its crc32c; `None` on a miss.
+    pub fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
+        if !self.contains(item) {
+            return None;
+        }
+        let path = self.path(item);
+        let checked = (|| -> Result<File> {
+            let mut meta = Vec::new();
+            File::open(meta_path(&path))?.read_to_end(&mut meta)?;
+            let (len, crc) = parse_meta(&meta, &self.identity(item))?;
+            let mut file = File::open(&path)?;
+            let mut data = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut data)?;
+            if data.len() as u64 != len {
+                bail!("truncated ({} of {len} bytes)", data.len());
+            }
+            if crc32c::crc32c(&data) != crc {
+                bail!("corrupt (checksum mismatch)");
+            }
+            Ok(file)
+        })();
+        match checked {
+            Ok(f) => Some((f, path)),
+            Err(e) => {
+                self.drop_corrupt(item, &e.to_string(), stats);
+                None
+            }
+        }
+    }
+
+    /// Writes a batch file (the concatenation of `parts`) and its meta.
+    pub fn store_batch_file(
+        &self,
+        item: Item,
+        parts: &[&[u8]],
+        distance: &dyn Fn(Item) -> u64,
+        stats: &Stats,
+    ) -> Option<(File, PathBuf)> {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let mut crc = 0;
+        for p in parts {
+            crc = crc32c::crc32c_append(crc, p);
+        }
+        let meta = meta_bytes(len, crc, &self.identity(item));
+        self.write(item, parts, Some(&meta), distance, stats)?;
+        let path = self.path(item);
+        File::open(&path).ok().map(|f| (f, path))
+    }
+
+    fn tmp_file(&self) -> Result<(File, PathBuf)> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let path = self.tmp.join(format!("{}-{n}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok((file, path))
+    }
+
+    fn write_tmp(&self, parts: &[&[u8]]) -> Result<PathBuf> {
+        let (mut file, path) = self.tmp_file()?;
+        let written = (|| -> std::io::Result<()> {
+            for p in parts {
+                file.write_all(p)?;
+            }
+            file.sync_data()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&path);
+            return Err(e.into());
+        }
+        Ok(path)
+    }
+
+    /// Crash-safe write of an item: temp file, fsync, rename (data first, then its meta, which
+    /// is what makes a batch file valid).
+    fn write(
+        &self,
+        item: Item,
+        parts: &[&[u8]],
+        meta: Option<&[u8]>,
+        distance: &dyn Fn(Item) -> u64,
+        stats: &Stats,
+    ) -> Option<()> {
+        let bytes =
+            parts.iter().map(|p| p.len() as u64).sum::<u64>() + meta.map_or(0, |m| m.len() as u64);
+        if bytes > self.capacity {
+            return None;
+        }
+        self.make_room(bytes, distance, stats);
+        let dest = self.path(item);
+        let result = (|| -> Result<()> {
+            if let Some(dir) = dest.parent() {
+                mkdir(dir)?;
+            }
+            let data = self.write_tmp(parts)?;
+            std::fs::rename(&data, &dest)?;
+            if let Some(meta) = meta {
+                let m = self.write_tmp(&[meta])?;
+                std::fs::rename(&m, meta_path(&dest))?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                let old = self.entries.lock().unwrap().insert(
+                    item,
+                    Entry {
+                        bytes,
+                        pinned_until: None,
+                    },
+                );
+                self.used.fetch_add(bytes, Ordering::Relaxed);
+                if let Some(old) = old {
+                    self.used.fetch_sub(old.bytes, Ordering::Relaxed);
+                }
+                Stats::set(&stats.c.cache_bytes, self.used());
+                Some(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&dest);
+                Stats::add(&stats.c.cache_write_failures, 1);
+                let full = e.downcast_ref::<std::io::Error>().is_some_and(|e| {
+                    e.kind() == ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC)
+                });
+                if !self.full_warned.swap(true, Ordering::Relaxed) {
+                    let why = if full {
+                        "the disk is full".to_string()
+                    } else {
+                        format!("{e:#}")
+                    };
+                    tracing::warn!(
+                        "cache write failed ({why}): serving from memory until it can write again"
+                    );
+                }
+                if full {
+                    // Make room for the next writes: the filesystem is smaller than cache_size.
+                    self.make_room(self.used() / 2 + bytes, distance, stats);
+                }
+                None
+            }
+        }
+    }
+
+    /// Evicts, furthest next use first, until `bytes` more fit under the capacity.
+    fn make_room(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) {
+        if self.used() + bytes <= self.capacity {
+            return;
+        }
+        let now = Instant::now();
+        let mut candidates: Vec<(u64, Item, u64)> = self
+            .entries
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| e.pinned_until.is_none_or(|t| t < now))
+            .map(|(item, e)| (distance(*item), *item, e.bytes))
+            .collect();
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+        // Free a little more than needed so that evictions come in rounds, not one per write.
+        let target = self
+            .capacity
+            .saturating_sub(bytes)
+            .saturating_sub(self.capacity / 16);
+        for (_, item, size) in candidates {
+            if self.used() <= target {
+                break;
+            }
+            self.remove(item, stats);
+            Stats::add(&stats.c.cache_evictions, 1);
+            Stats::add(&stats.c.cache_evicted_bytes, size);
+        }
+    }
+}
+
+const BLOB_MAGIC: &[u8; 8] = b"TFSBLOB1";
+
+/// Writes a small checked item (a Parquet footer) crash-safely: `payload` behind a header with
+/// its identity and crc32c, to a temp file beside `path`, fsynced, then renamed into place.
+pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()> {
+    let mut b = Vec::with_capacity(64 + payload.len());
+    b.extend_from_slice(BLOB_MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(identity);
+    b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    b.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    let own = crc32c::crc32c(&b);
+    b.extend_from_slice(&own.to_le_bytes());
+    b.extend_from_slice(payload);
+    let dir = path.parent().context("a blob path has a parent")?;
+    mkdir(dir)?;
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        crc32c::crc32c(identity)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&b)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Reads what [`write_blob`] wrote; `None` when it is missing, of another identity or corrupt.
+pub fn read_blob(path: &Path, identity: &[u8; 32]) -> Option<Vec<u8>> {
+    let b = std::fs::read(path).ok()?;
+    let head = 8 + 4 + 32 + 8 + 4;
+    if b.len() < head + 4 || &b[..8] != BLOB_MAGIC || &b[12..44] != identity {
+        return None;
+    }
+    let own = u32::from_le_bytes(b[head..head + 4].try_into().ok()?);
+    if crc32c::crc32c(&b[..head]) != own || u32::from_le_bytes(b[8..12].try_into().ok()?) != VERSION
+    {
+        return None;
+    }
+    let len = u64::from_le_bytes(b[44..52].try_into().ok()?) as usize;
+    let payload = &b[head + 4..];
+    let crc = u32::from_le_bytes(b[52..56].try_into().ok()?);
+    (payload.len() == len && crc32c::crc32c(payload) == crc).then(|| payload.to_vec())
+}
+
+/// The identity of an item from its parts.
+pub fn identity(parts: &[&[u8]]) -> [u8; 32] {
+    hash32(parts)
+}
+
+fn meta_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.meta"))
+}
+
+fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(COLS_DATA_AT);
+    h.extend_from_slice(COLS_MAGIC);
+    h.extend_from_slice(&VERSION.to_le_bytes());
+    h.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
+    h.extend_from_slice(&(rows as u64).to_le_bytes());
+    h.extend_from_slice(identity);
+    let mut crc = 0;
+    for t in tensors {
+        crc = crc32c::crc32c_append(crc, t);
+    }
+    h.extend_from_slice(&crc.to_le_bytes());
+    for t in tensors {
+        h.extend_from_slice(&(t.len() as u64).to_le_bytes());
+    }
+    let header_crc = crc32c::crc32c(&h);
+    h.extend_from_slice(&header_crc.to_le_bytes());
+    assert!(
+        h.len() <= COLS_DATA_AT,
+        "too many tensors for a columns header"
+    );
+    h.resize(COLS_DATA_AT, 0);
+    h
+}
+
+type Parsed = (usize, Vec<std::ops::Range<usize>>);
+
+fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed> {
+    let fixed = 8 + 4 + 4 + 8 + 32 + 4;
+    if b.len() < COLS_DATA_AT || &b[..8] != COLS_MAGIC {
+        bail!("not a columns file");
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    if u32_at(8) != VERSION {
+        bail!("of another version");
+    }
+    let n = u32_at(12) as usize;
+    if n != tensors || fixed + 8 * n + 4 > COLS_DATA_AT {
+        bail!("of another layout");
+    }
+    let header_end = fixed + 8 * n;
+    if crc32c::crc32c(&b[..header_end]) != u32_at(header_end) {
+        bail!("corrupt (header checksum mismatch)");
+    }
+    if &b[24..56] != identity {
+        bail!("another item's file");
+    }
+    let rows = u64_at(16) as usize;
+    let mut ranges = Vec::with_capacity(n);
+    let mut at = COLS_DATA_AT;
+    for t in 0..n {
+        let len = u64_at(fixed + 8 * t) as usize;
+        ranges.push(at..at + len);
+        at += len;
+    }
+    if b.len() != at {
+        bail!("truncated ({} of {at} bytes)", b.len());
+    }
+    if crc32c::crc32c(&b[COLS_DATA_AT..]) != u32_at(56) {
+        bail!("corrupt (checksum mismatch)");
+    }
+    Ok((rows, ranges))
+}
+
+fn meta_bytes(len: u64, crc: u32, identity: &[u8; 32]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64);
+    m.extend_from_slice(META_MAGIC);
+    m.extend_from_slice(&VERSION.to_le_bytes());
+    m.extend_from_slice(&len.to_le_bytes());
+    m.extend_from_slice(&crc.to_le_bytes());
+    m.extend_from_slice(identity);
+    let own = crc32c::crc32c(&m);
+    m.extend_from_slice(&own.to_le_bytes());
+    m
+}
+
+fn parse_meta(m: &[u8], identity: &[u8; 32]) -> Result<(u64, u32)> {
+    if m.len() != 8 + 4 + 8 + 4 + 32 + 4 || &m[..8] != META_MAGIC {
+        bail!("meta is not a tensorfs meta");
+    }
+    let body = m.len() - 4;
+    if crc32c::crc32c(&m[..body]) != u32::from_le_bytes(m[body..].try_into().unwrap()) {
+        bail!("meta is corrupt");
+    }
+    if u32::from_le_bytes(m[8..12].try_into().unwrap()) != VERSION {
+        bail!("meta is of another version");
+    }
+    if &m[24..56] != identity {
+        bail!("meta belongs to another item");
+    }
+    Ok((
+        u64::from_le_bytes(m[12..20].try_into().unwrap()),
+        u32::from_le_bytes(m[20..24].try_into().unwrap()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(dir: &Path, capacity: u64) -> DiskCache {
+        DiskCache::open(
+            dir,
+            "c".into(),
+            "b".into(),
+            capacity,
+            6,
+            vec!["x".into(), "y.len".into()],
+            &Stats::default(),
+        )
+        .unwrap()
+    }
+
+    fn near(_: Item) -> u64 {
+        0
+    }
+
+    #[test]
+    fn the_columns_format_is_pinned() {
+        // A change of the byte layout must come with a version bump: this pins it.
+        let h = columns_header(3, &[b"abc", b"de"], &[7; 32]);
+        assert_eq!(h.len(), 4096);
+        assert_eq!(&h[..8], b"TFSCOL01");
+        assert_eq!(&h[8..24], &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&h[56..60], &crc32c::crc32c(b"abcde").to_le_bytes());
+        assert_eq!(
+            &h[60..76],
+            &[3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(&h[76..80], &crc32c::crc32c(&h[..76]).to_le_bytes());
+        let m = meta_bytes(10, 0xdead_beef, &[1; 32]);
+        assert_eq!(m.len(), 60);
+        assert_eq!(&m[..12], b"TFSMETA1\x01\0\0\0");
+        assert_eq!(parse_meta(&m, &[1; 32]).unwrap(), (10, 0xdead_beef));
+        assert!(parse_meta(&m, &[2; 32]).is_err());
+    }
+
+    #[test]
+    fn columns_round_trip_and_corruption_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 20);
+        assert!(c.store_columns(4, 2, &[b"xxxxxxxx", b"yy"], &near, &stats));
+        let cols = c.load_columns(4, 2, &stats).unwrap();
+        assert_eq!(cols.rows, 2);
+        assert_eq!(&cols.buf[cols.ranges[1].clone()], b"yy");
+        // Flip a data byte: the next load drops it.
+        let path = c.path(Item::Columns { rg: 4 });
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[4096] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(c.load_columns(4, 2, &stats).is_none());
+        assert!(!path.exists());
+        assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
+        assert_eq!(c.used(), 0);
+    }
+
+    #[test]
+    fn batch_files_are_checked_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let item = Item::Npy {
+            epoch: 1,
+            batch: 2,
+            tensor: 1,
+        };
+        {
+            let c = cache(dir.path(), 1 << 20);
+            let (_, path) = c
+                .store_batch_file(item, &[b"head", b"data"], &near, &stats)
+                .unwrap();
+            assert!(path.ends_with("batches-b/epoch-1/000002/y.len.npy"));
+            assert_eq!(std::fs::read(&path).unwrap(), b"headdata");
+        }
+        let c = cache(dir.path(), 1 << 20);
+        assert!(c.open_batch_file(item, &stats).is_some());
+        std::fs::write(c.path(item), b"headdatX").unwrap();
+        assert!(c.open_batch_file(item, &stats).is_none());
+        assert!(c.open_batch_file(item, &stats).is_none());
+    }
+
+    #[test]
+    fn blobs_round_trip_and_reject_what_is_not_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f/x.footer");
+        write_blob(&path, &[3; 32], b"footer bytes").unwrap();
+        assert_eq!(read_blob(&path, &[3; 32]).unwrap(), b"footer bytes");
+        assert!(read_blob(&path, &[4; 32]).is_none());
+        let mut b = std::fs::read(&path).unwrap();
+        *b.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &b).unwrap();
+        assert!(read_blob(&path, &[3; 32]).is_none());
+        b.truncate(10);
+        std::fs::write(&path, &b).unwrap();
+        assert!(read_blob(&path, &[3; 32]).is_none());
+    }
+
+    #[test]
+    fn leftovers_are_cleaned_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 20);
+        let item = Item::Safetensors { epoch: 0, batch: 0 };
+        c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
+        // A crash between the two renames leaves data without meta; a crash mid-write leaves a
+        // temp file of a dead process.
+        std::fs::remove_file(meta_path(&c.path(item))).unwrap();
+        std::fs::write(c.tmp.join("999999999-0"), b"partial").unwrap();
+        let c = cache(dir.path(), 1 << 20);
+        assert!(!c.path(item).exists());
+        assert!(!c.tmp.join("999999999-0").exists());
+        assert_eq!(c.used(), 0);
+    }
+
+    #[test]
+    fn eviction_keeps_what_is_needed_soonest() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 4096 * 3 + 200);
+        let data = vec![0u8; 10];
+        // Distance: row group r is needed r steps ahead.
+        let distance = |i: Item| match i {
+            Item::Columns { rg } => rg as u64,
+            _ => u64::MAX,
+        };
+        for rg in [5, 1, 9] {
+            assert!(c.store_columns(rg, 1, &[&data], &distance, &stats));
+        }
+        assert!(c.store_columns(3, 1, &[&data], &distance, &stats));
+        assert!(c.used() <= 4096 * 3 + 200);
+        assert!(
+            !c.contains(Item::Columns { rg: 9 }),
+            "the furthest one goes first"
+        );
+        assert!(c.contains(Item::Columns { rg: 1 }) && c.contains(Item::Columns { rg: 3 }));
+        // Pinned items stay, however far ahead they are needed.
+        assert!(c.store_columns(5, 1, &[&data], &distance, &stats));
+        c.pin(Item::Columns { rg: 5 }, Duration::from_secs(60));
+        assert!(c.store_columns(0, 1, &[&data], &distance, &stats));
+        assert!(c.store_columns(2, 1, &[&data], &distance, &stats));
+        assert!(c.used() <= 4096 * 3 + 200);
+        assert!(c.contains(Item::Columns { rg: 5 }));
+    }
+}
