@@ -83,6 +83,7 @@ fn main() -> ExitCode {
                 } else {
                     mount::daemonize(&mount::log_file(&opts))?
                 };
+                mount::hide_secrets(&opts);
                 init_logging(&opts.log);
                 mount::serve(&source, &mountpoint, &opts, ready)
             };

@@ -291,6 +291,54 @@ fn redirect_stdio(log_file: &Path) {
     }
 }
 
+/// Overwrites secret option values in this process's command line, so that `ps` and
+/// /proc/PID/cmdline of the daemon do not show them.
+pub fn hide_secrets(opts: &Options) {
+    let secrets: Vec<&str> = opts
+        .store
+        .iter()
+        .filter(|(k, v)| crate::options::is_secret(k) && !v.is_empty())
+        .map(|(_, v)| v.as_str())
+        .collect();
+    if secrets.is_empty() {
+        return;
+    }
+    // Fields 48 and 49 of /proc/self/stat: where the argument strings lie in our memory.
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    let Some(after_comm) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return;
+    };
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // After the command name, field 3 of the file is index 0 here.
+    let (Some(Ok(start)), Some(Ok(end))) = (
+        fields.get(45).map(|f| f.parse::<usize>()),
+        fields.get(46).map(|f| f.parse::<usize>()),
+    ) else {
+        return;
+    };
+    if start == 0 || end <= start {
+        return;
+    }
+    // SAFETY: [arg_start, arg_end) is this process's own argument area, mapped and writable
+    // for the life of the process; nothing else reads it while we rewrite bytes in place
+    // (std copied the arguments at start-up).
+    let args = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+    for secret in secrets {
+        let s = secret.as_bytes();
+        let mut i = 0;
+        while i + s.len() <= args.len() {
+            if &args[i..i + s.len()] == s {
+                args[i..i + s.len()].fill(b'*');
+                i += s.len();
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 /// Where a daemonised mount logs.
 pub fn log_file(opts: &Options) -> PathBuf {
     opts.cache_dir.join("tensorfs.log")

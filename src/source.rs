@@ -10,9 +10,17 @@ use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    ObjectStoreScheme, RetryConfig,
+};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
@@ -22,6 +30,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataR
 use sha2::{Digest, Sha256};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 use url::Url;
 
 /// How many footers are fetched at once when a mount starts.
@@ -74,6 +83,98 @@ fn source_url(source: &str) -> Result<Url> {
     Ok(url)
 }
 
+/// Retries of remote requests: 5xx, throttling, resets and timeouts are retried with
+/// exponential backoff and jitter (object_store's), within a bounded time, so a server that
+/// stays down turns into EIO within about half a minute rather than a hung read.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: 8,
+        retry_timeout: Duration::from_secs(30),
+    }
+}
+
+fn client() -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(30))
+}
+
+fn bad_key(key: &str) -> anyhow::Error {
+    anyhow!("unknown mount option '{key}' for this kind of source")
+}
+
+/// The object store for a URL, configured from the environment (`AWS_*`, `GOOGLE_*`,
+/// `AZURE_*`) and from the object_store keys among the mount options.
+fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    let (scheme, path) = ObjectStoreScheme::parse(url)?;
+    let store: Arc<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::Local => {
+            if let Some((k, _)) = options.first() {
+                return Err(bad_key(k));
+            }
+            Arc::new(LocalFileSystem::new())
+        }
+        ObjectStoreScheme::AmazonS3 => {
+            let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+            }
+            Arc::new(
+                b.with_retry(retry())
+                    .with_client_options(client())
+                    .build()?,
+            )
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+            }
+            Arc::new(
+                b.with_retry(retry())
+                    .with_client_options(client())
+                    .build()?,
+            )
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+            }
+            Arc::new(
+                b.with_retry(retry())
+                    .with_client_options(client())
+                    .build()?,
+            )
+        }
+        ObjectStoreScheme::Http => {
+            let mut client = client();
+            for (k, v) in options {
+                let key = k
+                    .strip_prefix("http_")
+                    .or_else(|| k.strip_prefix("client_"))
+                    .unwrap_or(k);
+                client = client.with_config(key.parse().map_err(|_| bad_key(k))?, v);
+            }
+            let origin = &url[..url::Position::BeforePath];
+            Arc::new(
+                HttpBuilder::new()
+                    .with_url(origin)
+                    .with_retry(retry())
+                    .with_client_options(client)
+                    .build()?,
+            )
+        }
+        other => bail!("{other:?} sources are not supported"),
+    };
+    Ok((store, Path::parse(path)?))
+}
+
 fn io_reason(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::NotFound => "no such file or directory".into(),
@@ -92,12 +193,8 @@ impl Source {
         stats: Arc<Stats>,
     ) -> Result<Source> {
         let url = source_url(source)?;
-        let (store, prefix) = object_store::parse_url_opts(
-            &url,
-            store_options.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )
-        .map_err(|e| anyhow!("source '{source}' cannot be used: {e}"))?;
-        let store: Arc<dyn ObjectStore> = Arc::from(store);
+        let (store, prefix) = open_store(&url, store_options)
+            .map_err(|e| anyhow!("source '{source}' cannot be used: {e:#}"))?;
 
         let objects = Self::list(&store, &prefix, source).await?;
         let files = futures::stream::iter(objects)
@@ -106,6 +203,7 @@ impl Source {
                     store.clone(),
                     meta.location.clone(),
                     meta.size,
+                    meta.e_tag.clone(),
                     stats.clone(),
                 );
                 let url = url.to_string();
@@ -238,6 +336,7 @@ impl Source {
             self.store.clone(),
             f.location.clone(),
             f.size,
+            f.e_tag.clone(),
             self.stats.clone(),
         );
         let rows = f.metadata.metadata().row_group(rg).num_rows() as usize;
@@ -326,54 +425,89 @@ struct ObjectReader {
     store: Arc<dyn ObjectStore>,
     location: Path,
     size: u64,
+    /// The version every read is pinned to (`if-match`), when the store reports one.
+    e_tag: Option<String>,
     stats: Arc<Stats>,
 }
 
+/// Ranges closer than this are fetched as one request; farther apart, the bytes between them
+/// (other columns) are not worth fetching.
+const COALESCE: u64 = 4 << 10;
+
 impl ObjectReader {
-    fn new(store: Arc<dyn ObjectStore>, location: Path, size: u64, stats: Arc<Stats>) -> Self {
+    fn new(
+        store: Arc<dyn ObjectStore>,
+        location: Path,
+        size: u64,
+        e_tag: Option<String>,
+        stats: Arc<Stats>,
+    ) -> Self {
         ObjectReader {
             store,
             location,
             size,
+            e_tag,
             stats,
         }
     }
 
+    /// One ranged GET, pinned to the object's version: an object replaced under a live mount
+    /// fails the read rather than mixing two versions into a batch.
     async fn get(&self, range: Range<u64>) -> Result<Bytes> {
-        self.count(std::slice::from_ref(&range));
-        Ok(self.store.get_range(&self.location, range).await?)
-    }
-
-    fn count(&self, ranges: &[Range<u64>]) {
-        Stats::add(&self.stats.c.remote_requests, ranges.len() as u64);
-        Stats::add(
-            &self.stats.c.remote_bytes,
-            ranges.iter().map(|r| r.end - r.start).sum(),
-        );
+        Stats::add(&self.stats.c.remote_requests, 1);
+        Stats::add(&self.stats.c.remote_bytes, range.end - range.start);
+        let options = GetOptions {
+            if_match: self.e_tag.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let result = async {
+            self.store
+                .get_opts(&self.location, options)
+                .await?
+                .bytes()
+                .await
+        }
+        .await;
+        let bytes = result.map_err(|e| match e {
+            object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+                anyhow!(
+                    "object '{}' changed under the mount (it is no longer version {})",
+                    self.location,
+                    self.e_tag.as_deref().unwrap_or("?")
+                )
+            }
+            e => anyhow!("object '{}': {e}", self.location),
+        })?;
+        if bytes.len() as u64 != range.end - range.start {
+            bail!(
+                "object '{}': {} bytes at {} instead of {}",
+                self.location,
+                bytes.len(),
+                range.start,
+                range.end - range.start
+            );
+        }
+        Ok(bytes)
     }
 }
 
-fn parquet_err(e: object_store::Error) -> ParquetError {
-    ParquetError::External(Box::new(e))
+fn parquet_err(e: anyhow::Error) -> ParquetError {
+    ParquetError::External(e.into())
 }
 
 impl AsyncFileReader for ObjectReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        self.count(std::slice::from_ref(&range));
-        self.store
-            .get_range(&self.location, range)
-            .map_err(parquet_err)
-            .boxed()
+        async move { self.get(range).await.map_err(parquet_err) }.boxed()
     }
 
     fn get_byte_ranges(
         &mut self,
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        self.count(&ranges);
         async move {
-            self.store
-                .get_ranges(&self.location, &ranges)
+            let this = &*self;
+            object_store::coalesce_ranges(&ranges, |r| this.get(r), COALESCE)
                 .await
                 .map_err(parquet_err)
         }
