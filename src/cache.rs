@@ -317,7 +317,7 @@ impl DiskCache {
         ])
     }
 
-    fn contains(&self, item: Item) -> bool {
+    pub fn contains(&self, item: Item) -> bool {
         self.entries.lock().unwrap().contains_key(&item)
     }
 

@@ -200,7 +200,6 @@ impl Engine {
 
     /// Batch `i` of `epoch`, built on first use.
     pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
-        *self.now.lock().unwrap() = (epoch, i);
         self.batches
             .get_or_build((epoch, i), self.build_batch(epoch, i))
             .await
@@ -317,11 +316,29 @@ impl Engine {
     /// The batch file `item` in the local cache, checked, materialising it first if needed.
     /// `None`: the cache cannot hold it; serve it from memory.
     pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+        let (epoch, batch) = item.batch().expect("a batch item");
+        self.reader_at(epoch, batch);
+        self.materialize_ahead(item).await
+    }
+
+    /// Where readers are (the batch last asked for), for eviction.
+    pub fn reader_at(&self, epoch: u64, batch: u64) {
+        *self.now.lock().unwrap() = (epoch, batch);
+    }
+
+    /// Materialises a batch file a reader will want next; readers' position stays as it is.
+    pub async fn prefetch(&self, item: Item) -> Result<()> {
+        if self.cache.as_ref().is_some_and(|c| !c.contains(item)) {
+            self.materialize_ahead(item).await?;
+        }
+        Ok(())
+    }
+
+    async fn materialize_ahead(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let Some(cache) = self.cache.clone() else {
             return Ok(None);
         };
         let (epoch, batch) = item.batch().expect("a batch item");
-        *self.now.lock().unwrap() = (epoch, batch);
         let stats = self.stats.clone();
         let lookup = cache.clone();
         let hit = tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;

@@ -10,6 +10,7 @@ use crate::cache::Item;
 use crate::engine::Engine;
 use crate::format;
 use crate::plan::{rank_batches, rank_to_global};
+use crate::prefetch::{FileKind, Prefetcher};
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
@@ -45,6 +46,16 @@ const MAX_TENSORS: usize = 1 << 12;
 pub enum Batches {
     Epoch(u64),
     Rank { epoch: u64, rank: u64, world: u64 },
+}
+
+impl Batches {
+    /// Its path under the mount point.
+    pub fn name(&self) -> String {
+        match self {
+            Batches::Epoch(e) => format!("epoch-{e}"),
+            Batches::Rank { epoch, rank, world } => format!("epoch-{epoch}/rank-{rank}-of-{world}"),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +157,7 @@ struct Dirs {
 
 pub struct Fs {
     engine: Arc<Engine>,
+    prefetcher: Prefetcher,
     epochs: u64,
     world_size: Option<u64>,
     dataset_json: Vec<u8>,
@@ -160,6 +172,7 @@ pub struct Fs {
 impl Fs {
     pub fn new(
         engine: Arc<Engine>,
+        prefetcher: Prefetcher,
         epochs: u64,
         world_size: Option<u64>,
         dataset_json: Vec<u8>,
@@ -186,6 +199,7 @@ impl Fs {
         }
         Fs {
             engine,
+            prefetcher,
             epochs,
             world_size,
             dataset_json,
@@ -258,6 +272,7 @@ impl Fs {
     fn stats_json(&self) -> Vec<u8> {
         let mut v = self.engine.stats.to_json();
         v["memory_bytes"] = serde_json::json!(self.engine.memory());
+        v["readers"] = serde_json::json!(self.prefetcher.depths(|b| self.count(b)));
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
         out.push(b'\n');
         out
@@ -498,7 +513,9 @@ impl Fs {
     /// A batch file's backing file, materialised on the local cache first if it must be.
     /// `None`: the cache cannot take it, the daemon serves it from memory.
     pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>, Errno> {
-        let item = self.item(self.node(ino)?)?;
+        let node = self.node(ino)?;
+        let item = self.item(node)?;
+        self.accessed(node);
         self.engine.materialize(item).await.map_err(|e| {
             tracing::error!(
                 "materialising {}: {e:#}",
@@ -510,6 +527,18 @@ impl Fs {
             );
             libc::EIO
         })
+    }
+
+    /// A reader is at `node`: let the prefetcher follow it.
+    fn accessed(&self, node: Node) {
+        let (d, i, kind) = match node {
+            Node::Safetensors(d, i) => (d, i, FileKind::Safetensors),
+            Node::Npy(d, i, t) => (d, i, FileKind::Npy(t)),
+            _ => return,
+        };
+        if let Ok(dir) = self.dir(d) {
+            self.prefetcher.accessed(dir, i, kind, |b| self.count(b));
+        }
     }
 
     /// The backing file's path, once materialised, pinned for GPUDirect readers.
@@ -562,6 +591,8 @@ impl Fs {
             _ => return Err(libc::EISDIR),
         };
         let (epoch, g) = self.global(b, i);
+        self.engine.reader_at(epoch, g);
+        self.accessed(node);
         let batch = self.engine.batch(epoch, g).await.map_err(|e| {
             tracing::error!("epoch {epoch} batch {g}: {e:#}");
             libc::EIO

@@ -159,11 +159,19 @@ impl Filesystem for FuseAdapter {
         let handles = self.handles.clone();
         let passthrough = self.passthrough.clone();
         self.runtime.spawn(async move {
-            Stats::add(&fs.stats().c.opens, 1);
+            let stats = fs.stats();
+            Stats::add(&stats.c.opens, 1);
+            let started = std::time::Instant::now();
             let file = match fs.materialize(ino.0).await {
                 Ok(f) => f.map(|(file, _)| Arc::new(file)),
                 Err(e) => return reply.error(errno(e)),
             };
+            stats.stall(started.elapsed());
+            Stats::add(&stats.c.batches_served, 1);
+            Stats::add(
+                &stats.c.bytes_served,
+                fs.getattr(ino.0).map_or(0, |a| a.size),
+            );
             let mut h = handles.lock().unwrap();
             let backing = match &file {
                 Some(file) if passthrough.load(Ordering::Relaxed) => {
@@ -244,6 +252,7 @@ impl Filesystem for FuseAdapter {
             .get(&fh.0)
             .and_then(|h| h.file.clone());
         self.runtime.spawn(async move {
+            let started = std::time::Instant::now();
             let data = match file {
                 // Materialised (checked at open): read the backing file.
                 Some(file) => tokio::task::spawn_blocking(move || {
@@ -267,6 +276,7 @@ impl Filesystem for FuseAdapter {
             match data {
                 Ok(data) => {
                     if fs.is_batch_file(ino.0) {
+                        fs.stats().stall(started.elapsed());
                         Stats::add(&fs.stats().c.daemon_reads, 1);
                         Stats::add(&fs.stats().c.daemon_read_bytes, data.len() as u64);
                     }

@@ -7,6 +7,7 @@
 //! ties them together.
 
 pub mod cache;
+pub mod client;
 pub mod dtype;
 pub mod engine;
 pub mod format;
@@ -15,6 +16,7 @@ pub mod fuse;
 pub mod mount;
 pub mod options;
 pub mod plan;
+pub mod prefetch;
 pub mod source;
 pub mod stats;
 pub mod transform;

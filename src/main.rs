@@ -27,6 +27,26 @@ enum Command {
         #[arg(short = 'f', long)]
         foreground: bool,
     },
+    /// Materialise batches on the mount's local cache ahead of a job, with a progress bar.
+    Warm {
+        mountpoint: std::path::PathBuf,
+        /// Epochs to warm: A..B (B excluded), A..=B, or N. Default: the epochs the mount lists.
+        #[arg(long)]
+        epochs: Option<String>,
+        /// Which files to materialise.
+        #[arg(long, value_enum, default_value = "safetensors")]
+        format: tensorfs::client::Format,
+        /// Files opened at once.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
+    },
+    /// Show the mount's live counters: throughput, cache, stalls, remote bytes.
+    Stats {
+        mountpoint: std::path::PathBuf,
+        /// Refresh every second, with rates.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Show the tensor view a mount of SOURCE would show, and what it would refuse.
     Inspect {
         source: String,
@@ -38,7 +58,7 @@ enum Command {
     },
 }
 
-const SUBCOMMANDS: &[&str] = &["mount", "inspect", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "help"];
 
 /// `tensorfs SOURCE MOUNTPOINT -o …` (the form mount(8) calls) is `tensorfs mount …`.
 fn arguments() -> Vec<String> {
@@ -92,6 +112,19 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+        Command::Warm {
+            mountpoint,
+            epochs,
+            format,
+            jobs,
+        } => match tensorfs::client::warm(&mountpoint, epochs.as_deref(), format, jobs as usize) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
+        Command::Stats { mountpoint, watch } => match tensorfs::client::stats(&mountpoint, watch) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
         Command::Inspect {
             source,
             options,

@@ -7,6 +7,7 @@ use crate::fs::Fs;
 use crate::fuse::FuseAdapter;
 use crate::options::Options;
 use crate::plan::Plan;
+use crate::prefetch::Prefetcher;
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::view::{self, View};
@@ -384,7 +385,19 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
             memory: opts.memory_limit,
         },
     ));
-    let fs = Arc::new(Fs::new(engine, opts.epochs, opts.world_size, json));
+    let prefetcher = Prefetcher::new(
+        engine.clone(),
+        runtime.handle().clone(),
+        opts.prefetch,
+        opts.memory_limit,
+    );
+    let fs = Arc::new(Fs::new(
+        engine,
+        prefetcher,
+        opts.epochs,
+        opts.world_size,
+        json,
+    ));
     let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
     let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
 

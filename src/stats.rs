@@ -41,17 +41,28 @@ counters!(
     cache_write_failures,
     cache_bytes,
     cache_capacity,
+    // Prefetch.
+    prefetch_scheduled,
+    prefetch_deferred,
     // Serving.
     opens,
+    batches_served,
+    bytes_served,
+    stall_count,
+    stall_ns,
     passthrough_opens,
     daemon_reads,
     daemon_read_bytes,
     memory_bytes,
 );
 
+/// Stall times by power-of-two microseconds: bucket `b` counts stalls below 2^b µs.
+const BUCKETS: usize = 40;
+
 #[derive(Debug)]
 pub struct Stats {
     pub c: Counters,
+    stalls: [AtomicU64; BUCKETS],
     started: Instant,
 }
 
@@ -59,6 +70,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             c: Counters::default(),
+            stalls: std::array::from_fn(|_| AtomicU64::new(0)),
             started: Instant::now(),
         }
     }
@@ -73,12 +85,63 @@ impl Stats {
         counter.store(n, Ordering::Relaxed);
     }
 
+    /// A reader waited `d` for data (an `open` that built its batch, a read from the daemon).
+    pub fn stall(&self, d: std::time::Duration) {
+        let us = d.as_micros() as u64;
+        let bucket = (64 - us.leading_zeros() as usize).min(BUCKETS - 1);
+        self.stalls[bucket].fetch_add(1, Ordering::Relaxed);
+        Stats::add(&self.c.stall_count, 1);
+        Stats::add(&self.c.stall_ns, d.as_nanos() as u64);
+    }
+
+    /// The 99th percentile of stall times, in µs (the upper bound of its bucket).
+    pub fn stall_p99_us(&self) -> u64 {
+        let counts: Vec<u64> = self
+            .stalls
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let mut seen = 0;
+        for (b, n) in counts.iter().enumerate() {
+            seen += n;
+            if seen * 100 >= total * 99 {
+                return 1 << b;
+            }
+        }
+        1 << (BUCKETS - 1)
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         let mut m = self.c.to_json();
+        m.insert("stall_p99_us".into(), json!(self.stall_p99_us()));
         m.insert(
             "uptime_s".into(),
             json!(self.started.elapsed().as_secs_f64()),
         );
         serde_json::Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_p99_stall_is_the_slow_tail() {
+        let s = Stats::default();
+        assert_eq!(s.stall_p99_us(), 0);
+        for _ in 0..98 {
+            s.stall(Duration::from_micros(3));
+        }
+        s.stall(Duration::from_millis(50));
+        s.stall(Duration::from_millis(50));
+        // 2% of stalls took 50 ms: the 99th percentile is in their bucket.
+        assert!(s.stall_p99_us() >= 50_000 && s.stall_p99_us() < 100_000);
+        assert_eq!(s.c.stall_count.load(Ordering::Relaxed), 100);
     }
 }

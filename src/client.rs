@@ -1,0 +1,259 @@
+//! Commands that work on a live mount through its files: `tensorfs warm` materialises batches
+//! ahead of a job by opening them; `tensorfs stats` shows the counters of
+//! `.tensorfs/stats.json`.
+
+use anyhow::{Context, Result, anyhow, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "'{}' cannot be read: is the directory a tensorfs mount?",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("'{}' is not JSON", path.display()))
+}
+
+/// `A..B` (B excluded), `A..=B`, or `N`.
+pub fn parse_epochs(s: &str) -> Result<Range<u64>> {
+    let num = |x: &str| {
+        x.trim()
+            .parse::<u64>()
+            .map_err(|_| anyhow!("--epochs {s}: expected A..B, A..=B or N"))
+    };
+    Ok(if let Some((a, b)) = s.split_once("..=") {
+        num(a)?..num(b)? + 1
+    } else if let Some((a, b)) = s.split_once("..") {
+        num(a)?..num(b)?
+    } else {
+        let n = num(s)?;
+        n..n + 1
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Safetensors,
+    Npy,
+    Both,
+}
+
+/// Opens every batch file of the epochs (which materialises it on the mount's SSD cache),
+/// `jobs` at a time, with a progress bar.
+pub fn warm(mountpoint: &Path, epochs: Option<&str>, format: Format, jobs: usize) -> Result<()> {
+    let ds = read_json(&mountpoint.join("dataset.json"))?;
+    let batches = ds["batches_per_epoch"]
+        .as_u64()
+        .context("dataset.json has no batches_per_epoch")?;
+    let epochs = match epochs {
+        Some(e) => parse_epochs(e)?,
+        None => 0..ds["epochs"].as_u64().unwrap_or(1),
+    };
+    if epochs.is_empty() {
+        bail!("--epochs selects no epoch");
+    }
+    let tensors: Vec<String> = ds["tensors"]
+        .as_array()
+        .context("dataset.json has no tensors")?
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(String::from))
+        .collect();
+    let width = batches.saturating_sub(1).to_string().len().max(6);
+    let mut files: Vec<PathBuf> = Vec::new();
+    for e in epochs.clone() {
+        for i in 0..batches {
+            let base = mountpoint.join(format!("epoch-{e}"));
+            if format != Format::Npy {
+                files.push(base.join(format!("{i:0width$}.safetensors")));
+            }
+            if format != Format::Safetensors {
+                files.extend(
+                    tensors
+                        .iter()
+                        .map(|t| base.join(format!("{i:0width$}/{t}.npy"))),
+                );
+            }
+        }
+    }
+    let bar = ProgressBar::new(files.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} files  {msg}  eta {eta}")
+            .expect("a valid template"),
+    );
+    let started = Instant::now();
+    let next = AtomicUsize::new(0);
+    let bytes = AtomicU64::new(0);
+    let failures: Mutex<Vec<String>> = Mutex::default();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| {
+                while let Some(f) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    // Opening is what materialises a batch file; no byte needs reading.
+                    match std::fs::File::open(f).and_then(|h| h.metadata()) {
+                        Ok(md) => {
+                            bytes.fetch_add(md.len(), Ordering::Relaxed);
+                        }
+                        Err(e) => failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{}: {e}", f.display())),
+                    }
+                    let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
+                    bar.set_message(format!(
+                        "{mb:.0} MB, {:.0} MB/s",
+                        mb / started.elapsed().as_secs_f64()
+                    ));
+                    bar.inc(1);
+                }
+            });
+        }
+    });
+    bar.finish();
+    let failures = failures.into_inner().unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "warmed epochs {}..{} ({} files, {:.1} MB) in {secs:.1} s",
+        epochs.start,
+        epochs.end,
+        files.len() - failures.len(),
+        bytes.load(Ordering::Relaxed) as f64 / 1e6
+    );
+    if let Some(first) = failures.first() {
+        bail!(
+            "{} files could not be materialised, the first: {first}",
+            failures.len()
+        );
+    }
+    Ok(())
+}
+
+fn n(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+fn ratio(hits: f64, misses: f64) -> String {
+    if hits + misses == 0.0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * hits / (hits + misses))
+    }
+}
+
+/// The counters as lines; with `prev` (and the seconds since), rates too.
+fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
+    let rate = |k: &str| match prev {
+        Some((p, secs)) if secs > 0.0 => format!("  ({:.1}/s)", (n(v, k) - n(p, k)) / secs),
+        _ => String::new(),
+    };
+    let mb = |k: &str| n(v, k) / 1e6;
+    let mb_rate = |k: &str| match prev {
+        Some((p, secs)) if secs > 0.0 => {
+            format!("  ({:.1} MB/s)", (n(v, k) - n(p, k)) / 1e6 / secs)
+        }
+        _ => String::new(),
+    };
+    let mut out = vec![
+        format!(
+            "served      {:.0} batches{}, {:.1} MB{}",
+            n(v, "batches_served"),
+            rate("batches_served"),
+            mb("bytes_served"),
+            mb_rate("bytes_served")
+        ),
+        format!(
+            "stalls      {:.0}, {:.3} s in all, p99 {:.1} ms",
+            n(v, "stall_count"),
+            n(v, "stall_ns") / 1e9,
+            n(v, "stall_p99_us") / 1e3
+        ),
+        format!(
+            "remote      {:.0} requests, {:.1} MB{}",
+            n(v, "remote_requests"),
+            mb("remote_bytes"),
+            mb_rate("remote_bytes")
+        ),
+        format!(
+            "decode      {:.0} row groups, {:.0} rows, {:.2} s",
+            n(v, "row_groups_decoded"),
+            n(v, "rows_decoded"),
+            n(v, "decode_ns") / 1e9
+        ),
+        format!(
+            "cache       {:.1} of {:.1} MB; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",
+            mb("cache_bytes"),
+            mb("cache_capacity"),
+            ratio(n(v, "batch_file_hits"), n(v, "batch_file_misses")),
+            ratio(n(v, "column_hits"), n(v, "column_misses")),
+            n(v, "cache_evictions"),
+            n(v, "cache_corrupt_dropped")
+        ),
+        format!(
+            "serving     {:.0} opens, {:.0} by passthrough, {:.0} daemon reads; memory {:.1} MB",
+            n(v, "opens"),
+            n(v, "passthrough_opens"),
+            n(v, "daemon_reads"),
+            mb("memory_bytes")
+        ),
+    ];
+    for r in v["readers"].as_array().into_iter().flatten() {
+        out.push(format!(
+            "reader      {} at batch {}, {} ready ahead",
+            r["dir"].as_str().unwrap_or("?"),
+            r["batch"],
+            r["ahead"]
+        ));
+    }
+    out.join("\n")
+}
+
+/// Prints the mount's counters; with `watch`, every second, with rates, until interrupted.
+pub fn stats(mountpoint: &Path, watch: bool) -> Result<()> {
+    let path = mountpoint.join(".tensorfs/stats.json");
+    let mut prev: Option<(Value, Instant)> = None;
+    loop {
+        let v = read_json(&path)?;
+        let now = Instant::now();
+        let shown = render(
+            &v,
+            prev.as_ref()
+                .map(|(p, t)| (p, now.duration_since(*t).as_secs_f64())),
+        );
+        if !watch {
+            println!("{shown}");
+            return Ok(());
+        }
+        // Clear the screen and redraw, as watch(1) does.
+        println!("\x1b[2J\x1b[H{shown}");
+        prev = Some((v, now));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_ranges() {
+        assert_eq!(parse_epochs("0..3").unwrap(), 0..3);
+        assert_eq!(parse_epochs("2..=4").unwrap(), 2..5);
+        assert_eq!(parse_epochs("7").unwrap(), 7..8);
+        assert!(parse_epochs("a..b").is_err());
+    }
+
+    #[test]
+    fn rendering_shows_rates_against_the_previous_sample() {
+        let a = serde_json::json!({"bytes_served": 0, "batches_served": 0});
+        let b = serde_json::json!({"bytes_served": 4e6, "batches_served": 10, "readers": [{"dir": "epoch-0", "batch": 3, "ahead": 8}]});
+        let text = render(&b, Some((&a, 2.0)));
+        assert!(text.contains("(5.0/s)"), "{text}");
+        assert!(text.contains("(2.0 MB/s)"), "{text}");
+        assert!(text.contains("epoch-0 at batch 3, 8 ready ahead"), "{text}");
+    }
+}

@@ -1,0 +1,239 @@
+//! The prefetcher: it follows each reader through the plan and keeps the next `prefetch`
+//! batch files materialised ahead of it, across epoch boundaries, within the memory budget.
+//!
+//! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
+//! are strided through the epoch). What it reads next is known from the plan, so the files it
+//! will open are built before it asks. Builds share the engine's worker pool (whose semaphore is
+//! fair, so several readers are served in turn) and its single-flight, so a batch is built once
+//! however many readers and prefetches want it.
+
+use crate::cache::Item;
+use crate::engine::Engine;
+use crate::fs::Batches;
+use crate::stats::Stats;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
+
+/// Which file of a batch a reader opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FileKind {
+    Safetensors,
+    Npy(usize),
+}
+
+impl FileKind {
+    pub fn item(self, epoch: u64, batch: u64) -> Item {
+        match self {
+            FileKind::Safetensors => Item::Safetensors { epoch, batch },
+            FileKind::Npy(tensor) => Item::Npy {
+                epoch,
+                batch,
+                tensor,
+            },
+        }
+    }
+}
+
+/// The `depth` batches that follow batch `i` of directory `dir`, crossing into the next epoch
+/// (the same rank's view of it, for a rank view). `count` is the number of batches of a
+/// directory. A pure function of the plan, so what is prefetched is what will be read.
+pub fn ahead(
+    dir: Batches,
+    i: u64,
+    depth: u64,
+    count: impl Fn(Batches) -> u64,
+) -> Vec<(Batches, u64)> {
+    let mut out = Vec::new();
+    let (mut d, mut j) = (dir, i);
+    for _ in 0..depth {
+        j += 1;
+        if j >= count(d) {
+            d = match d {
+                Batches::Epoch(e) => Batches::Epoch(e + 1),
+                Batches::Rank { epoch, rank, world } => Batches::Rank {
+                    epoch: epoch + 1,
+                    rank,
+                    world,
+                },
+            };
+            j = 0;
+            if count(d) == 0 {
+                break;
+            }
+        }
+        out.push((d, j));
+    }
+    out
+}
+
+/// A reader: where it is and which files of a batch it opens.
+#[derive(Default)]
+struct Reader {
+    at: u64,
+    kinds: BTreeSet<FileKind>,
+}
+
+pub struct Prefetcher {
+    engine: Arc<Engine>,
+    runtime: Handle,
+    depth: u64,
+    memory_limit: u64,
+    readers: Mutex<HashMap<Batches, Reader>>,
+    /// Items being prefetched now.
+    scheduled: Arc<Mutex<HashSet<Item>>>,
+}
+
+impl Prefetcher {
+    pub fn new(engine: Arc<Engine>, runtime: Handle, depth: u64, memory_limit: u64) -> Prefetcher {
+        Prefetcher {
+            engine,
+            runtime,
+            depth,
+            memory_limit,
+            readers: Mutex::default(),
+            scheduled: Arc::default(),
+        }
+    }
+
+    /// A reader opened (or read) file `kind` of batch `i` of `dir`: schedule what follows.
+    pub fn accessed(&self, dir: Batches, i: u64, kind: FileKind, count: impl Fn(Batches) -> u64) {
+        if self.depth == 0 || self.engine.cache.is_none() {
+            return;
+        }
+        let kinds: Vec<FileKind> = {
+            let mut readers = self.readers.lock().unwrap();
+            let r = readers.entry(dir).or_default();
+            r.at = i;
+            r.kinds.insert(kind);
+            r.kinds.iter().copied().collect()
+        };
+        for (d, j) in ahead(dir, i, self.depth, &count) {
+            // Backpressure: past the memory budget, readers are served first.
+            if self.engine.memory() as u64 > self.memory_limit {
+                Stats::add(&self.engine.stats.c.prefetch_deferred, 1);
+                return;
+            }
+            let (epoch, batch) = global(d, j);
+            for kind in &kinds {
+                let item = kind.item(epoch, batch);
+                if !self.scheduled.lock().unwrap().insert(item) {
+                    continue;
+                }
+                let engine = self.engine.clone();
+                let scheduled = self.scheduled.clone();
+                Stats::add(&engine.stats.c.prefetch_scheduled, 1);
+                self.runtime.spawn(async move {
+                    if let Err(e) = engine.prefetch(item).await {
+                        tracing::warn!("prefetch of {item:?}: {e:#}");
+                    }
+                    scheduled.lock().unwrap().remove(&item);
+                });
+            }
+        }
+    }
+
+    /// Each reader's position and how many of the batches it reads next are materialised.
+    pub fn depths(&self, count: impl Fn(Batches) -> u64) -> Vec<serde_json::Value> {
+        let Some(cache) = &self.engine.cache else {
+            return Vec::new();
+        };
+        let readers = self.readers.lock().unwrap();
+        let mut out: Vec<(String, serde_json::Value)> = readers
+            .iter()
+            .map(|(dir, r)| {
+                let ready = ahead(*dir, r.at, self.depth, &count)
+                    .into_iter()
+                    .take_while(|&(d, j)| {
+                        let (e, b) = global(d, j);
+                        r.kinds.iter().all(|k| cache.contains(k.item(e, b)))
+                    })
+                    .count();
+                let name = dir.name();
+                let v = serde_json::json!({"dir": name, "batch": r.at, "ahead": ready});
+                (name, v)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+/// The (epoch, global batch) of batch `j` of a directory.
+pub fn global(dir: Batches, j: u64) -> (u64, u64) {
+    match dir {
+        Batches::Epoch(e) => (e, j),
+        Batches::Rank { epoch, rank, world } => {
+            (epoch, crate::plan::rank_to_global(rank, world, j))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(d: Batches) -> u64 {
+        match d {
+            Batches::Epoch(_) => 10,
+            Batches::Rank { world, .. } => 10 / world,
+        }
+    }
+
+    #[test]
+    fn sequential_readers_get_the_next_batches_across_epochs() {
+        assert_eq!(
+            ahead(Batches::Epoch(0), 3, 3, count),
+            vec![
+                (Batches::Epoch(0), 4),
+                (Batches::Epoch(0), 5),
+                (Batches::Epoch(0), 6)
+            ]
+        );
+        assert_eq!(
+            ahead(Batches::Epoch(2), 8, 3, count),
+            vec![
+                (Batches::Epoch(2), 9),
+                (Batches::Epoch(3), 0),
+                (Batches::Epoch(3), 1)
+            ]
+        );
+        assert!(ahead(Batches::Epoch(0), 0, 0, count).is_empty());
+    }
+
+    #[test]
+    fn rank_readers_are_strided_and_stay_in_their_rank() {
+        let r = |epoch| Batches::Rank {
+            epoch,
+            rank: 1,
+            world: 3,
+        };
+        // 10 batches, world 3: each rank has 3; rank 1 reads global 1, 4, 7.
+        let next = ahead(r(0), 1, 3, count);
+        assert_eq!(next, vec![(r(0), 2), (r(1), 0), (r(1), 1)]);
+        let globals: Vec<(u64, u64)> = next.iter().map(|&(d, j)| global(d, j)).collect();
+        assert_eq!(globals, vec![(0, 7), (1, 1), (1, 4)]);
+    }
+
+    #[test]
+    fn an_empty_epoch_stops_the_walk() {
+        let one = |_| 1;
+        assert_eq!(
+            ahead(Batches::Epoch(0), 0, 2, one),
+            vec![(Batches::Epoch(1), 0), (Batches::Epoch(2), 0)]
+        );
+        assert_eq!(
+            ahead(
+                Batches::Rank {
+                    epoch: 0,
+                    rank: 0,
+                    world: 20
+                },
+                0,
+                4,
+                count
+            ),
+            vec![]
+        );
+    }
+}
