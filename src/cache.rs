@@ -19,6 +19,7 @@
 
 use crate::stats::Stats;
 use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs::File;
@@ -67,12 +68,31 @@ struct Entry {
     pinned_until: Option<Instant>,
 }
 
-/// A row group's tensor columns, read from the cache and checked. They are read into memory,
-/// not mapped: a mapping would show a later change to the file to readers after the check.
+/// A row group's tensor columns from the cache, checked.
 pub struct LoadedColumns {
     pub rows: usize,
-    pub buf: Vec<u8>,
+    pub buf: ColumnBuf,
     pub ranges: Vec<std::ops::Range<usize>>,
+}
+
+/// Read into memory, or mapped. Reading is the default: a mapping would show readers a change
+/// made to the file in place after the check. `shuffle=global`, whose every batch gathers from
+/// every row group, maps them instead (tensorfs itself only ever replaces cache files by
+/// rename, which leaves a mapping as it was).
+pub enum ColumnBuf {
+    Read(Vec<u8>),
+    Mapped(Mmap),
+}
+
+impl std::ops::Deref for ColumnBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ColumnBuf::Read(v) => v,
+            ColumnBuf::Mapped(m) => m,
+        }
+    }
 }
 
 pub struct DiskCache {
@@ -87,7 +107,11 @@ pub struct DiskCache {
     tensor_names: Vec<String>,
     capacity: u64,
     entries: Mutex<HashMap<Item, Entry>>,
+    /// How many files of each (epoch, batch) the cache holds.
+    built: Mutex<HashMap<(u64, u64), u32>>,
+    /// Bytes of the entries, plus space reserved by writes in progress.
     used: AtomicU64,
+    reserving: Mutex<()>,
     next_tmp: AtomicU64,
     full_warned: AtomicBool,
 }
@@ -146,7 +170,9 @@ impl DiskCache {
             tensor_names,
             capacity,
             entries: Mutex::new(HashMap::new()),
+            built: Mutex::default(),
             used: AtomicU64::new(0),
+            reserving: Mutex::new(()),
             next_tmp: AtomicU64::new(0),
             full_warned: AtomicBool::new(false),
         };
@@ -255,6 +281,7 @@ impl DiskCache {
                                 pinned_until: None,
                             },
                         );
+                        self.count_batch(item, 1);
                     }
                     _ => {
                         let _ = std::fs::remove_file(&path);
@@ -317,6 +344,23 @@ impl DiskCache {
         ])
     }
 
+    /// Whether a file of batch `batch` of `epoch` is in the cache: its row groups are then not
+    /// needed to serve it.
+    pub fn has_batch(&self, epoch: u64, batch: u64) -> bool {
+        self.built.lock().unwrap().contains_key(&(epoch, batch))
+    }
+
+    fn count_batch(&self, item: Item, delta: i32) {
+        if let Some(key) = item.batch() {
+            let mut built = self.built.lock().unwrap();
+            let n = built.entry(key).or_default();
+            *n = n.saturating_add_signed(delta);
+            if *n == 0 {
+                built.remove(&key);
+            }
+        }
+    }
+
     pub fn contains(&self, item: Item) -> bool {
         self.entries.lock().unwrap().contains_key(&item)
     }
@@ -339,6 +383,7 @@ impl DiskCache {
         }
         if let Some(e) = self.entries.lock().unwrap().remove(&item) {
             self.used.fetch_sub(e.bytes, Ordering::Relaxed);
+            self.count_batch(item, -1);
         }
         Stats::set(&stats.c.cache_bytes, self.used());
     }
@@ -351,12 +396,28 @@ impl DiskCache {
     }
 
     /// A row group's columns from the cache, checked; `None` on a miss.
-    pub fn load_columns(&self, rg: usize, tensors: usize, stats: &Stats) -> Option<LoadedColumns> {
+    pub fn load_columns(
+        &self,
+        rg: usize,
+        tensors: usize,
+        map: bool,
+        stats: &Stats,
+    ) -> Option<LoadedColumns> {
         let item = Item::Columns { rg };
         if !self.contains(item) {
             return None;
         }
-        let buf = match std::fs::read(self.path(item)) {
+        let path = self.path(item);
+        let buf = if map {
+            // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
+            // cache files only by rename, which leaves this mapping's pages as they were.
+            File::open(&path)
+                .and_then(|f| unsafe { Mmap::map(&f) })
+                .map(ColumnBuf::Mapped)
+        } else {
+            std::fs::read(&path).map(ColumnBuf::Read)
+        };
+        let buf = match buf {
             Ok(b) => b,
             Err(_) => {
                 self.drop_corrupt(item, "missing", stats);
@@ -475,10 +536,16 @@ impl DiskCache {
     ) -> Option<()> {
         let bytes =
             parts.iter().map(|p| p.len() as u64).sum::<u64>() + meta.map_or(0, |m| m.len() as u64);
-        if bytes > self.capacity {
-            return None;
+        // Reserve the space first, so that concurrent writers never overshoot the capacity
+        // together; the reservation becomes the entry, or is given back.
+        {
+            let _one_at_a_time = self.reserving.lock().unwrap();
+            self.make_room(bytes, distance, stats);
+            if self.used() + bytes > self.capacity {
+                return None;
+            }
+            self.used.fetch_add(bytes, Ordering::Relaxed);
         }
-        self.make_room(bytes, distance, stats);
         let dest = self.path(item);
         let result = (|| -> Result<()> {
             if let Some(dir) = dest.parent() {
@@ -501,15 +568,18 @@ impl DiskCache {
                         pinned_until: None,
                     },
                 );
-                self.used.fetch_add(bytes, Ordering::Relaxed);
-                if let Some(old) = old {
-                    self.used.fetch_sub(old.bytes, Ordering::Relaxed);
+                match old {
+                    Some(old) => {
+                        self.used.fetch_sub(old.bytes, Ordering::Relaxed);
+                    }
+                    None => self.count_batch(item, 1),
                 }
                 Stats::set(&stats.c.cache_bytes, self.used());
                 Some(())
             }
             Err(e) => {
                 let _ = std::fs::remove_file(&dest);
+                self.used.fetch_sub(bytes, Ordering::Relaxed);
                 Stats::add(&stats.c.cache_write_failures, 1);
                 let full = e.downcast_ref::<std::io::Error>().is_some_and(|e| {
                     e.kind() == ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC)
@@ -539,20 +609,21 @@ impl DiskCache {
             return;
         }
         let now = Instant::now();
-        let mut candidates: Vec<(u64, Item, u64)> = self
+        let unpinned: Vec<(Item, u64)> = self
             .entries
             .lock()
             .unwrap()
             .iter()
             .filter(|(_, e)| e.pinned_until.is_none_or(|t| t < now))
-            .map(|(item, e)| (distance(*item), *item, e.bytes))
+            .map(|(item, e)| (*item, e.bytes))
+            .collect();
+        // Distances are computed without the lock: they may ask the cache what it holds.
+        let mut candidates: Vec<(u64, Item, u64)> = unpinned
+            .into_iter()
+            .map(|(item, bytes)| (distance(item), item, bytes))
             .collect();
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
-        // Free a little more than needed so that evictions come in rounds, not one per write.
-        let target = self
-            .capacity
-            .saturating_sub(bytes)
-            .saturating_sub(self.capacity / 16);
+        let target = self.capacity.saturating_sub(bytes);
         for (_, item, size) in candidates {
             if self.used() <= target {
                 break;
@@ -772,7 +843,11 @@ mod tests {
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
         assert!(c.store_columns(4, 2, &[b"xxxxxxxx", b"yy"], &near, &stats));
-        let cols = c.load_columns(4, 2, &stats).unwrap();
+        let cols = c.load_columns(4, 2, false, &stats).unwrap();
+        assert_eq!(
+            &c.load_columns(4, 2, true, &stats).unwrap().buf[4096..4104],
+            b"xxxxxxxx"
+        );
         assert_eq!(cols.rows, 2);
         assert_eq!(&cols.buf[cols.ranges[1].clone()], b"yy");
         // Flip a data byte: the next load drops it.
@@ -780,7 +855,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[4096] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(c.load_columns(4, 2, &stats).is_none());
+        assert!(c.load_columns(4, 2, false, &stats).is_none());
         assert!(!path.exists());
         assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
         assert_eq!(c.used(), 0);

@@ -5,7 +5,7 @@
 
 use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
-use crate::plan::{EpochOrder, Plan};
+use crate::plan::{EpochOrder, Plan, Shuffle};
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::transform::{self, Columns};
@@ -254,17 +254,18 @@ impl Engine {
                 let cache = self.cache.clone();
                 let stats = self.stats.clone();
                 let distance = self.distance_fn();
+                // Every global batch gathers from every row group: map them, not copy them.
+                let map = self.plan.options().shuffle == Shuffle::Global;
                 // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
                 let columns = tokio::task::spawn_blocking(move || -> Result<Columns> {
                     let tensors = view.tensors.len();
-                    if let Some(l) = cache
-                        .as_ref()
-                        .and_then(|c| c.load_columns(g, tensors, &stats))
-                    {
+                    let load = |c: &DiskCache| c.load_columns(g, tensors, map, &stats);
+                    if let Some(l) = cache.as_deref().and_then(load) {
                         Stats::add(&stats.c.column_hits, 1);
                         return Ok(Columns::loaded(l));
                     }
                     Stats::add(&stats.c.column_misses, 1);
+                    tracing::debug!("decoding row group {g}");
                     let started = std::time::Instant::now();
                     let batch = runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
                     let t = transform::transform(&view, &batch).with_context(|| {
@@ -276,7 +277,13 @@ impl Engine {
                     Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
                     if let Some(c) = &cache {
                         let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
-                        c.store_columns(g, t.rows, &parts, &*distance, &stats);
+                        let stored = c.store_columns(g, t.rows, &parts, &*distance, &stats);
+                        if stored
+                            && map
+                            && let Some(l) = load(c)
+                        {
+                            return Ok(Columns::loaded(l));
+                        }
                     }
                     Ok(Columns::owned(t.rows, t.tensors))
                 })
@@ -294,15 +301,27 @@ impl Engine {
         let now = epoch * per_epoch + batch * bs;
         let (this, next) = (self.epoch_order(epoch), self.epoch_order(epoch + 1));
         let plan = self.plan.clone();
+        let cache = self.cache.clone();
+        // A row group is needed again by the first batch of its span, from here on, that is not
+        // in the cache yet; after that, by the next epoch.
+        let needed_in = move |span: std::ops::Range<u64>, from: u64| -> Option<u64> {
+            if span.end <= from {
+                return None;
+            }
+            let (first, last) = (span.start.max(from) / bs, (span.end - 1) / bs);
+            if last - first > 64 {
+                // A span that wide (shuffle=global) is needed by every batch alike.
+                return Some(span.start.saturating_sub(from));
+            }
+            (first..=last)
+                .find(|&b| !cache.as_ref().is_some_and(|c| c.has_batch(epoch, b)))
+                .map(|b| (b * bs).saturating_sub(from))
+        };
         Box::new(move |item| match item {
             Item::Columns { rg } => {
-                let span = plan.row_group_span(&this, rg);
                 let at = batch * bs;
-                if span.end > at {
-                    span.start.saturating_sub(at)
-                } else {
-                    per_epoch - at + plan.row_group_span(&next, rg).start
-                }
+                needed_in(plan.row_group_span(&this, rg), at)
+                    .unwrap_or_else(|| per_epoch - at + plan.row_group_span(&next, rg).start)
             }
             _ => {
                 let (e, i) = item.batch().expect("a batch item");

@@ -503,7 +503,7 @@ impl Fs {
             Kind::Dir => Err(libc::EISDIR),
             Kind::Symlink => Err(libc::ELOOP),
             Kind::File => Ok(match node {
-                Node::StatsJson => Openable::Live,
+                Node::StatsJson => Openable::Live(self.stats_json()),
                 Node::DatasetJson => Openable::Fixed,
                 _ => Openable::Batch,
             }),
@@ -613,14 +613,14 @@ impl Fs {
 }
 
 /// How an openable file is served.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Openable {
     /// A batch file: materialised and passed through, or served by the daemon.
     Batch,
     /// dataset.json: fixed for the mount's life.
     Fixed,
-    /// stats.json: new content on every read.
-    Live,
+    /// stats.json: new content on every open.
+    Live(Vec<u8>),
 }
 
 /// `size` bytes at `offset` of the concatenation of `parts`.

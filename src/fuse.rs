@@ -22,9 +22,12 @@ use tokio::runtime::Handle as Handle_;
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
 
-/// An open file: the backing file it was served from, if any, and its passthrough id.
+/// An open file: the backing file it was served from, or the content it was opened with
+/// (stats.json: one snapshot per open, so a read never mixes two), and its passthrough id.
+#[derive(Default)]
 struct Handle {
     file: Option<Arc<File>>,
+    snapshot: Option<Arc<Vec<u8>>>,
     _backing: Option<Arc<BackingId>>,
 }
 
@@ -151,7 +154,14 @@ impl Filesystem for FuseAdapter {
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         match kind {
-            Openable::Live => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            Openable::Live(snapshot) => {
+                let handle = Handle {
+                    snapshot: Some(Arc::new(snapshot)),
+                    ..Handle::default()
+                };
+                self.handles.lock().unwrap().open.insert(fh, handle);
+                return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+            }
             Openable::Fixed => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Openable::Batch => {}
         }
@@ -195,13 +205,12 @@ impl Filesystem for FuseAdapter {
                 }
                 _ => None,
             };
-            h.open.insert(
-                fh,
-                Handle {
-                    file,
-                    _backing: backing.clone(),
-                },
-            );
+            let handle = Handle {
+                file,
+                snapshot: None,
+                _backing: backing.clone(),
+            };
+            h.open.insert(fh, handle);
             drop(h);
             match backing {
                 Some(id) => {
@@ -244,13 +253,15 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
-        let file = self
-            .handles
-            .lock()
-            .unwrap()
-            .open
-            .get(&fh.0)
-            .and_then(|h| h.file.clone());
+        let (file, snapshot) = match self.handles.lock().unwrap().open.get(&fh.0) {
+            Some(h) => (h.file.clone(), h.snapshot.clone()),
+            None => (None, None),
+        };
+        if let Some(snapshot) = snapshot {
+            let start = (offset as usize).min(snapshot.len());
+            let end = (start + size as usize).min(snapshot.len());
+            return reply.data(&snapshot[start..end]);
+        }
         self.runtime.spawn(async move {
             let started = std::time::Instant::now();
             let data = match file {

@@ -389,6 +389,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         engine.clone(),
         runtime.handle().clone(),
         opts.prefetch,
+        opts.epochs,
         opts.memory_limit,
     );
     let fs = Arc::new(Fs::new(

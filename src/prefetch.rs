@@ -78,6 +78,8 @@ pub struct Prefetcher {
     engine: Arc<Engine>,
     runtime: Handle,
     depth: u64,
+    /// Epochs the mount lists.
+    epochs: u64,
     memory_limit: u64,
     readers: Mutex<HashMap<Batches, Reader>>,
     /// Items being prefetched now.
@@ -85,11 +87,18 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    pub fn new(engine: Arc<Engine>, runtime: Handle, depth: u64, memory_limit: u64) -> Prefetcher {
+    pub fn new(
+        engine: Arc<Engine>,
+        runtime: Handle,
+        depth: u64,
+        epochs: u64,
+        memory_limit: u64,
+    ) -> Prefetcher {
         Prefetcher {
             engine,
             runtime,
             depth,
+            epochs,
             memory_limit,
             readers: Mutex::default(),
             scheduled: Arc::default(),
@@ -108,7 +117,13 @@ impl Prefetcher {
             r.kinds.insert(kind);
             r.kinds.iter().copied().collect()
         };
+        // Past the listed epochs only if the reader is there already: at the end of a job
+        // nothing reads the epoch after the last.
+        let last = self.epochs.max(global(dir, i).0 + 1);
         for (d, j) in ahead(dir, i, self.depth, &count) {
+            if global(d, j).0 >= last {
+                break;
+            }
             // Backpressure: past the memory budget, readers are served first.
             if self.engine.memory() as u64 > self.memory_limit {
                 Stats::add(&self.engine.stats.c.prefetch_deferred, 1);

@@ -2,7 +2,7 @@
 //! (dictionaries decoded, casts, stacks, padded lists with their lengths, zero-filled nulls
 //! with their masks), and the gather of rows from those columns into a batch.
 
-use crate::cache::LoadedColumns;
+use crate::cache::{ColumnBuf, LoadedColumns};
 use crate::dtype::DType;
 use crate::view::{ItemKind, Part, View};
 use anyhow::{Result, bail};
@@ -45,11 +45,14 @@ impl Columns {
         }
     }
 
-    /// Bytes held.
+    /// Bytes held in the daemon's memory (mapped pages belong to the page cache).
     pub fn bytes(&self) -> usize {
         match &self.data {
             ColumnData::Owned(v) => v.iter().map(Vec::len).sum(),
-            ColumnData::Loaded(l) => l.buf.len(),
+            ColumnData::Loaded(l) => match &l.buf {
+                ColumnBuf::Read(v) => v.len(),
+                ColumnBuf::Mapped(_) => 0,
+            },
         }
     }
 }

@@ -1,0 +1,617 @@
+"""The local SSD cache: warm remounts, content keys, cache_size and plan-aware eviction, faults
+(corrupted, truncated, missing entries; a crashed daemon; a full disk), FUSE passthrough,
+O_DIRECT, the gds/ view with its xattr, and the cache's permissions."""
+
+import glob
+import json
+import math
+import mmap
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import tfs
+from tfs import batch_name
+
+BS = 256  # shuf_ds: 2600 rows -> 11 batches per epoch
+N = 11
+XATTR = "user.tensorfs.path"
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def read_stats(m: tfs.Mount) -> bytes:
+    with open(m.p(".tensorfs", "stats.json"), "rb") as f:
+        return f.read()
+
+
+def stats(m: tfs.Mount) -> dict:
+    """The counters. A torn read of stats.json (see test_stats_json_reads_are_whole) is retried
+    here, so that the other tests check the cache and not that bug."""
+    for _ in range(20):
+        try:
+            return json.loads(read_stats(m))
+        except json.JSONDecodeError:
+            continue
+    return json.loads(read_stats(m))
+
+
+def delta(after: dict, before: dict, key: str) -> int:
+    return after[key] - before[key]
+
+
+def digests(m: tfs.Mount, rels) -> dict[str, str]:
+    return {rel: tfs.sha256(m.p(rel)) for rel in rels}
+
+
+def epoch_files(m: tfs.Mount, epochs, n=N) -> list[str]:
+    return [rel for e in epochs for rel in tfs.all_files(m, f"epoch-{e}", n)]
+
+
+def assert_same(got: dict, want: dict, what: str):
+    assert set(got) == set(want)
+    bad = sorted(rel for rel in want if got[rel] != want[rel])
+    assert not bad, f"{what}: {len(bad)} files differ from the reference, e.g. {bad[:5]}"
+
+
+def data_size(cache: Path) -> int:
+    """Bytes of every file under CACHE/v1/cols-* and CACHE/v1/batches-* (sidecars included)."""
+    total = 0
+    for top in glob.glob(str(cache / "v1" / "cols-*")) + glob.glob(str(cache / "v1" / "batches-*")):
+        for root, _, files in os.walk(top):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+def cache_paths(cache: Path, pattern: str) -> list[Path]:
+    return sorted(Path(p) for p in glob.glob(str(cache / "v1" / pattern)))
+
+
+def backing(m: tfs.Mount, rel: str) -> Path:
+    """The cache file behind REL (e.g. 'epoch-0/000001.safetensors'), found by the layout."""
+    found = cache_paths(m.cache, f"batches-*/{rel}")
+    assert len(found) == 1, f"expected one cached copy of {rel}, found {found}"
+    return found[0]
+
+
+def meta_of(path: Path) -> Path:
+    return path.parent / f".{path.name}.meta"
+
+
+def flip_byte(path: Path, offset: int):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def tensorfs_daemons(m: tfs.Mount) -> list[int]:
+    """The tensorfs processes serving M (never fusermount3)."""
+    out = []
+    for pid in tfs.daemon_pids(m.path):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "tensorfs":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def log_tail(cache: Path, n=30) -> str:
+    try:
+        lines = (cache / "tensorfs.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no tensorfs.log)"
+    return "\n".join(lines[-n:])
+
+
+def make_wide(path: Path, row_groups=20, rg_rows=200, dim=128) -> tfs.Dataset:
+    """One file of ROW_GROUPS row groups: id int64 and emb float32[DIM]."""
+    n = row_groups * rg_rows
+    rng = np.random.default_rng(7)
+    ids = np.arange(n, dtype=np.int64)
+    emb = rng.standard_normal((n, dim)).astype(np.float32)
+    files = tfs.write_dataset(path, [("w.parquet", pa.table({"id": ids, "emb": tfs.fsl(emb, dim)}))], rg_rows)
+    ds = tfs.Dataset(path, files)
+    ds.ref["id"] = ids
+    return ds
+
+
+@pytest.fixture(scope="module")
+def wide_ds(tmp_path_factory) -> tfs.Dataset:
+    return make_wide(tmp_path_factory.mktemp("wide") / "data")
+
+
+# --------------------------------------------------------------------------------------------
+# 0. stats.json
+# --------------------------------------------------------------------------------------------
+
+
+def test_stats_json_reads_are_whole(mounter, shuf_ds):
+    """Every read of stats.json is one whole JSON document (one snapshot per open), even while
+    a reader elsewhere keeps its counters, and so its length, changing."""
+    m = mounter(shuf_ds.path, "shuffle=window", "batch_size=64", "epochs=4")
+    n = m.dataset()["batches_per_epoch"]
+    rels = [f"epoch-{e}/{batch_name(i)}.safetensors" for e in range(4) for i in range(n)]
+    done = threading.Event()
+
+    def reader():
+        try:
+            for rel in rels:
+                tfs.sha256(m.p(rel))
+        finally:
+            done.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    torn, reads = [], 0
+    while reads < 10000 or not done.is_set():
+        raw = read_stats(m)
+        reads += 1
+        try:
+            json.loads(raw)
+        except json.JSONDecodeError:
+            torn.append(raw[-60:])
+    t.join(timeout=30)
+    assert not torn, f"{len(torn)} of {reads} reads of stats.json were not one JSON document, e.g. ...{torn[0]!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Warm remount
+# --------------------------------------------------------------------------------------------
+
+
+def test_warm_remount_reads_nothing_remote(mounter, main_ds):
+    opts = ("shuffle=window", "batch_size=512", "pad=tokens:8")
+    a = mounter(main_ds.path, *opts)
+    n = a.dataset()["batches_per_epoch"]
+    rels = epoch_files(a, [0], n)
+    first = digests(a, rels)
+    cold = stats(a)
+    assert cold["row_groups_decoded"] > 0 and cold["remote_bytes"] > 0, cold
+    a.unmount()
+
+    b = mounter(main_ds.path, *opts, cache=a.cache)
+    second = digests(b, rels)
+    s = stats(b)
+    print("warm stats:", {k: s[k] for k in ("row_groups_decoded", "remote_bytes", "remote_requests", "batches_built", "batch_file_hits")})
+    assert_same(second, first, "warm remount")
+    assert s["row_groups_decoded"] == 0, s
+    assert s["remote_bytes"] == 0, s
+    assert s["remote_requests"] == 0, s
+    assert s["batches_built"] == 0, s
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Content options are part of the cache key
+# --------------------------------------------------------------------------------------------
+
+
+def test_content_options_never_serve_stale_bytes(mounter, shuf_ds):
+    base = ("shuffle=window", f"batch_size={BS}")
+    a = mounter(shuf_ds.path, *base)
+    rels = epoch_files(a, [0])
+    first = digests(a, rels)
+    cache = a.cache
+    a.unmount()
+
+    variants = [("cast=x:float64",), ("seed=7",), ("batch_size=200",)]
+    for extra in variants:
+        m = mounter(shuf_ds.path, *base, *extra, cache=cache)
+        ref = mounter(shuf_ds.path, *base, *extra)
+        n = ref.dataset()["batches_per_epoch"]
+        vrels = epoch_files(ref, [0], n)
+        got, want = digests(m, vrels), digests(ref, vrels)
+        assert_same(got, want, f"shared cache with {extra}")
+        # x (and so every safetensors file) must differ from the first mount's bytes.
+        changed = [r for r in vrels if r.endswith(".safetensors") or r.endswith("x.npy")]
+        same = [r for r in changed if first.get(r) == got[r]]
+        assert not same, f"{extra}: served the first mount's bytes for {same[:5]}"
+        m.unmount()
+        ref.unmount()
+
+    # And the first options are still served from the shared cache, unchanged.
+    again = mounter(shuf_ds.path, *base, cache=cache)
+    assert_same(digests(again, rels), first, "first options after other options used the cache")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. cache_size is never exceeded
+# --------------------------------------------------------------------------------------------
+
+
+def test_cache_size_is_never_exceeded(mounter, shuf_ds):
+    base = ("shuffle=window", f"batch_size={BS}", "epochs=3")
+    ref = mounter(shuf_ds.path, *base)
+    rels = {e: epoch_files(ref, [e]) for e in range(3)}
+    want = {e: digests(ref, rels[e]) for e in range(3)}
+    full = data_size(ref.cache)
+    limit_k = math.ceil(full / 2 / 1024)
+    limit = limit_k * 1024
+    print(f"all cols + batch files: {full} bytes; cache_size={limit_k}K")
+
+    m = mounter(shuf_ds.path, *base, f"cache_size={limit_k}K")
+    for e in range(3):
+        got = {}
+        for rel in rels[e]:
+            got[rel] = tfs.sha256(m.p(rel))
+            used = data_size(m.cache)
+            assert used <= limit, (
+                f"while reading {rel}: {used} bytes under cols-*/batches-* > cache_size {limit}\n{log_tail(m.cache)}"
+            )
+        assert_same(got, want[e], f"epoch {e} with cache_size={limit_k}K")
+        for _ in range(4):  # a few samples: prefetch may still be writing
+            used = data_size(m.cache)
+            s = stats(m)
+            assert used <= limit, f"after epoch {e}: {used} bytes under cols-*/batches-* > cache_size {limit}"
+            assert s["cache_bytes"] <= s["cache_capacity"], s
+            assert s["cache_capacity"] <= limit, s
+            time.sleep(0.05)
+        print(f"epoch {e}: {used} bytes on disk, cache_bytes={s['cache_bytes']}, evictions={s['cache_evictions']}")
+    assert stats(m)["cache_evictions"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Plan-aware eviction
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", ["none", "window"])
+def test_eviction_follows_the_plan(mounter, wide_ds, shuffle):
+    """The transformed columns are about twice the cache. With shuffle=none every epoch visits the
+    row groups in the same order, where an LRU cache (on disk or in memory) would decode them all
+    again each epoch; a cache that evicts what the plan needs furthest ahead keeps about half.
+    memory_limit is at its minimum (1M, under half the columns) so memory cannot hide the disk."""
+    epochs = 4
+    # prefetch=2: the batch files kept ready ahead (the reader's and two more) fit the room
+    # left beside half the columns; a deeper prefetch would need a larger cache.
+    base = (f"shuffle={shuffle}", "batch_size=200", f"epochs={epochs}", "memory_limit=1M", "prefetch=2")
+    probe = mounter(wide_ds.path, *base)
+    n = probe.dataset()["batches_per_epoch"]
+    rgs = probe.dataset()["row_groups"]
+    tfs.sha256(probe.p("epoch-0", "000000.safetensors"))
+    cols = cache_paths(probe.cache, "cols-*/*.cols")
+    assert cols, "no cols file written"
+    cols_size = max(p.stat().st_size for p in cols)
+    st = backing(probe, "epoch-0/000000.safetensors")
+    batch_size = st.stat().st_size + meta_of(st).stat().st_size
+    probe.unmount()
+
+    limit_k = math.ceil((rgs * cols_size / 2 + 3 * batch_size) / 1024)
+    print(f"{rgs} row groups, cols file {cols_size} B, batch file {batch_size} B -> cache_size={limit_k}K")
+    ref = mounter(wide_ds.path, *base)
+    m = mounter(wide_ds.path, *base, f"cache_size={limit_k}K")
+    decoded, hits = [], []
+    for e in range(epochs):
+        before = stats(m)
+        rels = [f"epoch-{e}/{batch_name(i)}.safetensors" for i in range(n)]
+        assert_same(digests(m, rels), digests(ref, rels), f"epoch {e}")
+        after = stats(m)
+        decoded.append(delta(after, before, "row_groups_decoded"))
+        hits.append(delta(after, before, "column_hits"))
+    s = stats(m)
+    print(f"row groups decoded per epoch: {decoded} of {rgs}; column_hits {hits}; evictions={s['cache_evictions']}")
+    assert s["cache_evictions"] > 0, "the cache never evicted: the test did not exercise eviction"
+    used = data_size(m.cache)
+    assert used <= limit_k * 1024, f"{used} bytes under cols-*/batches-* > cache_size {limit_k}K: {s}"
+    assert decoded[0] == rgs, f"epoch 0 decoded {decoded[0]} of {rgs} row groups: {decoded}\n{log_tail(m.cache)}"
+    for e in range(1, epochs):
+        assert decoded[e] <= 0.75 * rgs, (
+            f"epoch {e} decoded {decoded[e]} of {rgs} row groups (all: {decoded}); "
+            f"eviction is not using the plan\n{log_tail(m.cache)}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Corrupted, truncated and missing entries
+# --------------------------------------------------------------------------------------------
+
+
+def test_faults_while_mounted(mounter, wide_ds):
+    """memory_limit=1M holds under half of wide_ds's columns, so a far epoch reads cols files."""
+    base = ("shuffle=window", "batch_size=200", "memory_limit=1M")
+    ref = mounter(wide_ds.path, *base)
+    m = mounter(wide_ds.path, *base)
+    n = m.dataset()["batches_per_epoch"]
+    rels0 = epoch_files(m, [0], n)
+    want0 = digests(ref, rels0)
+    assert_same(digests(m, rels0), want0, "first read")
+
+    flipped = backing(m, "epoch-0/000000.safetensors")
+    flip_byte(flipped, tfs.DATA_OFFSET + 17)
+    truncated = backing(m, "epoch-0/000001.safetensors")
+    os.truncate(truncated, truncated.stat().st_size // 2)
+    npy_flipped = backing(m, "epoch-0/000003/emb.npy")
+    flip_byte(npy_flipped, tfs.DATA_OFFSET + 5)
+    deleted = backing(m, "epoch-0/000002.safetensors")
+    deleted.unlink()
+    meta_of(deleted).unlink()
+    cols = cache_paths(m.cache, "cols-*/rg-*.cols")
+    assert len(cols) == m.dataset()["row_groups"], cols
+    for c in cols:  # every cols file: whatever the memory holds, a far epoch meets some of them
+        flip_byte(c, c.stat().st_size - 5)
+
+    before = stats(m)
+    touched = ["epoch-0/000000.safetensors", "epoch-0/000001.safetensors", "epoch-0/000002.safetensors", "epoch-0/000003/emb.npy"]
+    assert_same(digests(m, touched), {r: want0[r] for r in touched}, "after corrupting the cache")
+    mid = stats(m)
+    assert delta(mid, before, "cache_corrupt_dropped") >= 3, (before, mid)
+    # An epoch far from anything prefetched needs every row group's columns.
+    rels7 = epoch_files(m, [7], n)
+    assert_same(digests(m, rels7), digests(ref, rels7), "epoch 7 after corrupting the cols files")
+    after = stats(m)
+    print(f"cache_corrupt_dropped +{delta(after, before, 'cache_corrupt_dropped')}, "
+          f"row_groups_decoded +{delta(after, mid, 'row_groups_decoded')}, column_hits +{delta(after, mid, 'column_hits')}")
+    assert delta(after, mid, "row_groups_decoded") > 0, "epoch 7 decoded nothing: the cols files were not needed"
+    assert delta(after, mid, "cache_corrupt_dropped") >= 1, "corrupted cols files were read without being dropped"
+    # Reading everything once more still gives the reference.
+    assert_same(digests(m, rels0), want0, "second full read")
+
+
+def test_faults_between_mounts(mounter, shuf_ds):
+    base = ("shuffle=window", f"batch_size={BS}")
+    ref = mounter(shuf_ds.path, *base)
+    a = mounter(shuf_ds.path, *base)
+    rels0 = epoch_files(a, [0])
+    want0 = digests(ref, rels0)
+    assert_same(digests(a, rels0), want0, "first read")
+    paths = {r: backing(a, r) for r in rels0}
+    a.unmount()
+
+    flip_byte(paths["epoch-0/000000.safetensors"], tfs.DATA_OFFSET + 3)
+    os.truncate(paths["epoch-0/000001.safetensors"], 100)
+    paths["epoch-0/000002.safetensors"].unlink()
+    meta_of(paths["epoch-0/000002.safetensors"]).unlink()
+    meta_of(paths["epoch-0/000003.safetensors"]).write_bytes(b"\x00garbage\xff" * 3)
+    meta_of(paths["epoch-0/000004/id.npy"]).unlink()  # data file left without its sidecar
+    flip_byte(paths["epoch-0/000005/x.npy"], 2)  # the npy header
+    cols = cache_paths(a.cache, "cols-*/*.cols")
+    assert len(cols) == 13, cols
+    flip_byte(cols[3], cols[3].stat().st_size - 1)
+    flip_byte(cols[4], 10)  # the header
+    os.truncate(cols[5], 4096)
+    cols[6].unlink()
+
+    b = mounter(shuf_ds.path, *base, cache=a.cache)
+    before = stats(b)
+    assert_same(digests(b, rels0), want0, "remount over a corrupted cache")
+    rels9 = epoch_files(b, [9])
+    assert_same(digests(b, rels9), digests(ref, rels9), "epoch 9 from corrupted cols")
+    s = stats(b)
+    print(f"cache_corrupt_dropped={s['cache_corrupt_dropped']} (before reads: {before['cache_corrupt_dropped']}), "
+          f"row_groups_decoded={s['row_groups_decoded']}")
+    # flipped + truncated batch files and three damaged cols files, at least.
+    assert s["cache_corrupt_dropped"] >= 5, s
+
+
+# --------------------------------------------------------------------------------------------
+# 6. A crashed daemon
+# --------------------------------------------------------------------------------------------
+
+
+def test_crash_leftovers_are_cleaned(mounter, shuf_ds):
+    base = ("shuffle=window", "batch_size=64", "epochs=2")
+    ref = mounter(shuf_ds.path, *base)
+    n = ref.dataset()["batches_per_epoch"]
+    rels = epoch_files(ref, [0, 1], n)
+    want = digests(ref, rels)
+
+    m = mounter(shuf_ds.path, *base)
+    planted_rel = f"epoch-1/{batch_name(n - 1)}.safetensors"
+    planted_size = os.stat(m.p(planted_rel)).st_size
+    progress, errors = [0], []
+
+    def reader():
+        try:
+            for rel in rels:
+                tfs.sha256(m.p(rel))
+                progress[0] += 1
+        except OSError as e:  # the daemon is killed under us
+            errors.append(e)
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while progress[0] < 20 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    pids = tensorfs_daemons(m)
+    assert pids, "no tensorfs daemon found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert tfs.wait_exited(pids, 10) == []
+    t.join(timeout=30)
+    assert not t.is_alive(), "reader hung after the daemon was killed"
+    print(f"killed after {progress[0]} of {len(rels)} files; reader error: {errors[:1]}")
+    tfs.unmount(m.path)
+    assert not tfs.is_mounted(m.path)
+
+    tmp_file = m.cache / "v1" / "tmp" / "999999-0"
+    tmp_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp_file.write_bytes(os.urandom(5000))
+    keys = cache_paths(m.cache, "batches-*")
+    assert len(keys) == 1, keys
+    planted = keys[0] / planted_rel
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(os.urandom(planted_size))  # right size, wrong bytes, no sidecar
+    meta_of(planted).unlink(missing_ok=True)
+
+    b = mounter(shuf_ds.path, *base, cache=m.cache)
+    deadline = time.monotonic() + 5
+    while tmp_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not tmp_file.exists(), "a crash's temp file survived the next mount"
+    assert not (planted.exists() and not meta_of(planted).exists()), "a batch file without its sidecar survived the mount"
+    assert_same(digests(b, rels), want, "after a crash")
+    assert not (planted.exists() and not meta_of(planted).exists())
+
+
+# --------------------------------------------------------------------------------------------
+# 7. A full disk
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_full_disk_serves_from_memory(mounter, shuf_ds, tmp_path):
+    base = ("shuffle=window", f"batch_size={BS}", "epochs=3")
+    ref = mounter(shuf_ds.path, *base)
+    rels = epoch_files(ref, range(3))
+    want = digests(ref, rels)
+    assert data_size(ref.cache) > 512 * 1024, "the data must not fit the small disk"
+
+    small = tmp_path / "small"
+    small.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    m = None
+    try:
+        m = mounter(shuf_ds.path, *base, "cache_size=100M", cache=small / "cache")
+        assert_same(digests(m, rels), want, "on a full disk")
+        s = stats(m)
+        print({k: s[k] for k in ("cache_write_failures", "cache_bytes", "cache_capacity", "cache_evictions")})
+        assert s["cache_write_failures"] > 0, f"{s}\n{log_tail(m.cache)}"
+        assert m.dataset()["batch_size"] == BS
+        assert tfs.is_mounted(m.path)
+        # Still serving, twice.
+        assert_same(digests(m, rels[:12]), {r: want[r] for r in rels[:12]}, "second read on a full disk")
+    finally:
+        if m is not None:
+            m.unmount()
+        if subprocess.run(["umount", str(small)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+# --------------------------------------------------------------------------------------------
+# 8. Passthrough
+# --------------------------------------------------------------------------------------------
+
+
+def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}")
+    rel = "epoch-0/000004.safetensors"
+    first = tfs.read_exact(m.p(rel))
+    s1 = stats(m)
+    second = tfs.read_exact(m.p(rel))
+    s2 = stats(m)
+    assert second == first
+    if s2["passthrough_opens"] == 0:
+        pytest.skip(f"the kernel did not take FUSE passthrough (opens={s2['opens']}, passthrough_opens=0)")
+    assert s2["passthrough_opens"] > s1["passthrough_opens"], (s1, s2)
+    assert s2["daemon_reads"] == s1["daemon_reads"], f"a passthrough read reached the daemon: {s1} -> {s2}"
+
+    off = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "passthrough=off")
+    assert tfs.read_exact(off.p(rel)) == first
+    so = stats(off)
+    assert so["daemon_reads"] > 0 and so["daemon_read_bytes"] >= len(first), so
+    assert so["passthrough_opens"] == 0, so
+
+
+# --------------------------------------------------------------------------------------------
+# 9. O_DIRECT
+# --------------------------------------------------------------------------------------------
+
+
+def direct_read(path, offset: int, length: int) -> bytes:
+    n = -(-length // 4096) * 4096 or 4096
+    buf = mmap.mmap(-1, n)  # page-aligned
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        got = os.preadv(fd, [buf], offset)
+    finally:
+        os.close(fd)
+    data = buf[:got]
+    buf.close()
+    return data
+
+
+@pytest.mark.parametrize("passthrough", ["auto", "off"])
+def test_o_direct_on_mount_and_gds_paths(mounter, shuf_ds, passthrough):
+    m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", f"passthrough={passthrough}")
+    for rel in ("epoch-0/000002.safetensors", "epoch-0/000002/x.npy", "epoch-0/000005/id.npy"):
+        for path in (m.p(rel), m.p("gds", rel)):
+            size = os.stat(path).st_size
+            data = direct_read(path, 4096, size - 4096)
+            full = direct_read(path, 0, size)
+            buffered = tfs.read_exact(m.p(rel))
+            assert data == buffered[4096:], f"{path}: O_DIRECT read at 4096 differs ({len(data)} bytes)"
+            assert full == buffered, f"{path}: O_DIRECT read at 0 differs ({len(full)} bytes)"
+
+
+# --------------------------------------------------------------------------------------------
+# 10. The gds/ view and the xattr
+# --------------------------------------------------------------------------------------------
+
+
+def test_gds_view_and_xattr(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "world_size=2", "epochs=2")
+    cache_root = os.path.realpath(m.cache) + os.sep
+    assert {"epoch-0", "epoch-1"} <= set(os.listdir(m.p("gds"))), os.listdir(m.p("gds"))
+    assert set(os.listdir(m.p("gds", "epoch-0"))) == set(os.listdir(m.p("epoch-0")))
+
+    cases = [
+        ("epoch-0/000000.safetensors", "epoch-0/000000.safetensors"),
+        ("epoch-0/000000/x.npy", "epoch-0/000000/x.npy"),
+        ("epoch-1/000007/id.npy", "epoch-1/000007/id.npy"),
+        ("epoch-0/rank-1-of-2/000000.safetensors", "epoch-0/000001.safetensors"),
+        ("epoch-0/rank-0-of-2/000002/x.npy", "epoch-0/000004/x.npy"),
+    ]
+    for rel, global_rel in cases:
+        link = m.p("gds", rel)
+        target = os.readlink(link)
+        assert os.path.isabs(target), f"{rel}: readlink gave a relative path {target!r}"
+        assert os.path.realpath(target).startswith(cache_root), f"{rel}: {target} is not under the cache dir"
+        with open(target, "rb") as f:
+            backing_bytes = f.read()
+        assert backing_bytes == tfs.read_exact(m.p(global_rel)), f"{rel}: the backing file differs from {global_rel}"
+        assert backing_bytes == tfs.read_exact(m.p(rel)), f"{rel}: the backing file differs from the mount's file"
+        st = os.lstat(link)
+        assert stat.S_ISLNK(st.st_mode), f"{rel}: lstat mode {oct(st.st_mode)}"
+        assert st.st_size == len(os.fsencode(target)), f"{rel}: symlink st_size {st.st_size}, target {len(target)}"
+        # The xattr on the main tree's file names the same backing file.
+        assert XATTR in os.listxattr(m.p(rel)), os.listxattr(m.p(rel))
+        assert os.fsdecode(os.getxattr(m.p(rel), XATTR)) == target, f"{rel}: xattr differs from readlink"
+
+
+# --------------------------------------------------------------------------------------------
+# 11. Permissions
+# --------------------------------------------------------------------------------------------
+
+
+def test_cache_is_private(mounter, shuf_ds):
+    old = os.umask(0)  # tensorfs must not rely on the caller's umask
+    try:
+        m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "epochs=2")
+    finally:
+        os.umask(old)
+    digests(m, epoch_files(m, [0, 1]))
+    mode = stat.S_IMODE(os.stat(m.cache).st_mode)
+    assert mode == 0o700, f"cache dir mode {oct(mode)}"
+    seen, bad = 0, []
+    for root, _, files in os.walk(m.cache / "v1"):
+        for f in files:
+            p = os.path.join(root, f)
+            mode = stat.S_IMODE(os.lstat(p).st_mode)
+            seen += 1
+            if mode != 0o600:
+                bad.append((os.path.relpath(p, m.cache), oct(mode)))
+    assert seen > 40, f"only {seen} files under v1"
+    assert not bad, f"{len(bad)} cache files are not 0600: {bad[:8]}"
+    kinds = {Path(p).suffix for _, _, fs in os.walk(m.cache / "v1") for p in fs}
+    assert {".cols", ".safetensors", ".npy", ".meta"} <= kinds, kinds
