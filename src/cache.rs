@@ -193,6 +193,10 @@ impl DiskCache {
         Ok(cache)
     }
 
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }

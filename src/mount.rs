@@ -63,6 +63,26 @@ impl Dataset {
         view::dataset_json(&self.source, &self.view, &self.plan, opts)
     }
 
+    /// `shuffle=global` gathers every batch from every row group's columns, so all of them must
+    /// fit the local cache, with room for the batch files kept ready ahead.
+    pub fn check_global(&self, opts: &Options, capacity: u64) -> Result<()> {
+        if opts.shuffle != crate::plan::Shuffle::Global {
+            return Ok(());
+        }
+        let row: u64 = self.view.tensors.iter().map(|t| t.row_bytes() as u64).sum();
+        let columns = self.plan.rows() * row + self.plan.row_groups() as u64 * 4096;
+        let batches = (opts.prefetch + 2) * (opts.batch_size * row + 4096);
+        let need = columns + batches;
+        if need > capacity {
+            bail!(
+                "shuffle=global needs the whole decoded dataset in the local cache ({} with the batches kept ready), but cache_size is {}; raise cache_size or use shuffle=window",
+                crate::options::human_size(need),
+                crate::options::human_size(capacity)
+            );
+        }
+        Ok(())
+    }
+
     /// Opens the local cache for this dataset and these content options.
     pub fn open_cache(&self, opts: &Options, width: usize) -> Result<DiskCache> {
         let o = opts.to_json();
@@ -366,7 +386,10 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     };
     let json = serde_json::to_vec_pretty(&dataset.dataset_json(opts))?;
     let width = crate::fs::name_width(dataset.plan.batches());
-    let cache = match dataset.open_cache(opts, width) {
+    let cache = match dataset
+        .open_cache(opts, width)
+        .and_then(|c| dataset.check_global(opts, c.capacity()).map(|()| c))
+    {
         Ok(c) => Arc::new(c),
         Err(e) => {
             ready.report(&Err(anyhow!("{}", one_line(&e))));

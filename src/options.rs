@@ -177,6 +177,25 @@ pub fn parse_size(value: &str) -> Option<u64> {
     (f.is_finite() && f >= 0.0).then_some((f * mult as f64) as u64)
 }
 
+/// A size for messages: `512.0K`, `1.5G`.
+pub fn human_size(bytes: u64) -> String {
+    let units = ["K", "M", "G", "T"];
+    let mut v = bytes as f64;
+    let mut unit = "";
+    for u in units {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if unit.is_empty() {
+        format!("{bytes}")
+    } else {
+        format!("{v:.1}{unit}")
+    }
+}
+
 /// Splits `COL:REST` at the first `:`; both parts must be non-empty.
 fn pair<'a>(key: &str, value: &'a str, what: &str) -> Result<(&'a str, &'a str), OptionError> {
     match value.split_once(':') {
@@ -520,6 +539,9 @@ mod tests {
 
     #[test]
     fn sizes() {
+        assert_eq!(human_size(100), "100");
+        assert_eq!(human_size(100 << 10), "100.0K");
+        assert_eq!(human_size(3 << 29), "1.5G");
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("2G"), Some(2 << 30));
         assert_eq!(parse_size("512MiB"), Some(512 << 20));

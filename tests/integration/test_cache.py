@@ -615,3 +615,19 @@ def test_cache_is_private(mounter, shuf_ds):
     assert not bad, f"{len(bad)} cache files are not 0600: {bad[:8]}"
     kinds = {Path(p).suffix for _, _, fs in os.walk(m.cache / "v1") for p in fs}
     assert {".cols", ".safetensors", ".npy", ".meta"} <= kinds, kinds
+
+
+def test_global_shuffle_needs_the_decoded_dataset_in_the_cache(mounter, shuf_ds):
+    """shuffle=global gathers every batch from all row groups: refused when the cache cannot hold
+    them, served (a permutation of all rows) when it can."""
+    mnt = mounter.mountpoint()
+    proc = tfs.run(["mount", shuf_ds.path, mnt, "-o", f"shuffle=global,cache_size=8K,cache_dir={mnt.parent / 'c'}"])
+    line = tfs.error_line(proc)
+    assert "shuffle=global" in line and "cache_size" in line
+    assert not tfs.is_mounted(mnt)
+    m = mounter(shuf_ds.path, "shuffle=global", "batch_size=256", "cache_size=64M")
+    ids = np.concatenate([
+        tfs.load_safetensors(m.p("epoch-0", batch_name(i) + ".safetensors"))["id"]
+        for i in range(m.dataset()["batches_per_epoch"])
+    ])
+    assert np.array_equal(np.sort(ids), np.arange(len(ids)))
