@@ -320,7 +320,9 @@ impl Fs {
             Node::Gds if self.engine.cache.is_some() => (Kind::Dir, 0),
             Node::Gds => return Err(libc::ENOENT),
             Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
-            Node::StatsJson => (Kind::File, self.stats_json().len() as u64),
+            // Its content changes all the time: like a /proc file, it has no size to promise;
+            // it is opened direct-io and read to its end.
+            Node::StatsJson => (Kind::File, 0),
             Node::Safetensors(d, _) | Node::Npy(d, ..) if self.dir_entry(d)?.1 => (
                 Kind::Symlink,
                 self.backing_path(node)?.as_os_str().len() as u64,
@@ -518,12 +520,13 @@ impl Fs {
         self.accessed(node);
         self.engine.materialize(item).await.map_err(|e| {
             tracing::error!(
-                "materialising {}: {e:#}",
+                "materialising {}: {}",
                 self.engine
                     .cache
                     .as_ref()
                     .map(|c| c.path(item).display().to_string())
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                crate::describe(&e)
             );
             libc::EIO
         })
@@ -594,7 +597,7 @@ impl Fs {
         self.engine.reader_at(epoch, g);
         self.accessed(node);
         let batch = self.engine.batch(epoch, g).await.map_err(|e| {
-            tracing::error!("epoch {epoch} batch {g}: {e:#}");
+            tracing::error!("epoch {epoch} batch {g}: {}", crate::describe(&e));
             libc::EIO
         })?;
         Ok(match node {

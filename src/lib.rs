@@ -21,3 +21,35 @@ pub mod source;
 pub mod stats;
 pub mod transform;
 pub mod view;
+
+/// An error and its causes on one line, each cause once: wrapped errors (Parquet's `External`)
+/// repeat their source's message, which is left out the second time.
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn causes_are_described_once() {
+        let inner = anyhow::anyhow!("object 'a' changed");
+        let e = inner
+            .context("External: object 'a' changed")
+            .context("file 'a' row group 2");
+        assert_eq!(
+            super::describe(&e),
+            "file 'a' row group 2: External: object 'a' changed"
+        );
+    }
+}

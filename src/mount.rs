@@ -238,7 +238,7 @@ impl Ready {
 
 /// An error as the one line a refused command prints.
 pub fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    crate::describe(e).replace('\n', " ")
 }
 
 /// Forks: the parent waits until the child reports the mount live (exit 0) or fails (prints
@@ -315,11 +315,11 @@ fn redirect_stdio(log_file: &Path) {
 /// Overwrites secret option values in this process's command line, so that `ps` and
 /// /proc/PID/cmdline of the daemon do not show them.
 pub fn hide_secrets(opts: &Options) {
-    let secrets: Vec<&str> = opts
+    let secrets: Vec<Vec<u8>> = opts
         .store
         .iter()
         .filter(|(k, v)| crate::options::is_secret(k) && !v.is_empty())
-        .map(|(_, v)| v.as_str())
+        .map(|(k, v)| format!("{k}={v}").into_bytes())
         .collect();
     if secrets.is_empty() {
         return;
@@ -328,15 +328,15 @@ pub fn hide_secrets(opts: &Options) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return;
     };
-    let Some(after_comm) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+    let Some((_, after_comm)) = stat.rsplit_once(')') else {
         return;
     };
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
     // After the command name, field 3 of the file is index 0 here.
-    let (Some(Ok(start)), Some(Ok(end))) = (
-        fields.get(45).map(|f| f.parse::<usize>()),
-        fields.get(46).map(|f| f.parse::<usize>()),
-    ) else {
+    let fields: Vec<usize> = after_comm
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let (Some(&start), Some(&end)) = (fields.get(45), fields.get(46)) else {
         return;
     };
     if start == 0 || end <= start {
@@ -346,13 +346,19 @@ pub fn hide_secrets(opts: &Options) {
     // for the life of the process; nothing else reads it while we rewrite bytes in place
     // (std copied the arguments at start-up).
     let args = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
-    for secret in secrets {
-        let s = secret.as_bytes();
+    mask_values(args, &secrets);
+}
+
+/// Overwrites with `*` the value of every `key=value` of `pairs` found in `args` (the value
+/// only, and only where it follows its key, so nothing else in the command line changes).
+fn mask_values(args: &mut [u8], pairs: &[Vec<u8>]) {
+    for pair in pairs {
+        let key_len = pair.iter().position(|&b| b == b'=').map_or(0, |p| p + 1);
         let mut i = 0;
-        while i + s.len() <= args.len() {
-            if &args[i..i + s.len()] == s {
-                args[i..i + s.len()].fill(b'*');
-                i += s.len();
+        while i + pair.len() <= args.len() {
+            if &args[i..i + pair.len()] == pair.as_slice() {
+                args[i + key_len..i + pair.len()].fill(b'*');
+                i += pair.len();
             } else {
                 i += 1;
             }
@@ -494,6 +500,20 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_secret_values_are_masked() {
+        let mut args = b"tensorfs\0s3://test-bucket/test/\0/mnt/test\0-o\0aws_access_key_id=test,aws_secret_access_key=test-secret\0".to_vec();
+        let pairs = vec![
+            b"aws_access_key_id=test".to_vec(),
+            b"aws_secret_access_key=test-secret".to_vec(),
+        ];
+        mask_values(&mut args, &pairs);
+        assert_eq!(
+            args,
+            b"tensorfs\0s3://test-bucket/test/\0/mnt/test\0-o\0aws_access_key_id=****,aws_secret_access_key=***********\0"
+        );
+    }
 
     #[test]
     fn mountinfo_paths_are_unescaped() {

@@ -140,7 +140,7 @@ impl Prefetcher {
                 Stats::add(&engine.stats.c.prefetch_scheduled, 1);
                 self.runtime.spawn(async move {
                     if let Err(e) = engine.prefetch(item).await {
-                        tracing::warn!("prefetch of {item:?}: {e:#}");
+                        tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
                     }
                     scheduled.lock().unwrap().remove(&item);
                 });

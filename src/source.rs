@@ -11,15 +11,15 @@ use arrow::array::RecordBatch;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
-    ObjectStoreScheme, RetryConfig,
+    BackoffConfig, ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore,
+    ObjectStoreExt, ObjectStoreScheme, RetryConfig,
 };
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
@@ -84,28 +84,45 @@ fn source_url(source: &str) -> Result<Url> {
 }
 
 /// Retries of remote requests: 5xx, throttling, resets and timeouts are retried with
-/// exponential backoff and jitter (object_store's), within a bounded time, so a server that
-/// stays down turns into EIO within about half a minute rather than a hung read.
+/// exponential backoff and jitter (object_store's) for up to a minute, so a server that stays
+/// down turns into EIO rather than a hung read, and a request that timed out is still retried.
 fn retry() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
+            init_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(4),
             base: 2.0,
         },
-        max_retries: 8,
-        retry_timeout: Duration::from_secs(30),
+        max_retries: 10,
+        retry_timeout: Duration::from_secs(60),
     }
 }
 
-fn client() -> ClientOptions {
-    ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(30))
-}
+/// Client defaults, as configuration keys so that the environment's and the mount's own keys
+/// (`aws_allow_http`, `aws_timeout`, …) still apply over them.
+const CLIENT_DEFAULTS: [(ClientConfigKey, &str); 2] = [
+    (ClientConfigKey::ConnectTimeout, "5s"),
+    (ClientConfigKey::Timeout, "15s"),
+];
 
 fn bad_key(key: &str) -> anyhow::Error {
     anyhow!("unknown mount option '{key}' for this kind of source")
+}
+
+/// Builds a cloud store: environment, then our client defaults, then the mount's keys.
+macro_rules! cloud_store {
+    ($builder:ty, $client_key:path, $url:expr, $options:expr) => {{
+        let mut b = <$builder>::from_env()
+            .with_url($url.as_str())
+            .with_retry(retry());
+        for (key, value) in CLIENT_DEFAULTS {
+            b = b.with_config($client_key(key), value);
+        }
+        for (k, v) in $options {
+            b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+        }
+        Arc::new(b.build()?) as Arc<dyn ObjectStore>
+    }};
 }
 
 /// The object store for a URL, configured from the environment (`AWS_*`, `GOOGLE_*`,
@@ -120,40 +137,24 @@ fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn Object
             Arc::new(LocalFileSystem::new())
         }
         ObjectStoreScheme::AmazonS3 => {
-            let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
-            }
-            Arc::new(
-                b.with_retry(retry())
-                    .with_client_options(client())
-                    .build()?,
-            )
+            cloud_store!(AmazonS3Builder, AmazonS3ConfigKey::Client, url, options)
         }
         ObjectStoreScheme::GoogleCloudStorage => {
-            let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
-            }
-            Arc::new(
-                b.with_retry(retry())
-                    .with_client_options(client())
-                    .build()?,
+            cloud_store!(
+                GoogleCloudStorageBuilder,
+                GoogleConfigKey::Client,
+                url,
+                options
             )
         }
         ObjectStoreScheme::MicrosoftAzure => {
-            let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
-            }
-            Arc::new(
-                b.with_retry(retry())
-                    .with_client_options(client())
-                    .build()?,
-            )
+            cloud_store!(MicrosoftAzureBuilder, AzureConfigKey::Client, url, options)
         }
         ObjectStoreScheme::Http => {
-            let mut client = client();
+            let mut client = ClientOptions::new();
+            for (key, value) in CLIENT_DEFAULTS {
+                client = client.with_config(key, value);
+            }
             for (k, v) in options {
                 let key = k
                     .strip_prefix("http_")
@@ -194,7 +195,7 @@ impl Source {
     ) -> Result<Source> {
         let url = source_url(source)?;
         let (store, prefix) = open_store(&url, store_options)
-            .map_err(|e| anyhow!("source '{source}' cannot be used: {e:#}"))?;
+            .map_err(|e| anyhow!("source '{source}' cannot be used: {}", crate::describe(&e)))?;
 
         let objects = Self::list(&store, &prefix, source).await?;
         let files = futures::stream::iter(objects)
@@ -221,7 +222,10 @@ impl Source {
                         load_metadata(&reader, kept.as_deref(), &id)
                             .await
                             .map_err(|e| {
-                                anyhow!("file '{name}' is not a readable Parquet file: {e:#}")
+                                anyhow!(
+                                    "file '{name}' is not a readable Parquet file: {}",
+                                    crate::describe(&e)
+                                )
                             })?;
                     Ok::<_, anyhow::Error>(SourceFile {
                         name,
