@@ -889,6 +889,35 @@ mod tests {
         assert!(c.open_batch_file(item, &stats).is_none());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_cache_bytes_are_refused_not_trusted(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..5000),
+        ) {
+            proptest::prop_assert!(parse_columns(&bytes, &[0; 32], 2).is_err());
+            proptest::prop_assert!(parse_meta(&bytes, &[0; 32]).is_err());
+        }
+
+        #[test]
+        fn any_changed_byte_of_a_columns_file_is_caught(
+            // The header's fields and the data (the padding between them carries nothing).
+            at in proptest::prop_oneof![0usize..80, 4096usize..4106],
+            bit in 0u8..8,
+        ) {
+            let header = columns_header(2, &[b"abcdefgh", b"xy"], &[9; 32]);
+            let mut file = [header.as_slice(), b"abcdefgh", b"xy"].concat();
+            file[at] ^= 1 << bit;
+            proptest::prop_assert!(parse_columns(&file, &[9; 32], 2).is_err());
+        }
+
+        #[test]
+        fn any_changed_byte_of_a_meta_is_caught(at in 0usize..60, bit in 0u8..8) {
+            let mut m = meta_bytes(123, 0xabcd, &[5; 32]);
+            m[at] ^= 1 << bit;
+            proptest::prop_assert!(parse_meta(&m, &[5; 32]).is_err());
+        }
+    }
+
     #[test]
     fn blobs_round_trip_and_reject_what_is_not_theirs() {
         let dir = tempfile::tempdir().unwrap();

@@ -87,6 +87,9 @@ fn init_logging(filter: &str) {
 }
 
 fn main() -> ExitCode {
+    // A panic (caught around the Parquet decoder, or on a worker thread, where it becomes EIO)
+    // is logged as one line, not printed over the command's own output.
+    std::panic::set_hook(Box::new(|info| tracing::error!("internal error: {info}")));
     let cli = Cli::parse_from(arguments());
     match cli.command {
         Command::Mount {

@@ -376,7 +376,13 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     let runtime = runtime()?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let opened = create_cache_dir(&opts.cache_dir).and_then(|()| {
-        let d = runtime.block_on(Dataset::open(source, opts, Some(&footers)))?;
+        let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
+        let d =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
+                Err(anyhow!(
+                    "source '{source}': internal error while reading it (see the log)"
+                ))
+            })?;
         d.check()?;
         if opts.auto_unmount && !find_in_path("fusermount3") {
             bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");

@@ -537,6 +537,26 @@ mod tests {
         assert!(err(&["drop_last=maybe"]).contains("drop_last"));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_option_string_is_parsed_or_refused_in_one_line(s in "\\PC{0,200}") {
+            if let Err(e) = Options::parse(&[s.as_str()]) {
+                proptest::prop_assert!(!e.to_string().contains('\n'));
+            }
+        }
+
+        #[test]
+        fn known_keys_with_any_value_never_panic(
+            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "log", "drop_last", "allow_other", "aws_region"]),
+            value in "[ -+--~]{0,40}",
+        ) {
+            match Options::parse(&[format!("{key}={value}")]) {
+                Ok(o) => proptest::prop_assert!(o.batch_size > 0 && o.shuffle_window > 0),
+                Err(e) => proptest::prop_assert!(e.to_string().contains(key)),
+            }
+        }
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(human_size(100), "100");

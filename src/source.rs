@@ -392,11 +392,24 @@ async fn load_metadata(
             footer
         }
     };
-    let metadata = ParquetMetaDataReader::decode_metadata(&footer[..footer.len() - 8])?;
-    Ok(ArrowReaderMetadata::try_new(
-        Arc::new(metadata),
-        ArrowReaderOptions::new(),
-    )?)
+    decode_footer(&footer)
+}
+
+/// Decodes a footer (metadata, length, magic) into the Arrow view of the file. Malformed input
+/// is an error, never a panic, even where the Parquet decoder would panic.
+pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
+    if footer.len() < 8 {
+        bail!("a {}-byte footer is too short", footer.len());
+    }
+    let metadata = footer[..footer.len() - 8].to_vec();
+    let decoded = std::panic::catch_unwind(move || -> Result<ArrowReaderMetadata> {
+        let metadata = ParquetMetaDataReader::decode_metadata(&metadata)?;
+        Ok(ArrowReaderMetadata::try_new(
+            Arc::new(metadata),
+            ArrowReaderOptions::new(),
+        )?)
+    });
+    decoded.unwrap_or_else(|_| Err(anyhow!("the footer is malformed")))
 }
 
 /// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).
@@ -532,5 +545,63 @@ impl AsyncFileReader for ObjectReader {
             Ok(Arc::new(metadata))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The footer of a small real file, written by the parquet crate.
+    fn real_footer() -> Vec<u8> {
+        use arrow::array::{Float32Array, Int64Array, RecordBatch};
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from_iter_values(0..100)) as _),
+            (
+                "x",
+                Arc::new(Float32Array::from_iter_values((0..100).map(|i| i as f32))) as _,
+            ),
+        ])
+        .unwrap();
+        let mut buf = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let len =
+            u32::from_le_bytes(buf[buf.len() - 8..buf.len() - 4].try_into().unwrap()) as usize;
+        buf[buf.len() - 8 - len..].to_vec()
+    }
+
+    #[test]
+    fn a_real_footer_decodes() {
+        let md = decode_footer(&real_footer()).unwrap();
+        assert_eq!(md.schema().fields().len(), 2);
+        assert_eq!(md.metadata().file_metadata().num_rows(), 100);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn arbitrary_footers_are_errors_not_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            // Random bytes never hold every field a Parquet footer requires.
+            prop_assert!(decode_footer(&bytes).is_err());
+        }
+
+        #[test]
+        fn mutated_footers_never_panic(
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let mut footer = real_footer();
+            for (at, byte) in flips {
+                let i = at.index(footer.len() - 8);
+                footer[i] = byte;
+            }
+            let _ = decode_footer(&footer);
+            let len = cut.index(footer.len());
+            let _ = decode_footer(&footer[len..]);
+        }
     }
 }
