@@ -134,6 +134,8 @@ pub struct Engine {
     runtime: Handle,
     /// `threads` permits: row-group decodes and gathers run under one.
     workers: Arc<Semaphore>,
+    /// Batch builds under way at once.
+    builds: Semaphore,
     /// Global row-group index → (file, row group in file).
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
@@ -169,6 +171,7 @@ impl Engine {
             cache,
             runtime,
             workers: Arc::new(Semaphore::new(limits.threads)),
+            builds: Semaphore::new(2 * limits.threads),
             row_groups,
             decoded: Memo::new(half),
             batches: Memo::new(half),
@@ -206,6 +209,9 @@ impl Engine {
     }
 
     async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        // A build holds its row groups from the moment they are decoded until its rows are
+        // gathered: bounding the builds at once bounds that memory, beyond the caches.
+        let _build = self.builds.acquire().await?;
         let order = self.epoch_order(epoch);
         let rows: Vec<(usize, usize)> = self
             .plan
@@ -239,6 +245,33 @@ impl Engine {
             tensors,
             safetensors_header: header,
         }))
+    }
+
+    /// Decodes (or loads) the row groups batch `i` of `epoch` needs, ahead of building it: the
+    /// prefetcher starts a row group's decode well before the first batch that needs it.
+    pub async fn warm_row_groups(&self, epoch: u64, i: u64) -> Result<()> {
+        let order = self.epoch_order(epoch);
+        let needed: BTreeSet<usize> = self
+            .plan
+            .batch_rows(&order, i)
+            .into_iter()
+            .map(|r| self.plan.locate(r).0)
+            .collect();
+        futures::future::try_join_all(needed.into_iter().map(|g| self.row_group(g))).await?;
+        Ok(())
+    }
+
+    /// Batches a row group (or a shuffle window of them) spans: how far ahead the prefetcher
+    /// starts decoding so that a reader never waits for a whole row group at its boundary.
+    pub fn row_group_lookahead(&self) -> u64 {
+        let o = self.plan.options();
+        let per_window = match o.shuffle {
+            Shuffle::None => 1,
+            Shuffle::Window => o.window,
+            // Every batch needs every row group: nothing to look ahead to.
+            Shuffle::Global => return 0,
+        };
+        (self.plan.max_row_group_rows() * per_window).div_ceil(o.batch_size)
     }
 
     /// Row group `g` (global index): from memory, from the local cache, or read, decoded and

@@ -28,15 +28,21 @@ const TTL: Duration = Duration::from_secs(3600);
 struct Handle {
     file: Option<Arc<File>>,
     snapshot: Option<Arc<Vec<u8>>>,
-    _backing: Option<Arc<BackingId>>,
+    backing: Option<Arc<BackingId>>,
 }
 
 /// Open files and the passthrough ids of their inodes (the kernel wants one backing file per
 /// inode at a time, so opens of one inode share it).
+///
+/// The kernel also refuses (EIO) to mix modes on one inode: while it is open by passthrough,
+/// every open must be; while it is open through the page cache, none may be. So an open follows
+/// the mode the inode is in, whatever its own materialisation gave.
 #[derive(Default)]
 struct Handles {
     open: HashMap<u64, Handle>,
     backing: HashMap<u64, Weak<BackingId>>,
+    /// Opens served by the daemon, per inode.
+    cached: HashMap<u64, u32>,
 }
 
 pub struct FuseAdapter {
@@ -183,32 +189,35 @@ impl Filesystem for FuseAdapter {
                 fs.getattr(ino.0).map_or(0, |a| a.size),
             );
             let mut h = handles.lock().unwrap();
-            let backing = match &file {
-                Some(file) if passthrough.load(Ordering::Relaxed) => {
-                    match h.backing.get(&ino.0).and_then(Weak::upgrade) {
-                        Some(id) => Some(id),
-                        None => match reply.open_backing(file.as_ref()) {
-                            Ok(id) => {
-                                let id = Arc::new(id);
-                                h.backing.insert(ino.0, Arc::downgrade(&id));
-                                Some(id)
-                            }
-                            Err(e) => {
-                                tracing::warn!(
-                                    "FUSE passthrough refused ({e}): reads are served by the daemon"
-                                );
-                                passthrough.store(false, Ordering::Relaxed);
-                                None
-                            }
-                        },
+            let in_use = h.backing.get(&ino.0).and_then(Weak::upgrade);
+            let cached = h.cached.get(&ino.0).copied().unwrap_or(0) > 0;
+            let backing = match (&file, in_use) {
+                (_, Some(id)) => Some(id),
+                (Some(file), None) if !cached && passthrough.load(Ordering::Relaxed) => {
+                    match reply.open_backing(file.as_ref()) {
+                        Ok(id) => {
+                            let id = Arc::new(id);
+                            h.backing.insert(ino.0, Arc::downgrade(&id));
+                            Some(id)
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                "FUSE passthrough refused ({e}): reads are served by the daemon"
+                            );
+                            passthrough.store(false, Ordering::Relaxed);
+                            None
+                        }
                     }
                 }
                 _ => None,
             };
+            if backing.is_none() {
+                *h.cached.entry(ino.0).or_default() += 1;
+            }
             let handle = Handle {
                 file,
                 snapshot: None,
-                _backing: backing.clone(),
+                backing: backing.clone(),
             };
             h.open.insert(fh, handle);
             drop(h);
@@ -234,7 +243,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let mut h = self.handles.lock().unwrap();
-        h.open.remove(&fh.0);
+        if let Some(closed) = h.open.remove(&fh.0)
+            && closed.backing.is_none()
+            && closed.snapshot.is_none()
+            && let Some(n) = h.cached.get_mut(&ino.0)
+        {
+            *n -= 1;
+            if *n == 0 {
+                h.cached.remove(&ino.0);
+            }
+        }
         if h.backing.get(&ino.0).is_some_and(|w| w.strong_count() == 0) {
             h.backing.remove(&ino.0);
         }

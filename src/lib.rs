@@ -22,6 +22,37 @@ pub mod stats;
 pub mod transform;
 pub mod view;
 
+thread_local! {
+    static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into `None`: for third-party decoders that may panic on malformed
+/// input. The panic is logged at debug level only; the caller reports the error.
+pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Option<T> {
+    CATCHING.with(|c| c.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CATCHING.with(|c| c.set(false));
+    result.ok()
+}
+
+/// Installs the panic hook: a panic inside [`catch_panic`] is the caller's to report; any other
+/// (a worker thread's, which becomes EIO) is logged as one line, and printed as one line where
+/// no log is set up yet.
+pub fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        if CATCHING.with(|c| c.get()) {
+            tracing::debug!("caught: {info}");
+        } else if tracing::dispatcher::has_been_set() {
+            tracing::error!("internal error: {}", info.to_string().replace('\n', " "));
+        } else {
+            eprintln!(
+                "tensorfs: error: internal error: {}",
+                info.to_string().replace('\n', " ")
+            );
+        }
+    }));
+}
+
 /// An error and its causes on one line, each cause once: wrapped errors (Parquet's `External`)
 /// repeat their source's message, which is left out the second time.
 pub fn describe(e: &anyhow::Error) -> String {

@@ -61,15 +61,26 @@ enum Command {
 const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "help"];
 
 /// `tensorfs SOURCE MOUNTPOINT -o …` (the form mount(8) calls) is `tensorfs mount …`.
-fn arguments() -> Vec<String> {
-    let mut args: Vec<String> = std::env::args().collect();
+fn arguments() -> Result<Vec<String>, String> {
+    let mut args = Vec::new();
+    for a in std::env::args_os() {
+        match a.into_string() {
+            Ok(s) => args.push(s),
+            Err(bad) => {
+                return Err(format!(
+                    "argument '{}' is not valid UTF-8",
+                    bad.to_string_lossy()
+                ));
+            }
+        }
+    }
     if let Some(first) = args.get(1)
         && !first.starts_with('-')
         && !SUBCOMMANDS.contains(&first.as_str())
     {
         args.insert(1, "mount".into());
     }
-    args
+    Ok(args)
 }
 
 fn fail(e: &anyhow::Error) -> ExitCode {
@@ -87,10 +98,18 @@ fn init_logging(filter: &str) {
 }
 
 fn main() -> ExitCode {
-    // A panic (caught around the Parquet decoder, or on a worker thread, where it becomes EIO)
-    // is logged as one line, not printed over the command's own output.
-    std::panic::set_hook(Box::new(|info| tracing::error!("internal error: {info}")));
-    let cli = Cli::parse_from(arguments());
+    // Few malloc arenas: the daemon's many short-lived threads would otherwise each grow one,
+    // and its memory far past memory_limit.
+    // SAFETY: mallopt only tunes the allocator, before any allocation-heavy work.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+    tensorfs::quiet_panics();
+    let cli = match arguments() {
+        Ok(args) => Cli::parse_from(args),
+        Err(line) => {
+            eprintln!("tensorfs: error: {line}");
+            return ExitCode::FAILURE;
+        }
+    };
     match cli.command {
         Command::Mount {
             source,
@@ -135,7 +154,8 @@ fn main() -> ExitCode {
         } => {
             let run = || -> anyhow::Result<bool> {
                 let opts = Options::parse(&options)?;
-                let dataset = mount::runtime()?.block_on(Dataset::open(&source, &opts, None))?;
+                let dataset =
+                    mount::runtime(opts.threads)?.block_on(Dataset::open(&source, &opts, None))?;
                 if json {
                     println!(
                         "{}",

@@ -135,10 +135,13 @@ fn free_space(dir: &Path) -> Result<u64> {
 
 /// The mount's runtime: I/O on a couple of async workers; decoding runs on blocking threads,
 /// bounded by the engine's `threads` permits.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
+pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    // Blocking threads: the decoders (at most `threads`, each of which may wait on file reads
+    // of its own) and short file reads and writes. Each thread costs memory (a malloc arena),
+    // so they are bounded.
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .max_blocking_threads(256)
+        .max_blocking_threads(3 * threads + 8)
         .thread_name("tensorfs-worker")
         .enable_all()
         .build()?)
@@ -366,6 +369,27 @@ fn mask_values(args: &mut [u8], pairs: &[Vec<u8>]) {
     }
 }
 
+/// Lazy unmount (`umount -l`): the mount point is free at once, open files keep working.
+fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    // SAFETY: c is a valid C string naming our own mount point.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    // Without the privilege for umount2, fusermount3 does it for the mount's owner.
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("fusermount3 -u -z failed"))
+    }
+}
+
 /// Where a daemonised mount logs.
 pub fn log_file(opts: &Options) -> PathBuf {
     opts.cache_dir.join("tensorfs.log")
@@ -373,16 +397,15 @@ pub fn log_file(opts: &Options) -> PathBuf {
 
 /// Opens the dataset, mounts it and serves until unmounted.
 pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
-    let runtime = runtime()?;
+    let runtime = runtime(opts.threads)?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let opened = create_cache_dir(&opts.cache_dir).and_then(|()| {
         let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
-        let d =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
-                Err(anyhow!(
-                    "source '{source}': internal error while reading it (see the log)"
-                ))
-            })?;
+        let d = crate::catch_panic(open).unwrap_or_else(|| {
+            Err(anyhow!(
+                "source '{source}': a file is malformed beyond what the Parquet reader can report"
+            ))
+        })?;
         d.check()?;
         if opts.auto_unmount && !find_in_path("fusermount3") {
             bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
@@ -480,6 +503,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
 
     // SIGTERM and SIGINT unmount cleanly; the session then ends by itself.
     let mut unmounter = session.unmount_callable();
+    let detach_path = mountpoint.to_path_buf();
     runtime.spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let (Ok(mut term), Ok(mut int)) = (
@@ -494,7 +518,11 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         }
         tracing::info!("signal received: unmounting");
         if let Err(e) = unmounter.unmount() {
-            tracing::error!("unmount failed: {e}");
+            // Files are still open: detach the mount now; the session ends with the last close.
+            tracing::info!("unmount: {e}; detaching the mount instead");
+            if let Err(e) = detach(&detach_path) {
+                tracing::error!("detaching the mount failed: {e}");
+            }
         }
     });
     session.run().context("FUSE session")?;

@@ -76,6 +76,15 @@ impl Plan {
         self.rg_start.len() - 1
     }
 
+    /// Rows in the largest row group.
+    pub fn max_row_group_rows(&self) -> u64 {
+        self.rg_start
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Rows served per epoch: all of them, less the final partial batch with `drop_last`.
     pub fn epoch_rows(&self) -> u64 {
         if self.opts.drop_last {

@@ -70,6 +70,7 @@ pub fn ahead(
 /// A reader: where it is and which files of a batch it opens.
 #[derive(Default)]
 struct Reader {
+    seen: bool,
     at: u64,
     kinds: BTreeSet<FileKind>,
 }
@@ -110,16 +111,47 @@ impl Prefetcher {
         if self.depth == 0 || self.engine.cache.is_none() {
             return;
         }
-        let kinds: Vec<FileKind> = {
+        let (kinds, sequential) = {
             let mut readers = self.readers.lock().unwrap();
             let r = readers.entry(dir).or_default();
+            // A reader is followed once it reads about in order (near where it last was: loader
+            // workers read neighbouring batches out of order); random access is not prefetched.
+            let sequential = r.seen && i.abs_diff(r.at) <= self.depth.max(2);
+            r.seen = true;
             r.at = i;
             r.kinds.insert(kind);
-            r.kinds.iter().copied().collect()
+            (
+                r.kinds.iter().copied().collect::<Vec<FileKind>>(),
+                sequential,
+            )
         };
+        if !sequential {
+            return;
+        }
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
         let last = self.epochs.max(global(dir, i).0 + 1);
+        // Row groups are decoded further ahead than the batch files are built: as the reader
+        // moves one batch, this horizon moves one batch, so every batch's row groups are decoded
+        // well before its file is.
+        // Half a row group (window) of lead is time enough to decode the next one, and keeps
+        // at most two windows' columns in the cache at once.
+        let horizon = self.depth + self.engine.row_group_lookahead().div_ceil(2);
+        if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
+            && global(d, j).0 < last
+            && self.engine.memory() as u64 <= self.memory_limit
+        {
+            let (epoch, batch) = global(d, j);
+            let engine = self.engine.clone();
+            self.runtime.spawn(async move {
+                if let Err(e) = engine.warm_row_groups(epoch, batch).await {
+                    tracing::warn!(
+                        "prefetch of epoch {epoch} batch {batch}'s row groups: {}",
+                        crate::describe(&e)
+                    );
+                }
+            });
+        }
         for (d, j) in ahead(dir, i, self.depth, &count) {
             if global(d, j).0 >= last {
                 break;

@@ -402,14 +402,14 @@ pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
         bail!("a {}-byte footer is too short", footer.len());
     }
     let metadata = footer[..footer.len() - 8].to_vec();
-    let decoded = std::panic::catch_unwind(move || -> Result<ArrowReaderMetadata> {
+    let decoded = crate::catch_panic(move || -> Result<ArrowReaderMetadata> {
         let metadata = ParquetMetaDataReader::decode_metadata(&metadata)?;
         Ok(ArrowReaderMetadata::try_new(
             Arc::new(metadata),
             ArrowReaderOptions::new(),
         )?)
     });
-    decoded.unwrap_or_else(|_| Err(anyhow!("the footer is malformed")))
+    decoded.unwrap_or_else(|| Err(anyhow!("the footer is malformed")))
 }
 
 /// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).
