@@ -512,6 +512,20 @@ impl Fs {
         }
     }
 
+    /// A batch file's backing file if it is materialised already (checked), without waiting:
+    /// the reader is noted for the prefetcher as by [`Fs::materialize`].
+    pub fn materialized(&self, ino: u64) -> Option<File> {
+        let node = self.node(ino).ok()?;
+        let item = self.item(node).ok()?;
+        let cache = self.engine.cache.as_ref()?;
+        let (file, _) = cache.open_batch_file(item, &self.engine.stats)?;
+        Stats::add(&self.engine.stats.c.batch_file_hits, 1);
+        let (epoch, batch) = item.batch()?;
+        self.engine.reader_at(epoch, batch);
+        self.accessed(node);
+        Some(file)
+    }
+
     /// A batch file's backing file, materialised on the local cache first if it must be.
     /// `None`: the cache cannot take it, the daemon serves it from memory.
     pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>, Errno> {

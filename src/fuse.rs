@@ -115,6 +115,85 @@ impl FuseAdapter {
     }
 }
 
+/// What finishing an open needs, shareable with the task that materialises the file.
+struct Opener {
+    fs: Arc<Fs>,
+    handles: Arc<Mutex<Handles>>,
+    passthrough: Arc<AtomicBool>,
+}
+
+impl Opener {
+    /// Answers an open of a batch file, by passthrough where the inode's mode allows.
+    fn finish(
+        &self,
+        ino: u64,
+        fh: u64,
+        file: Option<Arc<File>>,
+        started: std::time::Instant,
+        reply: ReplyOpen,
+    ) {
+        let stats = self.fs.stats();
+        Stats::add(&stats.c.opens, 1);
+        stats.stall(started.elapsed());
+        Stats::add(&stats.c.batches_served, 1);
+        Stats::add(
+            &stats.c.bytes_served,
+            self.fs.getattr(ino).map_or(0, |a| a.size),
+        );
+        let mut h = self.handles.lock().unwrap();
+        let in_use = h.backing.get(&ino).and_then(Weak::upgrade);
+        let cached = h.cached.get(&ino).copied().unwrap_or(0) > 0;
+        let backing = match (&file, in_use) {
+            (_, Some(id)) => Some(id),
+            (Some(file), None) if !cached && self.passthrough.load(Ordering::Relaxed) => {
+                match reply.open_backing(file.as_ref()) {
+                    Ok(id) => {
+                        let id = Arc::new(id);
+                        h.backing.insert(ino, Arc::downgrade(&id));
+                        Some(id)
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "FUSE passthrough refused ({e}): reads are served by the daemon"
+                        );
+                        self.passthrough.store(false, Ordering::Relaxed);
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        if backing.is_none() {
+            *h.cached.entry(ino).or_default() += 1;
+        }
+        let handle = Handle {
+            file,
+            snapshot: None,
+            backing: backing.clone(),
+        };
+        h.open.insert(fh, handle);
+        drop(h);
+        match backing {
+            Some(id) => {
+                Stats::add(&stats.c.passthrough_opens, 1);
+                // The kernel takes no caching flags with passthrough (EIO otherwise).
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
+            }
+            None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+        }
+    }
+}
+
+impl FuseAdapter {
+    fn opener(&self) -> Opener {
+        Opener {
+            fs: self.fs.clone(),
+            handles: self.handles.clone(),
+            passthrough: self.passthrough.clone(),
+        }
+    }
+}
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large reads: fewer round trips through the daemon.
@@ -171,63 +250,21 @@ impl Filesystem for FuseAdapter {
             Openable::Fixed => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Openable::Batch => {}
         }
+        let started = std::time::Instant::now();
+        // Already materialised (the usual case, with the prefetcher ahead): answered here, on
+        // the FUSE thread, not behind the building work queued on the worker pool.
+        if let Some(file) = self.fs.materialized(ino.0) {
+            let opener = self.opener();
+            return opener.finish(ino.0, fh, Some(Arc::new(file)), started, reply);
+        }
         let fs = self.fs.clone();
-        let handles = self.handles.clone();
-        let passthrough = self.passthrough.clone();
+        let opener = self.opener();
         self.runtime.spawn(async move {
-            let stats = fs.stats();
-            Stats::add(&stats.c.opens, 1);
-            let started = std::time::Instant::now();
-            let file = match fs.materialize(ino.0).await {
-                Ok(f) => f.map(|(file, _)| Arc::new(file)),
-                Err(e) => return reply.error(errno(e)),
-            };
-            stats.stall(started.elapsed());
-            Stats::add(&stats.c.batches_served, 1);
-            Stats::add(
-                &stats.c.bytes_served,
-                fs.getattr(ino.0).map_or(0, |a| a.size),
-            );
-            let mut h = handles.lock().unwrap();
-            let in_use = h.backing.get(&ino.0).and_then(Weak::upgrade);
-            let cached = h.cached.get(&ino.0).copied().unwrap_or(0) > 0;
-            let backing = match (&file, in_use) {
-                (_, Some(id)) => Some(id),
-                (Some(file), None) if !cached && passthrough.load(Ordering::Relaxed) => {
-                    match reply.open_backing(file.as_ref()) {
-                        Ok(id) => {
-                            let id = Arc::new(id);
-                            h.backing.insert(ino.0, Arc::downgrade(&id));
-                            Some(id)
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                "FUSE passthrough refused ({e}): reads are served by the daemon"
-                            );
-                            passthrough.store(false, Ordering::Relaxed);
-                            None
-                        }
-                    }
+            match fs.materialize(ino.0).await {
+                Ok(f) => {
+                    opener.finish(ino.0, fh, f.map(|(file, _)| Arc::new(file)), started, reply)
                 }
-                _ => None,
-            };
-            if backing.is_none() {
-                *h.cached.entry(ino.0).or_default() += 1;
-            }
-            let handle = Handle {
-                file,
-                snapshot: None,
-                backing: backing.clone(),
-            };
-            h.open.insert(fh, handle);
-            drop(h);
-            match backing {
-                Some(id) => {
-                    Stats::add(&fs.stats().c.passthrough_opens, 1);
-                    // The kernel takes no caching flags with passthrough (EIO otherwise).
-                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
-                }
-                None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+                Err(e) => reply.error(errno(e)),
             }
         });
     }
