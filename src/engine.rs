@@ -6,6 +6,7 @@
 use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
 use crate::plan::{EpochOrder, Plan, Shuffle};
+use crate::pool::Pool;
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::transform::{self, Columns};
@@ -136,6 +137,8 @@ pub struct Engine {
     workers: Arc<Semaphore>,
     /// Batch builds under way at once.
     builds: Semaphore,
+    /// The low-priority threads that decode, transform, gather and write.
+    pool: Pool,
     /// Global row-group index → (file, row group in file).
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
@@ -172,6 +175,7 @@ impl Engine {
             runtime,
             workers: Arc::new(Semaphore::new(limits.threads)),
             builds: Semaphore::new(2 * limits.threads),
+            pool: Pool::new(limits.threads).expect("the transform workers start"),
             row_groups,
             decoded: Memo::new(half),
             batches: Memo::new(half),
@@ -231,14 +235,16 @@ impl Engine {
         let view = self.view.clone();
         let n = rows.len() as u64;
         let header = format::safetensors_header(&self.layouts(n));
-        let tensors = tokio::task::spawn_blocking(move || {
-            let picks: Vec<(&Columns, usize)> = rows
-                .iter()
-                .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
-                .collect();
-            transform::gather(&view, &picks)
-        })
-        .await?;
+        let tensors = self
+            .pool
+            .run(move || {
+                let picks: Vec<(&Columns, usize)> = rows
+                    .iter()
+                    .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
+                    .collect();
+                transform::gather(&view, &picks)
+            })
+            .await?;
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(Arc::new(Batch {
             rows: n,
@@ -290,37 +296,40 @@ impl Engine {
                 // Every global batch gathers from every row group: map them, not copy them.
                 let map = self.plan.options().shuffle == Shuffle::Global;
                 // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
-                let columns = tokio::task::spawn_blocking(move || -> Result<Columns> {
-                    let tensors = view.tensors.len();
-                    let load = |c: &DiskCache| c.load_columns(g, tensors, map, &stats);
-                    if let Some(l) = cache.as_deref().and_then(load) {
-                        Stats::add(&stats.c.column_hits, 1);
-                        return Ok(Columns::loaded(l));
-                    }
-                    Stats::add(&stats.c.column_misses, 1);
-                    tracing::debug!("decoding row group {g}");
-                    let started = std::time::Instant::now();
-                    let batch = runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
-                    let t = transform::transform(&view, &batch).with_context(|| {
-                        format!("file '{}' row group {rg}", source.files[file].name)
-                    })?;
-                    Stats::add(&stats.c.row_groups_decoded, 1);
-                    Stats::add(&stats.c.rows_decoded, t.rows as u64);
-                    Stats::add(&stats.c.pad_truncated, t.truncated);
-                    Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
-                    if let Some(c) = &cache {
-                        let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
-                        let stored = c.store_columns(g, t.rows, &parts, &*distance, &stats);
-                        if stored
-                            && map
-                            && let Some(l) = load(c)
-                        {
+                let columns = self
+                    .pool
+                    .run(move || -> Result<Columns> {
+                        let tensors = view.tensors.len();
+                        let load = |c: &DiskCache| c.load_columns(g, tensors, map, &stats);
+                        if let Some(l) = cache.as_deref().and_then(load) {
+                            Stats::add(&stats.c.column_hits, 1);
                             return Ok(Columns::loaded(l));
                         }
-                    }
-                    Ok(Columns::owned(t.rows, t.tensors))
-                })
-                .await??;
+                        Stats::add(&stats.c.column_misses, 1);
+                        tracing::debug!("decoding row group {g}");
+                        let started = std::time::Instant::now();
+                        let batch =
+                            runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
+                        let t = transform::transform(&view, &batch).with_context(|| {
+                            format!("file '{}' row group {rg}", source.files[file].name)
+                        })?;
+                        Stats::add(&stats.c.row_groups_decoded, 1);
+                        Stats::add(&stats.c.rows_decoded, t.rows as u64);
+                        Stats::add(&stats.c.pad_truncated, t.truncated);
+                        Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
+                        if let Some(c) = &cache {
+                            let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
+                            let stored = c.store_columns(g, t.rows, &parts, &*distance, &stats);
+                            if stored
+                                && map
+                                && let Some(l) = load(c)
+                            {
+                                return Ok(Columns::loaded(l));
+                            }
+                        }
+                        Ok(Columns::owned(t.rows, t.tensors))
+                    })
+                    .await??;
                 Ok(Arc::new(columns))
             })
             .await
@@ -407,25 +416,27 @@ impl Engine {
                 let stats = self.stats.clone();
                 let distance = self.distance_fn();
                 let view = self.view.clone();
-                let path = tokio::task::spawn_blocking(move || {
-                    let npy_header;
-                    let parts: Vec<&[u8]> = match item {
-                        Item::Npy { tensor, .. } => {
-                            let t = &view.tensors[tensor];
-                            npy_header = format::npy_header(t.dtype, &t.shape(b.rows));
-                            vec![&npy_header, &b.tensors[tensor]]
+                let path = self
+                    .pool
+                    .run(move || {
+                        let npy_header;
+                        let parts: Vec<&[u8]> = match item {
+                            Item::Npy { tensor, .. } => {
+                                let t = &view.tensors[tensor];
+                                npy_header = format::npy_header(t.dtype, &t.shape(b.rows));
+                                vec![&npy_header, &b.tensors[tensor]]
+                            }
+                            _ => std::iter::once(b.safetensors_header.as_slice())
+                                .chain(b.tensors.iter().map(Vec::as_slice))
+                                .collect(),
+                        };
+                        let stored = cache.store_batch_file(item, &parts, &*distance, &stats);
+                        if stored.is_some() {
+                            Stats::add(&stats.c.batch_files_written, 1);
                         }
-                        _ => std::iter::once(b.safetensors_header.as_slice())
-                            .chain(b.tensors.iter().map(Vec::as_slice))
-                            .collect(),
-                    };
-                    let stored = cache.store_batch_file(item, &parts, &*distance, &stats);
-                    if stored.is_some() {
-                        Stats::add(&stats.c.batch_files_written, 1);
-                    }
-                    stored.map(|(_, p)| p)
-                })
-                .await?;
+                        stored.map(|(_, p)| p)
+                    })
+                    .await?;
                 Ok(Arc::new(Materialized(path)))
             })
             .await?;

@@ -16,6 +16,7 @@ pub mod fuse;
 pub mod mount;
 pub mod options;
 pub mod plan;
+pub mod pool;
 pub mod prefetch;
 pub mod source;
 pub mod stats;
