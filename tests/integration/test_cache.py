@@ -101,19 +101,6 @@ def flip_byte(path: Path, offset: int):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def tensorfs_daemons(m: tfs.Mount) -> list[int]:
-    """The tensorfs processes serving M (never fusermount3)."""
-    out = []
-    for pid in tfs.daemon_pids(m.path):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "tensorfs":
-                    out.append(pid)
-        except OSError:
-            pass
-    return out
-
-
 def log_tail(cache: Path, n=30) -> str:
     try:
         lines = (cache / "tensorfs.log").read_text(errors="replace").splitlines()
@@ -431,7 +418,7 @@ def test_crash_leftovers_are_cleaned(mounter, shuf_ds):
     deadline = time.monotonic() + 20
     while progress[0] < 20 and t.is_alive() and time.monotonic() < deadline:
         time.sleep(0.005)
-    pids = tensorfs_daemons(m)
+    pids = tfs.tensorfs_daemons(m)
     assert pids, "no tensorfs daemon found"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)

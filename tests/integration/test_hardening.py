@@ -26,7 +26,7 @@ import pytest
 
 import tfs
 from tfs import batch_name
-from test_cache import cache_paths, data_size, flip_byte, log_tail, make_wide, stats, tensorfs_daemons
+from test_cache import cache_paths, data_size, flip_byte, log_tail, make_wide, stats
 
 # --------------------------------------------------------------------------------------------
 # Helpers
@@ -50,7 +50,7 @@ def rank_files(m: tfs.Mount, epoch: int, world: int) -> list[str]:
 
 
 def the_daemon(m: tfs.Mount) -> int:
-    pids = tensorfs_daemons(m)
+    pids = tfs.tensorfs_daemons(m)
     assert len(pids) == 1, f"expected one tensorfs daemon for {m.path}, found {pids}"
     return pids[0]
 
@@ -414,7 +414,7 @@ def test_umount_while_a_file_is_open(mounter, shuf_ds, passthrough):
     rel = "epoch-0/000003.safetensors"
     want = tfs.read_exact(ref.p(rel))
     m = mounter(shuf_ds.path, *opts)
-    pids = tensorfs_daemons(m)
+    pids = tfs.tensorfs_daemons(m)
     fd = os.open(m.p(rel), os.O_RDONLY)
     closed = False
     try:
@@ -465,7 +465,7 @@ def test_sigterm_during_reads(mounter, shuf_ds):
     m = mounter(shuf_ds.path, *base)
     n = m.dataset()["batches_per_epoch"]
     rels = [rel for e in range(4) for rel in tfs.all_files(m, f"epoch-{e}", n)]
-    pids = tensorfs_daemons(m)
+    pids = tfs.tensorfs_daemons(m)
     done: dict[str, str] = {}
     errors: list[OSError] = []
 

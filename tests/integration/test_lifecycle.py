@@ -16,15 +16,7 @@ REPO = tfs.BIN.parents[2] if tfs.BIN.parent.name in ("debug", "release") else No
 
 
 def tensorfs_pids(m) -> list[int]:
-    """The tensorfs daemons of a mount (not the fusermount3 that auto_unmount keeps beside it)."""
-    out = []
-    for pid in m.pids:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "tensorfs":
-                    out.append(pid)
-        except OSError:
-            pass
+    out = tfs.tensorfs_daemons(m)
     assert out, f"no tensorfs daemon among {m.pids}"
     return out
 

@@ -131,6 +131,20 @@ def daemon_pids(mountpoint) -> list[int]:
     return pids
 
 
+def tensorfs_daemons(m: "Mount") -> list[int]:
+    """The tensorfs processes serving mount M (never the fusermount3 that auto_unmount keeps
+    beside it, whose command line names the mount point too)."""
+    out = []
+    for pid in daemon_pids(m.path):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "tensorfs":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
