@@ -212,6 +212,7 @@ impl Engine {
             .await
     }
 
+    #[tracing::instrument(name = "build", level = "debug", skip(self))]
     async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
@@ -282,6 +283,7 @@ impl Engine {
 
     /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
     /// transformed (and then cached).
+    #[tracing::instrument(name = "decode", level = "debug", skip(self))]
     async fn row_group(&self, g: usize) -> Result<Arc<Columns>> {
         self.decoded
             .get_or_build(g, async {
@@ -395,6 +397,7 @@ impl Engine {
         Ok(())
     }
 
+    #[tracing::instrument(name = "materialize", level = "debug", skip(self))]
     async fn materialize_ahead(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let Some(cache) = self.cache.clone() else {
             return Ok(None);

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 use tokio::runtime::Handle as Handle_;
+use tracing::Instrument;
 
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
@@ -251,6 +252,8 @@ impl Filesystem for FuseAdapter {
             Openable::Batch => {}
         }
         let started = std::time::Instant::now();
+        let span = tracing::debug_span!("open", ino = ino.0);
+        let _entered = span.enter();
         // Already materialised (the usual case, with the prefetcher ahead): answered here, on
         // the FUSE thread, not behind the building work queued on the worker pool.
         if let Some(file) = self.fs.materialized(ino.0) {
@@ -259,14 +262,15 @@ impl Filesystem for FuseAdapter {
         }
         let fs = self.fs.clone();
         let opener = self.opener();
-        self.runtime.spawn(async move {
+        let task = async move {
             match fs.materialize(ino.0).await {
                 Ok(f) => {
                     opener.finish(ino.0, fh, f.map(|(file, _)| Arc::new(file)), started, reply)
                 }
                 Err(e) => reply.error(errno(e)),
             }
-        });
+        };
+        self.runtime.spawn(task.instrument(span.clone()));
     }
 
     fn release(
@@ -317,7 +321,8 @@ impl Filesystem for FuseAdapter {
             let end = (start + size as usize).min(snapshot.len());
             return reply.data(&snapshot[start..end]);
         }
-        self.runtime.spawn(async move {
+        let span = tracing::debug_span!("read", ino = ino.0, offset, size);
+        let task = async move {
             let started = std::time::Instant::now();
             let data = match file {
                 // Materialised (checked at open): read the backing file.
@@ -350,7 +355,8 @@ impl Filesystem for FuseAdapter {
                 }
                 Err(e) => reply.error(errno(e)),
             }
-        });
+        };
+        self.runtime.spawn(task.instrument(span));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {

@@ -90,8 +90,11 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+    // At debug level each span's close is logged with its busy and idle time: the producer's
+    // fetch, decode, build and materialize, the consumer's open and read.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();

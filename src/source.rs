@@ -329,6 +329,7 @@ impl Source {
     }
 
     /// Reads one row group of one file, only the given root columns (Arrow field indices).
+    #[tracing::instrument(name = "fetch", level = "debug", skip(self, roots))]
     pub async fn read_row_group(
         &self,
         file: usize,
