@@ -512,8 +512,8 @@ impl Fs {
         }
     }
 
-    /// A batch file's backing file if it is materialised already (checked), without waiting:
-    /// the reader is noted for the prefetcher as by [`Fs::materialize`].
+    /// A batch file's backing file if it is materialised already (checked), without waiting;
+    /// the caller notes the reader for the prefetcher ([`Fs::note_reader`]) once it answered.
     pub fn materialized(&self, ino: u64) -> Option<File> {
         let node = self.node(ino).ok()?;
         let item = self.item(node).ok()?;
@@ -522,8 +522,14 @@ impl Fs {
         Stats::add(&self.engine.stats.c.batch_file_hits, 1);
         let (epoch, batch) = item.batch()?;
         self.engine.reader_at(epoch, batch);
-        self.accessed(node);
         Some(file)
+    }
+
+    /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered).
+    pub fn note_reader(&self, ino: u64) {
+        if let Ok(node) = self.node(ino) {
+            self.accessed(node);
+        }
     }
 
     /// A batch file's backing file, materialised on the local cache first if it must be.

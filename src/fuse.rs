@@ -257,8 +257,10 @@ impl Filesystem for FuseAdapter {
         // Already materialised (the usual case, with the prefetcher ahead): answered here, on
         // the FUSE thread, not behind the building work queued on the worker pool.
         if let Some(file) = self.fs.materialized(ino.0) {
-            let opener = self.opener();
-            return opener.finish(ino.0, fh, Some(Arc::new(file)), started, reply);
+            self.opener()
+                .finish(ino.0, fh, Some(Arc::new(file)), started, reply);
+            self.fs.note_reader(ino.0);
+            return;
         }
         let fs = self.fs.clone();
         let opener = self.opener();

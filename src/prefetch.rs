@@ -136,8 +136,12 @@ impl Prefetcher {
         // well before its file is.
         // Half a row group (window) of lead is time enough to decode the next one, and keeps
         // at most two windows' columns in the cache at once.
-        let horizon = self.depth + self.engine.row_group_lookahead().div_ceil(2);
+        let lead = self.engine.row_group_lookahead().div_ceil(2);
+        let horizon = self.depth + lead;
+        // A row group spans many batches: looking every few batches finds each one in time.
+        let every = (lead / 4).max(1);
         if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
+            && j % every == 0
             && global(d, j).0 < last
             && self.engine.memory() as u64 <= self.memory_limit
         {
