@@ -49,6 +49,14 @@ pub enum Batches {
 }
 
 impl Batches {
+    /// The (epoch, global batch) that batch `j` of this directory is.
+    pub fn global(&self, j: u64) -> (u64, u64) {
+        match *self {
+            Batches::Epoch(e) => (e, j),
+            Batches::Rank { epoch, rank, world } => (epoch, rank_to_global(rank, world, j)),
+        }
+    }
+
     /// Its path under the mount point.
     pub fn name(&self) -> String {
         match self {
@@ -252,7 +260,7 @@ impl Fs {
             Node::Npy(d, i, t) => (d, i, Some(t)),
             _ => return Err(libc::EINVAL),
         };
-        let (epoch, batch) = self.global(self.dir(d)?, i);
+        let (epoch, batch) = self.dir(d)?.global(i);
         Ok(match tensor {
             None => Item::Safetensors { epoch, batch },
             Some(tensor) => Item::Npy {
@@ -289,14 +297,6 @@ impl Fs {
         }
     }
 
-    /// The (epoch, global batch) that batch `i` of a directory is.
-    fn global(&self, b: Batches, i: u64) -> (u64, u64) {
-        match b {
-            Batches::Epoch(e) => (e, i),
-            Batches::Rank { epoch, rank, world } => (epoch, rank_to_global(rank, world, i)),
-        }
-    }
-
     fn batch_name(&self, i: u64) -> String {
         format!("{i:0width$}", width = self.width)
     }
@@ -309,7 +309,7 @@ impl Fs {
     }
 
     fn sizes(&self, b: Batches, i: u64) -> &Sizes {
-        let (_, g) = self.global(b, i);
+        let (_, g) = b.global(i);
         &self.sizes[&self.engine.plan.batch_len(g)]
     }
 
@@ -613,7 +613,7 @@ impl Fs {
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => (self.dir(d)?, i),
             _ => return Err(libc::EISDIR),
         };
-        let (epoch, g) = self.global(b, i);
+        let (epoch, g) = b.global(i);
         self.engine.reader_at(epoch, g);
         self.accessed(node);
         let batch = self.engine.batch(epoch, g).await.map_err(|e| {

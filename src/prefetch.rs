@@ -130,7 +130,7 @@ impl Prefetcher {
         }
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
-        let last = self.epochs.max(global(dir, i).0 + 1);
+        let last = self.epochs.max(dir.global(i).0 + 1);
         // Row groups are decoded further ahead than the batch files are built: as the reader
         // moves one batch, this horizon moves one batch, so every batch's row groups are decoded
         // well before its file is.
@@ -142,10 +142,10 @@ impl Prefetcher {
         let every = (lead / 4).max(1);
         if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
             && j % every == 0
-            && global(d, j).0 < last
+            && d.global(j).0 < last
             && self.engine.memory() as u64 <= self.memory_limit
         {
-            let (epoch, batch) = global(d, j);
+            let (epoch, batch) = d.global(j);
             let engine = self.engine.clone();
             self.runtime.spawn(async move {
                 if let Err(e) = engine.warm_row_groups(epoch, batch).await {
@@ -157,7 +157,7 @@ impl Prefetcher {
             });
         }
         for (d, j) in ahead(dir, i, self.depth, &count) {
-            if global(d, j).0 >= last {
+            if d.global(j).0 >= last {
                 break;
             }
             // Backpressure: past the memory budget, readers are served first.
@@ -165,7 +165,7 @@ impl Prefetcher {
                 Stats::add(&self.engine.stats.c.prefetch_deferred, 1);
                 return;
             }
-            let (epoch, batch) = global(d, j);
+            let (epoch, batch) = d.global(j);
             for kind in &kinds {
                 let item = kind.item(epoch, batch);
                 if !self.scheduled.lock().unwrap().insert(item) {
@@ -196,7 +196,7 @@ impl Prefetcher {
                 let ready = ahead(*dir, r.at, self.depth, &count)
                     .into_iter()
                     .take_while(|&(d, j)| {
-                        let (e, b) = global(d, j);
+                        let (e, b) = d.global(j);
                         r.kinds.iter().all(|k| cache.contains(k.item(e, b)))
                     })
                     .count();
@@ -207,16 +207,6 @@ impl Prefetcher {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out.into_iter().map(|(_, v)| v).collect()
-    }
-}
-
-/// The (epoch, global batch) of batch `j` of a directory.
-pub fn global(dir: Batches, j: u64) -> (u64, u64) {
-    match dir {
-        Batches::Epoch(e) => (e, j),
-        Batches::Rank { epoch, rank, world } => {
-            (epoch, crate::plan::rank_to_global(rank, world, j))
-        }
     }
 }
 
@@ -262,7 +252,7 @@ mod tests {
         // 10 batches, world 3: each rank has 3; rank 1 reads global 1, 4, 7.
         let next = ahead(r(0), 1, 3, count);
         assert_eq!(next, vec![(r(0), 2), (r(1), 0), (r(1), 1)]);
-        let globals: Vec<(u64, u64)> = next.iter().map(|&(d, j)| global(d, j)).collect();
+        let globals: Vec<(u64, u64)> = next.iter().map(|&(d, j)| d.global(j)).collect();
         assert_eq!(globals, vec![(0, 7), (1, 1), (1, 4)]);
     }
 
