@@ -565,6 +565,20 @@ class Results:
         return None
 
 
+def read_into(fd: int, view: memoryview, size: int) -> int:
+    """Reads up to SIZE bytes of FD into VIEW (one reused buffer), closes FD; the bytes read."""
+    got = 0
+    try:
+        while got < size:
+            k = os.readv(fd, [view[got:size]])
+            if k == 0:
+                break
+            got += k
+    finally:
+        os.close(fd)
+    return got
+
+
 def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batches, name, prefetch, batch_size,
                      rg_first_rows):
     """A consumer needing half the cold throughput: per batch, open+read it, then 'compute' for
@@ -587,13 +601,7 @@ def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batc
             a = time.perf_counter()
             fd = os.open(root / f"{i:06d}.safetensors", os.O_RDONLY)
             b = time.perf_counter()
-            got = 0
-            while got < sizes[i]:
-                k = os.readv(fd, [view[got:sizes[i]]])
-                if k == 0:
-                    break
-                got += k
-            os.close(fd)
+            got = read_into(fd, view, sizes[i])
             c = time.perf_counter()
             if got != sizes[i]:
                 raise RuntimeError(f"short read of batch {i}: {got} of {sizes[i]}")
@@ -610,14 +618,7 @@ def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batc
         # when nothing waits (the copy itself).
         t = time.perf_counter()
         for i in range(1, n_batches):
-            fd = os.open(root / f"{i:06d}.safetensors", os.O_RDONLY)
-            got = 0
-            while got < sizes[i]:
-                k = os.readv(fd, [view[got:sizes[i]]])
-                if k == 0:
-                    break
-                got += k
-            os.close(fd)
+            read_into(os.open(root / f"{i:06d}.safetensors", os.O_RDONLY), view, sizes[i])
         ready_read = time.perf_counter() - t
     finally:
         m.unmount()
