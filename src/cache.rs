@@ -14,7 +14,9 @@
 //! CKEY hashes the dataset fingerprint and the column transforms; BKEY adds the order options,
 //! so a changed option can never serve stale bytes. Every item is checked against its crc32c
 //! when it is served; a corrupt, truncated or missing item is dropped and counted as a miss.
-//! Writes go to a temp file, are fsynced, then renamed into place. When the cache is over
+//! Writes go to a temp file, then are renamed into place. They are not fsynced: this is a
+//! cache, and what a crash may leave short or zeroed fails its crc32c, which is checked on the
+//! first use of every item after each start. When the cache is over
 //! `cache_size`, the items needed furthest in the future are evicted first.
 
 use crate::stats::Stats;
@@ -135,8 +137,6 @@ pub struct DiskCache {
     /// Bytes of the entries, plus space reserved by writes in progress.
     used: AtomicU64,
     reserving: Mutex<()>,
-    /// Files written and renamed, waiting for their fsync on the syncer thread.
-    syncer: std::sync::mpsc::SyncSender<Vec<PathBuf>>,
     next_tmp: AtomicU64,
     full_warned: AtomicBool,
 }
@@ -149,8 +149,21 @@ fn mkdir(p: &Path) -> Result<()> {
         .with_context(|| format!("cannot create '{}'", p.display()))
 }
 
+/// Whether process `pid` runs: not a zombie nobody reaped (it writes nothing more), and not a
+/// thread of another process that happens to have that id (`/proc/ID` exists for threads).
 fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let process = field("Tgid:").is_none_or(|t| t == pid.to_string());
+    !zombie && process
 }
 
 fn hash32(parts: &[&[u8]]) -> [u8; 32] {
@@ -184,17 +197,6 @@ impl DiskCache {
         stats: &Stats,
     ) -> Result<DiskCache> {
         let root = cache_dir.join("v1");
-        let (syncer, queue) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(4096);
-        std::thread::Builder::new()
-            .name("tensorfs-fsync".into())
-            .spawn(move || {
-                // Best effort: a file evicted meanwhile is simply gone.
-                for paths in queue {
-                    for p in paths {
-                        let _ = File::open(&p).and_then(|f| f.sync_data());
-                    }
-                }
-            })?;
         let cache = DiskCache {
             cols: root.join(format!("cols-{ckey}")),
             batches: root.join(format!("batches-{bkey}")),
@@ -209,7 +211,6 @@ impl DiskCache {
             built: Mutex::default(),
             used: AtomicU64::new(0),
             reserving: Mutex::new(()),
-            syncer,
             next_tmp: AtomicU64::new(0),
             full_warned: AtomicBool::new(false),
         };
@@ -575,10 +576,10 @@ impl DiskCache {
         Ok(path)
     }
 
-    /// Crash-safe write of an item: temp file, rename (data first, then its meta, which is what
-    /// makes a batch file valid), then fsync off the serving path. A crash before the fsync can
-    /// leave a renamed file short or zeroed, which its checksum catches on first use: a miss,
-    /// rebuilt, never wrong bytes. Fsyncing inline cost more than building the batch.
+    /// Crash-safe write of an item: temp file, then rename (data first, then its meta, which is
+    /// what makes a batch file valid). Not fsynced: a crash can leave a renamed file short or
+    /// zeroed, which its checksum catches on first use after the restart (a miss, rebuilt,
+    /// never wrong bytes). An fsync per file cost more CPU and disk time than building it.
     fn write(
         &self,
         item: Item,
@@ -615,11 +616,6 @@ impl DiskCache {
         match result {
             Ok(()) => {
                 let checked = std::fs::metadata(&dest).ok().map(|md| Stamp::of(&md));
-                let mut synced = vec![dest.clone()];
-                if meta.is_some() {
-                    synced.push(meta_path(&dest));
-                }
-                let _ = self.syncer.try_send(synced);
                 let old = self.entries.lock().unwrap().insert(
                     item,
                     Entry {
@@ -859,6 +855,26 @@ fn parse_meta(m: &[u8], identity: &[u8; 32]) -> Result<(u64, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_running_processes_own_temp_files() {
+        assert!(pid_alive(std::process::id()));
+        // A thread's id names a /proc entry too, but no process that writes temp files.
+        let tid = std::thread::spawn(|| unsafe { libc::gettid() } as u32)
+            .join()
+            .unwrap();
+        assert!(!pid_alive(tid));
+        // A dead child nobody reaped yet (a zombie) writes nothing more.
+        // SAFETY: the child only calls _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe { libc::_exit(0) };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!pid_alive(child as u32));
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        assert!(!pid_alive(child as u32));
+    }
 
     fn cache(dir: &Path, capacity: u64) -> DiskCache {
         DiskCache::open(

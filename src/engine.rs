@@ -7,6 +7,7 @@ use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
 use crate::plan::{EpochOrder, Plan, Shuffle};
 use crate::pool::Pool;
+use crate::prefetch::FileKind;
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::transform::{self, Columns};
@@ -205,8 +206,15 @@ impl Engine {
             .collect()
     }
 
+    /// The cache item of file `kind` of batch `batch` of `epoch`. Where epochs repeat
+    /// (`shuffle=none`), every epoch's is epoch 0's: one file, built once, for all of them.
+    pub fn item(&self, kind: FileKind, epoch: u64, batch: u64) -> Item {
+        kind.item(self.plan.same_as(epoch), batch)
+    }
+
     /// Batch `i` of `epoch`, built on first use.
     pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        let epoch = self.plan.same_as(epoch);
         self.batches
             .get_or_build((epoch, i), self.build_batch(epoch, i))
             .await
@@ -281,6 +289,21 @@ impl Engine {
         (self.plan.max_row_group_rows() * per_window).div_ceil(o.batch_size)
     }
 
+    /// How many batches ahead of a reader the prefetcher starts decoding the row groups (the
+    /// window) it will need: a whole window where three windows' columns (the one read, the next,
+    /// the one decoding) fit the memory for decoded columns, so a slow source never makes the
+    /// reader wait at a boundary; else half a window, so that no window is decoded twice.
+    pub fn row_group_lead(&self) -> u64 {
+        let ahead = self.row_group_lookahead();
+        let row: usize = self.view.tensors.iter().map(|t| t.row_bytes()).sum();
+        let window = ahead * self.plan.options().batch_size * row as u64;
+        if 3 * window <= self.decoded.capacity as u64 {
+            ahead
+        } else {
+            ahead.div_ceil(2)
+        }
+    }
+
     /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
     /// transformed (and then cached).
     #[tracing::instrument(name = "decode", level = "debug", skip(self))]
@@ -297,6 +320,7 @@ impl Engine {
                 let distance = self.distance_fn();
                 // Every global batch gathers from every row group: map them, not copy them.
                 let map = self.plan.options().shuffle == Shuffle::Global;
+                let repeat = self.plan.epochs_repeat();
                 // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
                 let columns = self
                     .pool
@@ -319,7 +343,9 @@ impl Engine {
                         Stats::add(&stats.c.rows_decoded, t.rows as u64);
                         Stats::add(&stats.c.pad_truncated, t.truncated);
                         Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
-                        if let Some(c) = &cache {
+                        // Where epochs repeat, the batch files are all that is needed again:
+                        // keeping the columns too would write every byte twice.
+                        if let Some(c) = cache.as_ref().filter(|_| !repeat) {
                             let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
                             let stored = c.store_columns(g, t.rows, &parts, &*distance, &stats);
                             if stored
@@ -346,6 +372,7 @@ impl Engine {
         let (this, next) = (self.epoch_order(epoch), self.epoch_order(epoch + 1));
         let plan = self.plan.clone();
         let cache = self.cache.clone();
+        let repeat = plan.epochs_repeat();
         // A row group is needed again by the first batch of its span, from here on, that is not
         // in the cache yet; after that, by the next epoch.
         let needed_in = move |span: std::ops::Range<u64>, from: u64| -> Option<u64> {
@@ -369,9 +396,14 @@ impl Engine {
             }
             _ => {
                 let (e, i) = item.batch().expect("a batch item");
-                (e * per_epoch + i * bs)
-                    .checked_sub(now)
-                    .unwrap_or(u64::MAX)
+                if repeat {
+                    // Every epoch reads it again: it is needed when the readers come round.
+                    (i * bs + per_epoch - batch * bs % per_epoch) % per_epoch
+                } else {
+                    (e * per_epoch + i * bs)
+                        .checked_sub(now)
+                        .unwrap_or(u64::MAX)
+                }
             }
         })
     }

@@ -253,7 +253,8 @@ impl Fs {
         Ok(self.dir_entry(id)?.0)
     }
 
-    /// The cache item a batch file node is (by global batch, so rank views share it).
+    /// The cache item a batch file node is (by global batch, so rank views share it, and by the
+    /// epoch it repeats, so epochs with one order share it).
     fn item(&self, node: Node) -> Result<Item, Errno> {
         let (d, i, tensor) = match node {
             Node::Safetensors(d, i) => (d, i, None),
@@ -261,14 +262,8 @@ impl Fs {
             _ => return Err(libc::EINVAL),
         };
         let (epoch, batch) = self.dir(d)?.global(i);
-        Ok(match tensor {
-            None => Item::Safetensors { epoch, batch },
-            Some(tensor) => Item::Npy {
-                epoch,
-                batch,
-                tensor,
-            },
-        })
+        let kind = tensor.map_or(FileKind::Safetensors, FileKind::Npy);
+        Ok(self.engine.item(kind, epoch, batch))
     }
 
     /// Where a batch file's backing file is (or will be) in the local cache.

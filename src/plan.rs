@@ -67,6 +67,17 @@ impl Plan {
         &self.opts
     }
 
+    /// Whether every epoch has epoch 0's order (`shuffle=none`): its batches are then the same
+    /// files in every epoch, built and kept once.
+    pub fn epochs_repeat(&self) -> bool {
+        self.opts.shuffle == Shuffle::None
+    }
+
+    /// The epoch whose batches epoch `epoch`'s are, byte for byte: 0 where epochs repeat.
+    pub fn same_as(&self, epoch: u64) -> u64 {
+        if self.epochs_repeat() { 0 } else { epoch }
+    }
+
     /// Rows in the dataset.
     pub fn rows(&self) -> u64 {
         *self.rg_start.last().expect("at least one entry")

@@ -23,6 +23,8 @@ pub enum FileKind {
 }
 
 impl FileKind {
+    /// The item of this file of batch `batch` of `epoch`, as is: [`Engine::item`] is the one
+    /// that maps an epoch to the one it repeats.
     pub fn item(self, epoch: u64, batch: u64) -> Item {
         match self {
             FileKind::Safetensors => Item::Safetensors { epoch, batch },
@@ -134,9 +136,7 @@ impl Prefetcher {
         // Row groups are decoded further ahead than the batch files are built: as the reader
         // moves one batch, this horizon moves one batch, so every batch's row groups are decoded
         // well before its file is.
-        // Half a row group (window) of lead is time enough to decode the next one, and keeps
-        // at most two windows' columns in the cache at once.
-        let lead = self.engine.row_group_lookahead().div_ceil(2);
+        let lead = self.engine.row_group_lead();
         let horizon = self.depth + lead;
         // A row group spans many batches: looking every few batches finds each one in time.
         let every = (lead / 4).max(1);
@@ -167,7 +167,7 @@ impl Prefetcher {
             }
             let (epoch, batch) = d.global(j);
             for kind in &kinds {
-                let item = kind.item(epoch, batch);
+                let item = self.engine.item(*kind, epoch, batch);
                 if !self.scheduled.lock().unwrap().insert(item) {
                     continue;
                 }
@@ -197,7 +197,9 @@ impl Prefetcher {
                     .into_iter()
                     .take_while(|&(d, j)| {
                         let (e, b) = d.global(j);
-                        r.kinds.iter().all(|k| cache.contains(k.item(e, b)))
+                        r.kinds
+                            .iter()
+                            .all(|k| cache.contains(self.engine.item(*k, e, b)))
                     })
                     .count();
                 let name = dir.name();

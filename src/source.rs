@@ -352,7 +352,7 @@ impl Source {
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
             .with_row_groups(vec![rg])
             .with_projection(mask)
-            .with_batch_size(rows.max(1))
+            .with_batch_size(rows.clamp(1, 8192))
             .build()
             .with_context(|| format!("file '{}' row group {rg}", f.name))?;
         let batches: Vec<RecordBatch> = stream
