@@ -12,7 +12,9 @@ to NumPy arrays, in these ways:
                             safetensors.numpy.load_file: the limit for the same reader and bytes
   pyarrow                   pq.ParquetFile(...).iter_batches(batch_size=B) + to_numpy of every
                             column, from local disk and from the loopback S3 server
-  petastorm                 make_batch_reader (thread pool), without and with its local-disk cache
+  petastorm                 make_batch_reader (thread pool), without and with its local-disk cache,
+                            from file://; and without a cache from the loopback S3 server (s3://,
+                            through s3fs)
   tensorfs cold             mount with a fresh cache_dir, read every epoch-0/NNNNNN.safetensors
                             with safetensors.numpy.load_file (from file:// and from S3)
   tensorfs warm             the same after a first full read (remounted on the same cache_dir)
@@ -46,8 +48,11 @@ SIDE_VENV = REPO / "target" / "bench-petastorm-venv"
 # ParquetDataset, both gone from current pyarrow; these are versions it runs with. Installed
 # without petastorm's declared pyspark dependency (hundreds of MB), which make_batch_reader
 # does not import.
+# Petastorm opens s3:// through fsspec's s3fs: a release of pyarrow 12.0.1's time (s3fs pins
+# its fsspec, and the aiobotocore and botocore that go with it).
+PETASTORM_S3_PACKAGES = ["s3fs==2023.6.0", "fsspec==2023.6.0"]
 SIDE_VENV_PACKAGES = ["pyarrow==12.0.1", "numpy<2", "pandas<2.1", "setuptools<70", "dill", "diskcache",
-                      "future", "packaging", "psutil", "six", "fsspec", "pyzmq"]
+                      "future", "packaging", "psutil", "six", "pyzmq", *PETASTORM_S3_PACKAGES]
 SIDE_VENV_NO_DEPS = ["petastorm==0.13.1"]
 TENSORS = ("id", "x", "emb", "label")
 ROW_BYTES = 8 + 4 + 64 * 4 + 4  # tensor bytes per row
@@ -435,11 +440,12 @@ def read_pyarrow(paths: list, batch_size: int, open_file=None):
     return rows, nbytes, time.perf_counter() - t
 
 
-def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: int) -> None:
+def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: int, endpoint: str | None) -> None:
     """Runs under the interpreter that has a working petastorm; prints one JSON line.
 
     With a cache, reads two epochs with one reader (petastorm deletes its cache when a reader
-    stops) and times each: the first fills the cache, the second is served from it."""
+    stops) and times each: the first fills the cache, the second is served from it. With an
+    ENDPOINT, URL is s3://bucket/prefix on that S3 server (moto: any key is accepted)."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -447,6 +453,24 @@ def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: 
     from petastorm import make_batch_reader
 
     kw = dict(reader_pool_type="thread", workers_count=workers, shuffle_row_groups=False)
+    if endpoint:
+        import s3fs
+        from pyarrow.filesystem import S3FSWrapper
+
+        class S3(S3FSWrapper):
+            """pyarrow's legacy wrapper of s3fs, listing through s3fs's walk: its own walk calls
+            s3fs's _ls, a coroutine since s3fs 0.5."""
+
+            def walk(self, path):
+                return self.fs.walk(str(path).replace("s3://", "", 1))
+
+        # Petastorm would make this s3fs filesystem itself from storage_options=, but hands it
+        # unwrapped to pyarrow 12's ParquetDataset, which then takes the new Dataset API and
+        # fails ("Keyword 'validate_schema' is not yet supported"). Wrapped, it takes the legacy
+        # path, as file:// does (pyarrow.localfs); the URL still names the dataset.
+        fs = s3fs.S3FileSystem(key="test", secret="test",
+                               client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
+        kw["filesystem"] = S3(fs)
     epochs = 1
     if cache_dir:
         epochs = 2
@@ -480,10 +504,11 @@ def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: 
 # --------------------------------------------------------------------------------------------
 
 
-def _probe(python: Path) -> str | None:
-    """None if PYTHON can import petastorm's make_batch_reader, else the error's last line."""
+def _probe(python: Path, code: str = "from petastorm import make_batch_reader") -> str | None:
+    """None if PYTHON runs CODE (by default: imports petastorm's make_batch_reader), else the
+    error's last line."""
     r = subprocess.run(
-        [str(python), "-W", "ignore", "-c", "from petastorm import make_batch_reader"],
+        [str(python), "-W", "ignore", "-c", code],
         capture_output=True, text=True, timeout=300,
     )
     if r.returncode == 0:
@@ -532,6 +557,33 @@ def petastorm_python(explicit: str | None, allow_side_venv: bool) -> tuple[Path 
     return py, f"petastorm {ver[0]} with pyarrow {ver[1]} (side venv: current pyarrow lacks APIs it uses)"
 
 
+def petastorm_s3fs(py: Path) -> str | None:
+    """None if petastorm's interpreter PY has s3fs (for s3:// URLs), else why not. Installs it
+    into our side venv when missing there (a side venv made before it was on the list)."""
+    err = _probe(py, "import s3fs")
+    side = SIDE_VENV / "bin" / "python"
+    if err and "No module named" in err and py == side:
+        log(f"installing s3fs into target/{SIDE_VENV.name} ({' '.join(PETASTORM_S3_PACKAGES)})")
+        err = _pip(py, *PETASTORM_S3_PACKAGES) or _probe(py, "import s3fs")
+    return f"s3fs in {py}: {err}" if err else None
+
+
+def petastorm_epochs(py: Path, url: str, a, cache: Path | None = None, endpoint: str | None = None) -> list:
+    """Runs petastorm_worker under PY in a fresh process; its epochs' measurements."""
+    args = [str(py), "-W", "ignore", str(Path(__file__).resolve()), "--petastorm-worker", url,
+            "--rows", str(a.rows), "--petastorm-workers", str(a.petastorm_workers)]
+    if cache:
+        args += ["--petastorm-cache", str(cache)]
+    if endpoint:
+        args += ["--petastorm-endpoint", endpoint]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=3600)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("[")]
+    if r.returncode != 0 or not lines:
+        tail = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        raise RuntimeError(tail[-1] if tail else f"exit {r.returncode}")
+    return json.loads(lines[-1])
+
+
 # --------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------
@@ -553,7 +605,8 @@ class Results:
         log(f"{label}: unavailable: {reason}")
 
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
-             "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_fill", "petastorm_cached"]
+             "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
+             "petastorm_cached"]
 
     def ordered(self) -> list[dict]:
         return sorted(self.rows, key=lambda r: self.ORDER.index(r["key"]) if r["key"] in self.ORDER else 99)
@@ -709,34 +762,32 @@ def run(a) -> int:
                     note="page cache dropped" if caches.works else "")
 
         # ---- 3. Petastorm ---------------------------------------------------------------
+        # Petastorm's interpreter and its twin dataset, kept for its S3 row (step 5); or why
+        # Petastorm cannot run.
+        pet_py, pet_err = None, None
+        pdata = scratch / "data-petastorm"
         if "petastorm" not in skip:
             label = "petastorm make_batch_reader"
             try:
                 py, note = petastorm_python(a.petastorm_python, not a.no_side_venv)
                 if py is None:
+                    pet_err = note
                     raise RuntimeError(note)
                 log(f"petastorm: {note}")
                 meta["petastorm"] = note
                 # Petastorm skips FixedSizeList columns ('unsupported field'): it reads a twin
                 # dataset with emb as list<float32>, same values, same files and row groups.
-                pdata = scratch / "data-petastorm"
                 shutil.rmtree(pdata, ignore_errors=True)
                 write_dataset(pdata, a.rows, a.files, a.row_group_rows, emb_as_list=True)
+                pet_py = py
                 for cached in (False, True):
                     pcache = scratch / "petastorm-cache"
                     shutil.rmtree(pcache, ignore_errors=True)
                     caches.drop()
-                    args = [str(py), "-W", "ignore", str(Path(__file__).resolve()), "--petastorm-worker",
-                            f"file://{pdata}", "--rows", str(a.rows), "--petastorm-workers", str(a.petastorm_workers)]
-                    if cached:
-                        args += ["--petastorm-cache", str(pcache)]
-                    r = subprocess.run(args, capture_output=True, text=True, timeout=3600)
-                    shutil.rmtree(pcache, ignore_errors=True)
-                    lines = [x for x in r.stdout.splitlines() if x.startswith("[")]
-                    if r.returncode != 0 or not lines:
-                        tail = [x for x in r.stderr.strip().splitlines() if x.strip()]
-                        raise RuntimeError(tail[-1] if tail else f"exit {r.returncode}")
-                    epochs = json.loads(lines[-1])
+                    try:
+                        epochs = petastorm_epochs(py, f"file://{pdata}", a, cache=pcache if cached else None)
+                    finally:
+                        shutil.rmtree(pcache, ignore_errors=True)
                     if not cached:
                         e = epochs[0]
                         res.add("petastorm", f"{label}, no cache", e["rows"], e["bytes"], e["seconds"])
@@ -744,9 +795,10 @@ def run(a) -> int:
                         e1, e2 = epochs[0], epochs[1]
                         res.add("petastorm_fill", f"{label}, disk cache, 1st epoch", e1["rows"], e1["bytes"], e1["seconds"])
                         res.add("petastorm_cached", f"{label}, disk cache, 2nd epoch", e2["rows"], e2["bytes"], e2["seconds"])
-                shutil.rmtree(pdata, ignore_errors=True)
             except Exception as e:  # any failure: say so and go on
                 res.unavailable("petastorm", label, str(e)[-300:])
+            if pet_py is None or "s3" in skip:
+                shutil.rmtree(pdata, ignore_errors=True)
 
         # ---- 4. tensorfs cold from file://, 6. warm --------------------------------------
         opts = [f"batch_size={B}", "shuffle=none"]
@@ -807,6 +859,8 @@ def run(a) -> int:
             except Exception as e:
                 s3 = None
                 res.unavailable("tfs_cold_s3", "tensorfs cold, S3 (loopback moto)", str(e)[-300:])
+                if "petastorm" not in skip:
+                    res.unavailable("petastorm_s3", "petastorm make_batch_reader, S3", str(e)[-300:])
             if s3 is not None:
                 if "pyarrow" not in skip:
                     try:
@@ -838,6 +892,34 @@ def run(a) -> int:
                     except Exception as e:
                         res.unavailable("tfs_cold_s3", "tensorfs cold, S3 (loopback moto)", str(e)[-300:])
                     shutil.rmtree(cache, ignore_errors=True)
+                if "petastorm" not in skip:
+                    # Petastorm's twin dataset on the same server, read through s3:// (s3fs) by a
+                    # fresh reader without a cache, configured as its file:// row.
+                    label = "petastorm make_batch_reader, S3"
+                    prefix = f"{s3.PREFIX}-petastorm"
+                    client = None
+                    try:
+                        if pet_py is None:
+                            raise RuntimeError(pet_err or "petastorm did not run from file://")
+                        err = petastorm_s3fs(pet_py)
+                        if err:
+                            raise RuntimeError(err)
+                        client = s3.client()
+                        for p in parquet_files(pdata):
+                            client.upload_file(str(p), s3.BUCKET, f"{prefix}/{p.name}")
+                        e = petastorm_epochs(pet_py, f"s3://{s3.BUCKET}/{prefix}", a, endpoint=s3.url)[0]
+                        res.add("petastorm_s3", label, e["rows"], e["bytes"], e["seconds"])
+                    except Exception as e:  # any failure: say so and go on
+                        res.unavailable("petastorm_s3", label, str(e)[-300:])
+                    # Off the server again, so the stall experiment finds it as before.
+                    try:
+                        if client is not None:
+                            for o in client.list_objects_v2(Bucket=s3.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
+                                client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
+                    except Exception:
+                        pass
+
+        shutil.rmtree(pdata, ignore_errors=True)
 
         # ---- 7. the stall experiment ----------------------------------------------------------
         if "stall" not in skip and "tensorfs" not in skip:
@@ -929,6 +1011,21 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     if meta.get("petastorm"):
         print(f"\npetastorm: {meta['petastorm']}; it skips FixedSizeList columns, so it read a twin dataset with emb as "
               f"list<float32> (same values); workers_count={a.petastorm_workers}, batches are row groups")
+    # tensorfs against Petastorm on the same data: cold from S3 against Petastorm from the same
+    # server when that row ran (else, said so, against Petastorm from file://), cold file://
+    # against file://, warm against Petastorm's cached 2nd epoch.
+    pet_s3, pet = res.get("petastorm_s3"), res.get("petastorm")
+    pairs = [
+        ("tfs_cold_s3", "tensorfs cold S3", pet_s3 or pet,
+         "petastorm S3, no cache" if pet_s3 else "petastorm file://, no cache (its S3 row did not run)"),
+        ("tfs_cold", "tensorfs cold file://", pet, "petastorm file://, no cache"),
+        ("tfs_warm", "tensorfs warm", res.get("petastorm_cached"), "petastorm's cached 2nd epoch"),
+    ]
+    vs = [f"  {mine_label} / {theirs_label}: {res.get(mine)['mb_s'] / theirs['mb_s']:.2f}"
+          for mine, mine_label, theirs, theirs_label in pairs if res.get(mine) and theirs]
+    if vs:
+        print("\ntensorfs / petastorm (MB/s):")
+        print("\n".join(vs))
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "results": res.rows, "stall": stalls}, indent=1))
     if a.png:
@@ -1014,7 +1111,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
-    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,stall")
+    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,stall "
+                    "(s3 skips every S3 row, Petastorm's too)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")
     ap.add_argument("--tensorfs-options", default="", help="extra -o options for every mount")
@@ -1025,13 +1123,14 @@ def main() -> int:
     ap.add_argument("--petastorm-workers", type=int, default=10, help="petastorm workers_count (default 10, its default)")
     ap.add_argument("--petastorm-worker", help=argparse.SUPPRESS)
     ap.add_argument("--petastorm-cache", help=argparse.SUPPRESS)
+    ap.add_argument("--petastorm-endpoint", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.size:
         s = a.size.strip().upper().rstrip("B").rstrip("I")
         mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(s[-1:], 1)
         a.rows = max(1, int(float(s.rstrip("KMGT")) * mult) // ROW_BYTES)
     if a.petastorm_worker:
-        petastorm_worker(a.petastorm_worker, a.rows, a.petastorm_cache, a.petastorm_workers)
+        petastorm_worker(a.petastorm_worker, a.rows, a.petastorm_cache, a.petastorm_workers, a.petastorm_endpoint)
         return 0
     if a.rows < 1 or a.batch_size < 1 or a.files < 1 or a.row_group_rows < 1:
         raise SystemExit("bench: --rows, --batch-size, --files and --row-group-rows must be positive")
