@@ -138,6 +138,9 @@ pub struct Engine {
     workers: Arc<Semaphore>,
     /// Batch builds under way at once.
     builds: Semaphore,
+    /// Row groups being fetched and decoded at once (`threads`): their bytes are held from the
+    /// fetch to the end of the decode, so this bounds that memory.
+    fetches: Semaphore,
     /// The low-priority threads that decode, transform, gather and write.
     pool: Pool,
     /// Global row-group index → (file, row group in file).
@@ -176,6 +179,7 @@ impl Engine {
             runtime,
             workers: Arc::new(Semaphore::new(limits.threads)),
             builds: Semaphore::new(2 * limits.threads),
+            fetches: Semaphore::new(limits.threads),
             pool: Pool::new(limits.threads).expect("the transform workers start"),
             row_groups,
             decoded: Memo::new(half),
@@ -310,7 +314,6 @@ impl Engine {
     async fn row_group(&self, g: usize) -> Result<Arc<Columns>> {
         self.decoded
             .get_or_build(g, async {
-                let _permit = self.workers.acquire().await?;
                 let (file, rg) = self.row_groups[g];
                 let source = self.source.clone();
                 let view = self.view.clone();
@@ -321,21 +324,34 @@ impl Engine {
                 // Every global batch gathers from every row group: map them, not copy them.
                 let map = self.plan.options().shuffle == Shuffle::Global;
                 let repeat = self.plan.epochs_repeat();
-                // Decoding is CPU work: it runs on a blocking thread, never on the async workers.
+                // From the local cache where it is there: a file read, on a worker.
+                let tensors = view.tensors.len();
+                let load =
+                    move |c: &DiskCache, stats: &Stats| c.load_columns(g, tensors, map, stats);
+                let permit = self.workers.acquire().await?;
+                let (c, st) = (cache.clone(), stats.clone());
+                if let Some(l) = self
+                    .pool
+                    .run(move || c.as_deref().and_then(|c| load(c, &st)))
+                    .await?
+                {
+                    Stats::add(&stats.c.column_hits, 1);
+                    return Ok(Arc::new(Columns::loaded(l)));
+                }
+                Stats::add(&stats.c.column_misses, 1);
+                // Else fetched without holding a worker (waiting on the network is no work),
+                // then decoded and transformed on one: CPU work on a blocking thread, never on
+                // the async workers.
+                drop(permit);
+                let _fetching = self.fetches.acquire().await?;
+                let started = std::time::Instant::now();
+                let fetched = source.fetch_row_group(file, rg, &view.roots).await?;
+                let _permit = self.workers.acquire().await?;
                 let columns = self
                     .pool
                     .run(move || -> Result<Columns> {
-                        let tensors = view.tensors.len();
-                        let load = |c: &DiskCache| c.load_columns(g, tensors, map, &stats);
-                        if let Some(l) = cache.as_deref().and_then(load) {
-                            Stats::add(&stats.c.column_hits, 1);
-                            return Ok(Columns::loaded(l));
-                        }
-                        Stats::add(&stats.c.column_misses, 1);
                         tracing::debug!("decoding row group {g}");
-                        let started = std::time::Instant::now();
-                        let batch =
-                            runtime.block_on(source.read_row_group(file, rg, &view.roots))?;
+                        let batch = runtime.block_on(source.decode_row_group(fetched))?;
                         let t = transform::transform(&view, &batch).with_context(|| {
                             format!("file '{}' row group {rg}", source.files[file].name)
                         })?;
@@ -350,7 +366,7 @@ impl Engine {
                             let stored = c.store_columns(g, t.rows, &parts, &*distance, &stats);
                             if stored
                                 && map
-                                && let Some(l) = load(c)
+                                && let Some(l) = load(c, &stats)
                             {
                                 return Ok(Columns::loaded(l));
                             }

@@ -140,10 +140,18 @@ impl Prefetcher {
         let horizon = self.depth + lead;
         // A row group spans many batches: looking every few batches finds each one in time.
         let every = (lead / 4).max(1);
+        let cache = self.engine.cache.as_ref().expect("checked above");
+        let ready = |epoch, batch| {
+            kinds
+                .iter()
+                .all(|&k| cache.contains(self.engine.item(k, epoch, batch)))
+        };
         if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
             && j % every == 0
             && d.global(j).0 < last
             && self.engine.memory() as u64 <= self.memory_limit
+            // Its files are there already (a warm epoch): nothing to decode for.
+            && !ready(d.global(j).0, d.global(j).1)
         {
             let (epoch, batch) = d.global(j);
             let engine = self.engine.clone();
@@ -168,7 +176,7 @@ impl Prefetcher {
             let (epoch, batch) = d.global(j);
             for kind in &kinds {
                 let item = self.engine.item(*kind, epoch, batch);
-                if !self.scheduled.lock().unwrap().insert(item) {
+                if cache.contains(item) || !self.scheduled.lock().unwrap().insert(item) {
                     continue;
                 }
                 let engine = self.engine.clone();

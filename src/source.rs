@@ -329,26 +329,81 @@ impl Source {
     }
 
     /// Reads one row group of one file, only the given root columns (Arrow field indices).
-    #[tracing::instrument(name = "fetch", level = "debug", skip(self, roots))]
     pub async fn read_row_group(
         &self,
         file: usize,
         rg: usize,
         roots: &[usize],
     ) -> Result<RecordBatch> {
+        let fetched = self.fetch_row_group(file, rg, roots).await?;
+        self.decode_row_group(fetched).await
+    }
+
+    fn reader(&self, file: usize) -> ObjectReader {
         let f = &self.files[file];
-        let reader = ObjectReader::new(
+        ObjectReader::new(
             self.store.clone(),
             f.location.clone(),
             f.size,
             f.e_tag.clone(),
             self.stats.clone(),
-        );
+        )
+    }
+
+    /// Fetches the column chunks of one row group that the given root columns need: I/O only,
+    /// so that decoding ([`Source::decode_row_group`]) holds a worker without waiting on the
+    /// network.
+    #[tracing::instrument(name = "fetch", level = "debug", skip(self, roots))]
+    pub async fn fetch_row_group(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+    ) -> Result<Fetched> {
+        let f = &self.files[file];
+        let meta = f.metadata.metadata();
+        let mask =
+            ProjectionMask::roots(meta.file_metadata().schema_descr(), roots.iter().copied());
+        let ranges: Vec<Range<u64>> = meta
+            .row_group(rg)
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|&(leaf, _)| mask.leaf_included(leaf))
+            .map(|(_, c)| {
+                let (start, len) = c.byte_range();
+                start..start + len
+            })
+            .collect();
+        let reader = self.reader(file);
+        let chunks = object_store::coalesce_ranges(&ranges, |r| reader.get(r), COALESCE)
+            .await
+            .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
+        Ok(Fetched {
+            file,
+            rg,
+            roots: roots.to_vec(),
+            mask,
+            chunks: ranges.into_iter().zip(chunks).collect(),
+        })
+    }
+
+    /// Decodes a fetched row group (CPU only, unless the decoder asks for bytes that were not
+    /// fetched, which are then read).
+    pub async fn decode_row_group(&self, fetched: Fetched) -> Result<RecordBatch> {
+        let Fetched {
+            file,
+            rg,
+            roots,
+            mask,
+            chunks,
+        } = fetched;
+        let f = &self.files[file];
+        let reader = Prefetched {
+            chunks,
+            inner: self.reader(file),
+        };
         let rows = f.metadata.metadata().row_group(rg).num_rows() as usize;
-        let mask = ProjectionMask::roots(
-            f.metadata.metadata().file_metadata().schema_descr(),
-            roots.iter().copied(),
-        );
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
             .with_row_groups(vec![rg])
             .with_projection(mask)
@@ -361,7 +416,7 @@ impl Source {
             .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
         let schema = match batches.first() {
             Some(b) => b.schema(),
-            None => Arc::new(f.metadata.schema().project(roots)?),
+            None => Arc::new(f.metadata.schema().project(&roots)?),
         };
         Ok(arrow::compute::concat_batches(&schema, &batches)?)
     }
@@ -507,6 +562,47 @@ impl ObjectReader {
             );
         }
         Ok(bytes)
+    }
+}
+
+/// One row group's column chunks, fetched and not yet decoded.
+pub struct Fetched {
+    file: usize,
+    rg: usize,
+    roots: Vec<usize>,
+    mask: ProjectionMask,
+    chunks: Vec<(Range<u64>, Bytes)>,
+}
+
+/// An [`AsyncFileReader`] over fetched ranges of an object: what they hold is answered from
+/// memory, anything else read from the object.
+struct Prefetched {
+    chunks: Vec<(Range<u64>, Bytes)>,
+    inner: ObjectReader,
+}
+
+impl Prefetched {
+    fn held(&self, r: &Range<u64>) -> Option<Bytes> {
+        self.chunks
+            .iter()
+            .find(|(c, _)| c.start <= r.start && r.end <= c.end)
+            .map(|(c, b)| b.slice((r.start - c.start) as usize..(r.end - c.start) as usize))
+    }
+}
+
+impl AsyncFileReader for Prefetched {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        match self.held(&range) {
+            Some(b) => futures::future::ready(Ok(b)).boxed(),
+            None => self.inner.get_bytes(range),
+        }
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        self.inner.get_metadata(options)
     }
 }
 
