@@ -294,14 +294,18 @@ impl Engine {
     }
 
     /// How many batches ahead of a reader the prefetcher starts decoding the row groups (the
-    /// window) it will need: a whole window where three windows' columns (the one read, the next,
-    /// the one decoding) fit the memory for decoded columns, so a slow source never makes the
-    /// reader wait at a boundary; else half a window, so that no window is decoded twice.
+    /// window) it will need. Two windows where four windows' columns fit the memory for decoded
+    /// columns: two fetch and decode while the reader goes through a third, so a slow source
+    /// (a fetch as long as the reading of a window) never makes the reader wait at a boundary.
+    /// One window where three fit; else half a window, so that no window is decoded twice.
     pub fn row_group_lead(&self) -> u64 {
         let ahead = self.row_group_lookahead();
         let row: usize = self.view.tensors.iter().map(|t| t.row_bytes()).sum();
         let window = ahead * self.plan.options().batch_size * row as u64;
-        if 3 * window <= self.decoded.capacity as u64 {
+        let room = self.decoded.capacity as u64;
+        if 4 * window <= room {
+            2 * ahead
+        } else if 3 * window <= room {
             ahead
         } else {
             ahead.div_ceil(2)
