@@ -141,17 +141,12 @@ impl Prefetcher {
         // A row group spans many batches: looking every few batches finds each one in time.
         let every = (lead / 4).max(1);
         let cache = self.engine.cache.as_ref().expect("checked above");
-        let ready = |epoch, batch| {
-            kinds
-                .iter()
-                .all(|&k| cache.contains(self.engine.item(k, epoch, batch)))
-        };
         if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
             && j % every == 0
             && d.global(j).0 < last
             && self.engine.memory() as u64 <= self.memory_limit
             // Its files are there already (a warm epoch): nothing to decode for.
-            && !ready(d.global(j).0, d.global(j).1)
+            && !self.ready(&kinds, d.global(j))
         {
             let (epoch, batch) = d.global(j);
             let engine = self.engine.clone();
@@ -192,23 +187,30 @@ impl Prefetcher {
         }
     }
 
+    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache.
+    fn ready<'a>(
+        &self,
+        kinds: impl IntoIterator<Item = &'a FileKind>,
+        (epoch, batch): (u64, u64),
+    ) -> bool {
+        let cache = self.engine.cache.as_ref();
+        kinds
+            .into_iter()
+            .all(|&k| cache.is_some_and(|c| c.contains(self.engine.item(k, epoch, batch))))
+    }
+
     /// Each reader's position and how many of the batches it reads next are materialised.
     pub fn depths(&self, count: impl Fn(Batches) -> u64) -> Vec<serde_json::Value> {
-        let Some(cache) = &self.engine.cache else {
+        if self.engine.cache.is_none() {
             return Vec::new();
-        };
+        }
         let readers = self.readers.lock().unwrap();
         let mut out: Vec<(String, serde_json::Value)> = readers
             .iter()
             .map(|(dir, r)| {
                 let ready = ahead(*dir, r.at, self.depth, &count)
                     .into_iter()
-                    .take_while(|&(d, j)| {
-                        let (e, b) = d.global(j);
-                        r.kinds
-                            .iter()
-                            .all(|k| cache.contains(self.engine.item(*k, e, b)))
-                    })
+                    .take_while(|&(d, j)| self.ready(&r.kinds, d.global(j)))
                     .count();
                 let name = dir.name();
                 let v = serde_json::json!({"dir": name, "batch": r.at, "ahead": ready});
