@@ -6,7 +6,7 @@
 use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
 use crate::plan::{EpochOrder, Plan, Shuffle};
-use crate::pool::Pool;
+use crate::pool::{Pool, ReaderWaits};
 use crate::prefetch::FileKind;
 use crate::source::Source;
 use crate::stats::Stats;
@@ -141,6 +141,9 @@ pub struct Engine {
     /// Row groups being fetched and decoded at once (`threads`): their bytes are held from the
     /// fetch to the end of the decode, so this bounds that memory.
     fetches: Semaphore,
+    /// Decodes of row groups asked for ahead of every batch that needs them: `threads - 1`
+    /// (at least one) at once, so a worker is left for the batches readers come to first.
+    decodes_ahead: Semaphore,
     /// The low-priority threads that decode, transform, gather and write.
     pool: Pool,
     /// Global row-group index → (file, row group in file).
@@ -180,6 +183,7 @@ impl Engine {
             workers: Arc::new(Semaphore::new(limits.threads)),
             builds: Semaphore::new(2 * limits.threads),
             fetches: Semaphore::new(limits.threads),
+            decodes_ahead: Semaphore::new(limits.threads.saturating_sub(1).max(1)),
             pool: Pool::new(limits.threads).expect("the transform workers start"),
             row_groups,
             decoded: Memo::new(half),
@@ -241,7 +245,7 @@ impl Engine {
             .collect();
         let needed: BTreeSet<usize> = rows.iter().map(|&(rg, _)| rg).collect();
         let decoded =
-            futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g))).await?;
+            futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g, false))).await?;
         let by_rg: HashMap<usize, Arc<Columns>> = needed.into_iter().zip(decoded).collect();
 
         let _permit = self.workers.acquire().await?;
@@ -266,17 +270,26 @@ impl Engine {
         }))
     }
 
-    /// Decodes (or loads) the row groups batch `i` of `epoch` needs, ahead of building it: the
-    /// prefetcher starts a row group's decode well before the first batch that needs it.
-    pub async fn warm_row_groups(&self, epoch: u64, i: u64) -> Result<()> {
-        let order = self.epoch_order(epoch);
-        let needed: BTreeSet<usize> = self
-            .plan
-            .batch_rows(&order, i)
+    /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of
+    /// building them, in that order: the prefetcher starts a row group's decode well before the
+    /// first batch that needs it.
+    pub async fn warm_row_groups(&self, batches: &[(u64, u64)]) -> Result<()> {
+        let mut seen = BTreeSet::new();
+        let mut needed = Vec::new();
+        for &(epoch, i) in batches {
+            let order = self.epoch_order(epoch);
+            for r in self.plan.batch_rows(&order, i) {
+                let g = self.plan.locate(r).0;
+                if seen.insert(g) {
+                    needed.push(g);
+                }
+            }
+        }
+        // Each row group is let go as soon as it is decoded: the memo keeps what fits.
+        let decodes = needed
             .into_iter()
-            .map(|r| self.plan.locate(r).0)
-            .collect();
-        futures::future::try_join_all(needed.into_iter().map(|g| self.row_group(g))).await?;
+            .map(|g| async move { self.row_group(g, true).await.map(drop) });
+        futures::future::try_join_all(decodes).await?;
         Ok(())
     }
 
@@ -315,7 +328,9 @@ impl Engine {
     /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
     /// transformed (and then cached).
     #[tracing::instrument(name = "decode", level = "debug", skip(self))]
-    async fn row_group(&self, g: usize) -> Result<Arc<Columns>> {
+    /// `ahead`: asked for ahead of the batches that need it (see `decodes_ahead`); the decode
+    /// started by the first caller keeps that caller's rank.
+    async fn row_group(&self, g: usize, ahead: bool) -> Result<Arc<Columns>> {
         self.decoded
             .get_or_build(g, async {
                 let (file, rg) = self.row_groups[g];
@@ -350,6 +365,10 @@ impl Engine {
                 let _fetching = self.fetches.acquire().await?;
                 let started = std::time::Instant::now();
                 let fetched = source.fetch_row_group(file, rg, &view.roots).await?;
+                let _ahead = match ahead {
+                    true => Some(self.decodes_ahead.acquire().await?),
+                    false => None,
+                };
                 let _permit = self.workers.acquire().await?;
                 let columns = self
                     .pool
@@ -433,7 +452,14 @@ impl Engine {
     pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let (epoch, batch) = item.batch().expect("a batch item");
         self.reader_at(epoch, batch);
+        let _waits = self.pool.reader_waits();
         self.materialize_ahead(item).await
+    }
+
+    /// A reader waits for something the workers build until the guard is dropped (see
+    /// [`Pool::reader_waits`]).
+    pub fn reader_waits(&self) -> ReaderWaits<'_> {
+        self.pool.reader_waits()
     }
 
     /// Where readers are (the batch last asked for), for eviction.

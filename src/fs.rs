@@ -611,6 +611,7 @@ impl Fs {
         let (epoch, g) = b.global(i);
         self.engine.reader_at(epoch, g);
         self.accessed(node);
+        let _waits = self.engine.reader_waits();
         let batch = self.engine.batch(epoch, g).await.map_err(|e| {
             tracing::error!("epoch {epoch} batch {g}: {}", crate::describe(&e));
             libc::EIO

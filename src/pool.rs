@@ -1,7 +1,12 @@
-//! The transform workers: `threads` OS threads at a lower CPU priority (nice 10) that decode,
-//! transform, gather and write batches. Readers' requests are answered on other threads (FUSE,
-//! async I/O) that the kernel then schedules first, so building ahead never makes a reader
-//! wait for a CPU.
+//! The transform workers: `threads` OS threads that decode, transform, gather and write
+//! batches, scheduled below everything that serves readers.
+//!
+//! While no reader waits, they run as `SCHED_IDLE`: the kernel preempts them the moment a
+//! reader (or the FUSE thread answering it) wakes up, so building ahead never delays a read
+//! that the prefetcher has already made ready. (At nice 10 a woken reader could still wait for a
+//! builder's time slice to run out.) While a reader waits for a build, they are ordinary
+//! threads at nice 10, so that other busy processes on the host cannot starve the build the
+//! reader needs. Leaving `SCHED_IDLE` needs `CAP_SYS_NICE`; without it they stay at nice 10.
 
 use anyhow::{Result, anyhow};
 use std::sync::mpsc::{Sender, channel};
@@ -9,27 +14,85 @@ use std::sync::{Arc, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-pub struct Pool {
-    jobs: Mutex<Sender<Job>>,
+/// How the workers are scheduled now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// `SCHED_IDLE`: run only when nothing else wants the CPU.
+    Idle,
+    /// `SCHED_OTHER` at nice [`NICE`].
+    Low,
 }
 
-/// Niceness of the workers: below the threads that serve readers.
+/// Niceness of the workers when they are not idle-class: below the threads that serve readers.
 const NICE: libc::c_int = 10;
+
+fn set_class(tid: libc::pid_t, class: Class) -> bool {
+    let policy = match class {
+        Class::Idle => libc::SCHED_IDLE,
+        Class::Low => libc::SCHED_OTHER,
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; the call only changes the scheduling of `tid`, a
+    // thread of this process (0: the calling thread), or fails.
+    unsafe { libc::sched_setscheduler(tid, policy, &param) == 0 }
+}
+
+/// Readers waiting for a build, and the workers' thread ids.
+#[derive(Default)]
+struct Waiters {
+    count: usize,
+    tids: Vec<libc::pid_t>,
+}
+
+impl Waiters {
+    fn class(&self) -> Class {
+        if self.count == 0 {
+            Class::Idle
+        } else {
+            Class::Low
+        }
+    }
+}
+
+pub struct Pool {
+    jobs: Mutex<Sender<Job>>,
+    /// `None`: the workers cannot leave `SCHED_IDLE` again here, so they never enter it.
+    waiters: Option<Arc<Mutex<Waiters>>>,
+}
+
+/// Whether this process may move a thread into `SCHED_IDLE` and back out of it.
+fn idle_class_reversible() -> bool {
+    std::thread::spawn(|| {
+        // SAFETY: setpriority on the calling thread's own id only lowers its priority.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
+        set_class(0, Class::Idle) && set_class(0, Class::Low)
+    })
+    .join()
+    .unwrap_or(false)
+}
 
 impl Pool {
     pub fn new(threads: usize) -> Result<Pool> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let waiters = idle_class_reversible().then(Arc::<Mutex<Waiters>>::default);
         for i in 0..threads.max(1) {
             let rx = rx.clone();
+            let waiters = waiters.clone();
             std::thread::Builder::new()
                 .name(format!("tensorfs-transform-{i}"))
                 .spawn(move || {
                     // SAFETY: gettid has no preconditions; setpriority on our own thread id only
                     // lowers its priority, which needs no privilege. Failure leaves it as it was.
-                    unsafe {
-                        let tid = libc::gettid() as libc::id_t;
-                        libc::setpriority(libc::PRIO_PROCESS, tid, NICE);
+                    let tid = unsafe {
+                        let tid = libc::gettid();
+                        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE);
+                        tid
+                    };
+                    if let Some(w) = &waiters {
+                        let mut w = w.lock().unwrap();
+                        set_class(tid, w.class());
+                        w.tids.push(tid);
                     }
                     loop {
                         let job = rx.lock().unwrap().recv();
@@ -42,6 +105,7 @@ impl Pool {
         }
         Ok(Pool {
             jobs: Mutex::new(tx),
+            waiters,
         })
     }
 
@@ -66,6 +130,44 @@ impl Pool {
         rx.await
             .map_err(|_| anyhow!("a transform job failed (see the log)"))
     }
+
+    /// A reader waits for a build until the guard is dropped: the workers leave `SCHED_IDLE`
+    /// meanwhile, whatever they are building (the build the reader waits for may be one the
+    /// prefetcher started).
+    pub fn reader_waits(&self) -> ReaderWaits<'_> {
+        self.adjust(1);
+        ReaderWaits(self)
+    }
+
+    fn adjust(&self, delta: isize) {
+        let Some(w) = &self.waiters else { return };
+        let mut w = w.lock().unwrap();
+        let before = w.class();
+        w.count = w.count.checked_add_signed(delta).expect("balanced waits");
+        let after = w.class();
+        if after != before {
+            for &tid in &w.tids {
+                set_class(tid, after);
+            }
+        }
+    }
+
+    /// How the workers are scheduled now.
+    pub fn class(&self) -> Class {
+        self.waiters
+            .as_ref()
+            .map_or(Class::Low, |w| w.lock().unwrap().class())
+    }
+}
+
+/// See [`Pool::reader_waits`].
+#[must_use]
+pub struct ReaderWaits<'a>(&'a Pool);
+
+impl Drop for ReaderWaits<'_> {
+    fn drop(&mut self) {
+        self.0.adjust(-1);
+    }
 }
 
 #[cfg(test)]
@@ -80,5 +182,49 @@ mod tests {
         // The worker survives its job's panic.
         assert_eq!(pool.run(|| 1).await.unwrap(), 1);
         assert_eq!(pool.run(|| 2).await.unwrap(), 2);
+    }
+
+    /// The scheduling policy and niceness of the calling thread, as the kernel reports them.
+    fn own_scheduling() -> (i32, i32) {
+        // SAFETY: both calls only read the calling thread's scheduling parameters.
+        unsafe {
+            (
+                libc::sched_getscheduler(0),
+                libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t),
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn workers_yield_to_readers_unless_a_reader_waits() {
+        let pool = Pool::new(2).unwrap();
+        // The class in force, as the workers themselves see it.
+        async fn seen(pool: &Pool) -> Vec<(i32, i32)> {
+            let mut out = Vec::new();
+            for _ in 0..8 {
+                out.push(pool.run(own_scheduling).await.unwrap());
+            }
+            out.sort();
+            out.dedup();
+            out
+        }
+        let low = vec![(libc::SCHED_OTHER, NICE)];
+        if pool.waiters.is_none() {
+            // Without CAP_SYS_NICE: nice 10 throughout.
+            assert_eq!(seen(&pool).await, low);
+            return;
+        }
+        assert_eq!(pool.class(), Class::Idle);
+        assert_eq!(seen(&pool).await, vec![(libc::SCHED_IDLE, NICE)]);
+        {
+            let _a = pool.reader_waits();
+            let _b = pool.reader_waits();
+            assert_eq!(pool.class(), Class::Low);
+            assert_eq!(seen(&pool).await, low);
+            drop(_a);
+            assert_eq!(seen(&pool).await, low, "one reader still waits");
+        }
+        assert_eq!(pool.class(), Class::Idle);
+        assert_eq!(seen(&pool).await, vec![(libc::SCHED_IDLE, NICE)]);
     }
 }

@@ -69,12 +69,29 @@ pub fn ahead(
     out
 }
 
+/// Of the batches `beyond` (in reading order), the (epoch, batch) of those whose row groups
+/// were not asked for yet by a reader that asked up to `warmed`, which moves to the last.
+pub fn not_yet_warmed(
+    beyond: &[(Batches, u64)],
+    warmed: &mut Option<(u64, u64)>,
+) -> Vec<(u64, u64)> {
+    let before = *warmed;
+    *warmed = (*warmed).max(beyond.last().map(|&(d, j)| d.global(j)));
+    beyond
+        .iter()
+        .map(|&(d, j)| d.global(j))
+        .filter(|&g| before.is_none_or(|w| g > w))
+        .collect()
+}
+
 /// A reader: where it is and which files of a batch it opens.
 #[derive(Default)]
 struct Reader {
     seen: bool,
     at: u64,
     kinds: BTreeSet<FileKind>,
+    /// The furthest batch (epoch, batch) whose row groups were asked for ahead of this reader.
+    warmed: Option<(u64, u64)>,
 }
 
 pub struct Prefetcher {
@@ -117,8 +134,16 @@ impl Prefetcher {
             let mut readers = self.readers.lock().unwrap();
             let r = readers.entry(dir).or_default();
             // A reader is followed once it reads about in order (near where it last was: loader
-            // workers read neighbouring batches out of order); random access is not prefetched.
-            let sequential = r.seen && i.abs_diff(r.at) <= self.depth.max(2);
+            // workers read neighbouring batches out of order), or from its first open if that is
+            // of the directory's first batch; random access is not prefetched.
+            let sequential = match r.seen {
+                true => i.abs_diff(r.at) <= self.depth.max(2),
+                false => i == 0,
+            };
+            if !sequential {
+                // Wherever it goes on from here, the row groups ahead of it are asked for anew.
+                r.warmed = None;
+            }
             r.seen = true;
             r.at = i;
             r.kinds.insert(kind);
@@ -133,32 +158,7 @@ impl Prefetcher {
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
         let last = self.epochs.max(dir.global(i).0 + 1);
-        // Row groups are decoded further ahead than the batch files are built: as the reader
-        // moves one batch, this horizon moves one batch, so every batch's row groups are decoded
-        // well before its file is.
-        let lead = self.engine.row_group_lead();
-        let horizon = self.depth + lead;
-        // A row group spans many batches: looking every few batches finds each one in time.
-        let every = (lead / 4).max(1);
         let cache = self.engine.cache.as_ref().expect("checked above");
-        if let Some(&(d, j)) = ahead(dir, i, horizon, &count).last()
-            && j % every == 0
-            && d.global(j).0 < last
-            && self.engine.memory() as u64 <= self.memory_limit
-            // Its files are there already (a warm epoch): nothing to decode for.
-            && !self.ready(&kinds, d.global(j))
-        {
-            let (epoch, batch) = d.global(j);
-            let engine = self.engine.clone();
-            self.runtime.spawn(async move {
-                if let Err(e) = engine.warm_row_groups(epoch, batch).await {
-                    tracing::warn!(
-                        "prefetch of epoch {epoch} batch {batch}'s row groups: {}",
-                        crate::describe(&e)
-                    );
-                }
-            });
-        }
         for (d, j) in ahead(dir, i, self.depth, &count) {
             if d.global(j).0 >= last {
                 break;
@@ -166,7 +166,7 @@ impl Prefetcher {
             // Backpressure: past the memory budget, readers are served first.
             if self.engine.memory() as u64 > self.memory_limit {
                 Stats::add(&self.engine.stats.c.prefetch_deferred, 1);
-                return;
+                break;
             }
             let (epoch, batch) = d.global(j);
             for kind in &kinds {
@@ -182,6 +182,36 @@ impl Prefetcher {
                         tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
                     }
                     scheduled.lock().unwrap().remove(&item);
+                });
+            }
+        }
+        // Row groups are decoded further ahead than the batch files are built (the lead): each
+        // batch between the files above and that horizon has its row groups asked for once,
+        // nearest first, from the reader's first steps on, so every batch's row groups are
+        // decoded well before its file is built. Queued after the files, which come first.
+        let walk = ahead(dir, i, self.depth + self.engine.row_group_lead(), &count);
+        let beyond = &walk[walk.len().min(self.depth as usize)..];
+        if self.engine.memory() as u64 <= self.memory_limit {
+            let fresh = {
+                let mut readers = self.readers.lock().unwrap();
+                let r = readers.get_mut(&dir).expect("noted above");
+                not_yet_warmed(beyond, &mut r.warmed)
+            };
+            // Batches whose files are there already (a warm epoch) need nothing decoded.
+            let fresh: Vec<(u64, u64)> = fresh
+                .into_iter()
+                .filter(|&g| g.0 < last && !self.ready(&kinds, g))
+                .collect();
+            if !fresh.is_empty() {
+                let engine = self.engine.clone();
+                self.runtime.spawn(async move {
+                    if let Err(e) = engine.warm_row_groups(&fresh).await {
+                        tracing::warn!(
+                            "prefetch of the row groups of (epoch, batch) {:?}: {}",
+                            fresh.first(),
+                            crate::describe(&e)
+                        );
+                    }
                 });
             }
         }
@@ -266,6 +296,55 @@ mod tests {
         assert_eq!(next, vec![(r(0), 2), (r(1), 0), (r(1), 1)]);
         let globals: Vec<(u64, u64)> = next.iter().map(|&(d, j)| d.global(j)).collect();
         assert_eq!(globals, vec![(0, 7), (1, 1), (1, 4)]);
+    }
+
+    /// A reader going through an epoch one batch at a time, with the files `depth` ahead built
+    /// and the row groups of the batches up to `horizon` ahead asked for: every batch past the
+    /// first `depth` has its row groups asked for exactly once, in reading order, before the
+    /// reader comes within `depth` of it; from the first step on, not only once the horizon
+    /// has moved past the start.
+    #[test]
+    fn row_groups_are_asked_for_once_per_batch_up_to_the_horizon() {
+        let (depth, horizon) = (3u64, 7u64);
+        for dir in [
+            Batches::Epoch(0),
+            Batches::Rank {
+                epoch: 0,
+                rank: 2,
+                world: 3,
+            },
+        ] {
+            let n = count(dir);
+            let mut warmed = None;
+            let mut asked: Vec<(u64, u64)> = Vec::new();
+            for i in 0..n {
+                let walk = ahead(dir, i, horizon, count);
+                let beyond = &walk[walk.len().min(depth as usize)..];
+                let fresh = not_yet_warmed(beyond, &mut warmed);
+                // The batch that comes within `depth` of the reader now (its file is built
+                // next) had its row groups asked for at an earlier step.
+                if let Some(&(d, j)) = ahead(dir, i, depth, count).last()
+                    && i > 0
+                {
+                    assert!(
+                        asked.contains(&d.global(j)),
+                        "{dir:?} at {i}: batch {:?} has no row groups asked for",
+                        d.global(j)
+                    );
+                }
+                asked.extend(fresh);
+            }
+            let mut expected: Vec<(u64, u64)> = ahead(dir, 0, horizon + n - 1, count)
+                .into_iter()
+                .skip(depth as usize)
+                .map(|(d, j)| d.global(j))
+                .collect();
+            expected.sort();
+            let mut sorted = asked.clone();
+            sorted.sort();
+            assert_eq!(sorted, expected, "{dir:?}: each batch once, none skipped");
+            assert_eq!(asked, sorted, "{dir:?}: asked for in reading order");
+        }
     }
 
     #[test]
