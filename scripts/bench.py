@@ -18,6 +18,9 @@ to NumPy arrays, in these ways:
   tensorfs cold             mount with a fresh cache_dir, read every epoch-0/NNNNNN.safetensors
                             with safetensors.numpy.load_file (from file:// and from S3)
   tensorfs warm             the same after a first full read (remounted on the same cache_dir)
+  tensorfs shuffled         shuffle=window and shuffle=global, epochs 0 (cold) and 1 (reshuffled,
+                            gathered from the columns cached during epoch 0), each checked to be a
+                            permutation of the rows
 
 and runs the stall experiment: a consumer that needs half of tensorfs's cold throughput, and how
 long it waits on reads. Page caches are dropped before every cold run when we are root.
@@ -426,6 +429,19 @@ def verify(mnt_epoch: Path, npy: Path, n_batches: int, what: str) -> None:
                 raise RuntimeError(f"{what}: batch {i} tensor {name} differs from the local .npy file")
 
 
+def check_permutation(root: Path, n_batches: int, rows: int, what: str) -> None:
+    """Checks (outside timing) that an epoch's batches hold every row id once."""
+    import numpy as np
+    from safetensors import safe_open
+
+    ids = []
+    for i in range(n_batches):
+        with safe_open(str(root / f"{i:06d}.safetensors"), framework="np") as f:
+            ids.append(f.get_tensor("id"))
+    if not np.array_equal(np.sort(np.concatenate(ids)), np.arange(rows)):
+        raise RuntimeError(f"tensorfs {what}: the batches are not a permutation of the rows")
+
+
 def read_pyarrow(paths: list, batch_size: int, open_file=None):
     import pyarrow.parquet as pq
 
@@ -710,7 +726,7 @@ def run(a) -> int:
     if not binary.exists():
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "stall"}
+    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "shuffle", "stall"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -847,6 +863,25 @@ def run(a) -> int:
             m.unmount()
             mounts.remove(m)
             shutil.rmtree(cache, ignore_errors=True)
+
+        # ---- 6b. shuffled epochs: window against global --------------------------------------
+        if "shuffle" not in skip and "tensorfs" not in skip:
+            base = [o for o in opts if not o.startswith("shuffle=")]
+            for mode in ("window", "global"):
+                cache = scratch / f"cache-{mode}"
+                shutil.rmtree(cache, ignore_errors=True)
+                caches.drop()
+                m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
+                          [*base, f"shuffle={mode}", "epochs=2", f"cache_dir={cache}"])
+                mounts.append(m)
+                n = m.dataset()["batches_per_epoch"]
+                for e, what in ((0, "epoch 0, cold, file://"), (1, "epoch 1, from the cached columns")):
+                    res.add(f"tfs_{mode}_e{e}", f"tensorfs shuffle={mode}, {what}",
+                            *read_safetensors_files(m.mnt / f"epoch-{e}", n))
+                    check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
+                m.unmount()
+                mounts.remove(m)
+                shutil.rmtree(cache, ignore_errors=True)
 
         # ---- 5. S3 ------------------------------------------------------------------------
         if "s3" not in skip:
@@ -1008,6 +1043,10 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
                   f"{(st.get('decode_ns') or 0) / 1e9:.2f} s, remote_requests {st.get('remote_requests')}, remote "
                   f"{(st.get('remote_bytes') or 0) / MB:.0f} MB, batch_files_written {st.get('batch_files_written')}, "
                   f"stall_ns {(st.get('stall_ns') or 0) / 1e6:.0f} ms, stall_p99_us {st.get('stall_p99_us')}")
+    pairs = [(f"epoch {e}", res.get(f"tfs_global_e{e}"), res.get(f"tfs_window_e{e}")) for e in (0, 1)]
+    if any(g and w for _, g, w in pairs):
+        print("\nshuffle=global / shuffle=window (MB/s): " + ", ".join(
+            f"{what} {g['mb_s'] / w['mb_s']:.2f}" for what, g, w in pairs if g and w))
     if meta.get("petastorm"):
         print(f"\npetastorm: {meta['petastorm']}; it skips FixedSizeList columns, so it read a twin dataset with emb as "
               f"list<float32> (same values); workers_count={a.petastorm_workers}, batches are row groups")
@@ -1111,7 +1150,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
-    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,stall "
+    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,shuffle,stall "
                     "(s3 skips every S3 row, Petastorm's too)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")

@@ -221,6 +221,38 @@ def test_64_concurrent_readers_under_eviction_and_memory_limit(mounter, big_ds):
     no_panic(log_text(m.cache), "tensorfs.log")
 
 
+SCHED_OTHER, SCHED_IDLE = 0, 5
+
+
+def thread_policies(pid: int) -> dict[str, list[int]]:
+    """The scheduling policy (field 41 of /proc/PID/task/TID/stat) of each thread, by name."""
+    out: dict[str, list[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 on
+        out.setdefault(name, []).append(int(fields[41 - 3]))
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="leaving SCHED_IDLE needs CAP_SYS_NICE")
+def test_builders_yield_to_readers(mounter, shuf_ds):
+    """Between reads, the transform workers are idle-class, so a woken reader or FUSE thread
+    preempts any building at once; the threads that serve readers are ordinary."""
+    m = mounter(shuf_ds.path, "shuffle=window", "batch_size=100", "threads=3")
+    pid = the_daemon(m)
+    # Builds batch 0 and, behind it, the prefetch of the next ones.
+    assert len(m.p(f"epoch-0/{batch_name(0)}.safetensors").read_bytes()) > 4096
+    policies = thread_policies(pid)
+    workers = [p for name, ps in policies.items() if name.startswith("tensorfs-transf") for p in ps]
+    assert workers == [SCHED_IDLE] * 3, policies
+    fuse = [p for name, ps in policies.items() if name.startswith("fuser") for p in ps]
+    assert fuse and set(fuse) == {SCHED_OTHER}, policies
+
+
 # --------------------------------------------------------------------------------------------
 # 2. The determinism matrix
 # --------------------------------------------------------------------------------------------
