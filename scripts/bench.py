@@ -875,7 +875,7 @@ def run(a) -> int:
                           [*base, f"shuffle={mode}", "epochs=2", f"cache_dir={cache}"])
                 mounts.append(m)
                 n = m.dataset()["batches_per_epoch"]
-                for e, what in ((0, "epoch 0, cold, file://"), (1, "epoch 1, from the cached columns")):
+                for e, what in ((0, "epoch 0 (cold)"), (1, "epoch 1 (cached columns)")):
                     res.add(f"tfs_{mode}_e{e}", f"tensorfs shuffle={mode}, {what}",
                             *read_safetensors_files(m.mnt / f"epoch-{e}", n))
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
