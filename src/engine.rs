@@ -326,10 +326,9 @@ impl Engine {
     }
 
     /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
-    /// transformed (and then cached).
+    /// transformed (and then cached). `ahead`: asked for ahead of the batches that need it (see
+    /// `decodes_ahead`); the decode started by the first caller keeps that caller's rank.
     #[tracing::instrument(name = "decode", level = "debug", skip(self))]
-    /// `ahead`: asked for ahead of the batches that need it (see `decodes_ahead`); the decode
-    /// started by the first caller keeps that caller's rank.
     async fn row_group(&self, g: usize, ahead: bool) -> Result<Arc<Columns>> {
         self.decoded
             .get_or_build(g, async {

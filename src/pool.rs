@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// How the workers are scheduled now.
+/// How the workers are scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
+enum Class {
     /// `SCHED_IDLE`: run only when nothing else wants the CPU.
     Idle,
     /// `SCHED_OTHER` at nice [`NICE`].
@@ -151,13 +151,6 @@ impl Pool {
             }
         }
     }
-
-    /// How the workers are scheduled now.
-    pub fn class(&self) -> Class {
-        self.waiters
-            .as_ref()
-            .map_or(Class::Low, |w| w.lock().unwrap().class())
-    }
 }
 
 /// See [`Pool::reader_waits`].
@@ -214,17 +207,14 @@ mod tests {
             assert_eq!(seen(&pool).await, low);
             return;
         }
-        assert_eq!(pool.class(), Class::Idle);
         assert_eq!(seen(&pool).await, vec![(libc::SCHED_IDLE, NICE)]);
         {
             let _a = pool.reader_waits();
             let _b = pool.reader_waits();
-            assert_eq!(pool.class(), Class::Low);
             assert_eq!(seen(&pool).await, low);
             drop(_a);
             assert_eq!(seen(&pool).await, low, "one reader still waits");
         }
-        assert_eq!(pool.class(), Class::Idle);
         assert_eq!(seen(&pool).await, vec![(libc::SCHED_IDLE, NICE)]);
     }
 }
