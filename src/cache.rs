@@ -659,7 +659,8 @@ impl DiskCache {
         }
     }
 
-    /// Evicts, furthest next use first, until `bytes` more fit under the capacity.
+    /// Evicts, furthest next use first, until `bytes` more fit under the capacity (and, in a
+    /// cache of many items, some more).
     fn make_room(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) {
         if self.used() + bytes <= self.capacity {
             return;
@@ -679,7 +680,14 @@ impl DiskCache {
             .map(|(item, bytes)| (distance(item), item, bytes))
             .collect();
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
-        let target = self.capacity.saturating_sub(bytes);
+        // A cache of many items frees a sixty-fourth of itself beyond what this write needs, so
+        // that the scan and sort above run once per that many bytes written, not on every write
+        // (with hundreds of thousands of items, they take tens of milliseconds).
+        let slack = match candidates.len() >= EVICTION_BATCH_FROM {
+            true => self.capacity / 64,
+            false => 0,
+        };
+        let target = self.capacity.saturating_sub(bytes + slack);
         for (_, item, size) in candidates {
             if self.used() <= target {
                 break;
@@ -690,6 +698,9 @@ impl DiskCache {
         }
     }
 }
+
+/// Items from which an eviction frees more than the write in hand needs.
+const EVICTION_BATCH_FROM: usize = 1024;
 
 const BLOB_MAGIC: &[u8; 8] = b"TFSBLOB1";
 
@@ -1021,6 +1032,41 @@ mod tests {
         assert!(!c.path(item).exists());
         assert!(!c.tmp.join("999999999-0").exists());
         assert_eq!(c.used(), 0);
+    }
+
+    #[test]
+    fn a_full_cache_of_many_items_is_not_scanned_on_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let data = vec![0u8; 10];
+        let n = EVICTION_BATCH_FROM as u64 * 2;
+        let item_bytes = {
+            let probe = cache(&dir.path().join("probe"), u64::MAX);
+            assert!(probe.store_columns(0, 1, &[&data], &|_| 0, &Stats::default()));
+            probe.used()
+        };
+        let c = cache(&dir.path().join("c"), n * item_bytes);
+        let distance = |i: Item| match i {
+            Item::Columns { rg } => rg as u64,
+            _ => u64::MAX,
+        };
+        for rg in 0..n as usize {
+            assert!(c.store_columns(rg, 1, &[&data], &distance, &stats));
+        }
+        let evictions = || stats.c.cache_evictions.load(Ordering::Relaxed);
+        assert_eq!(evictions(), 0, "it fits exactly");
+        // One more: the furthest items go, a sixty-fourth of the cache beyond the one needed.
+        assert!(c.store_columns(n as usize, 1, &[&data], &distance, &stats));
+        let freed = evictions();
+        assert_eq!(freed, 1 + n / 64);
+        assert!(!c.contains(Item::Columns { rg: n as usize - 1 }));
+        assert!(c.contains(Item::Columns { rg: 0 }));
+        // The next writes fit in the room that left: no eviction, so no scan.
+        for rg in 0..n / 64 {
+            assert!(c.store_columns(rg as usize + 10_000, 1, &[&data], &distance, &stats));
+        }
+        assert_eq!(evictions(), freed);
+        assert!(c.used() <= n * item_bytes);
     }
 
     #[test]
