@@ -159,7 +159,11 @@ impl Prefetcher {
         // nothing reads the epoch after the last.
         let last = self.epochs.max(dir.global(i).0 + 1);
         let cache = self.engine.cache.as_ref().expect("checked above");
-        for (d, j) in ahead(dir, i, self.depth, &count) {
+        // The batches whose files are built next, then those whose row groups are decoded
+        // further ahead (the lead): one walk of the plan.
+        let walk = ahead(dir, i, self.depth + self.engine.row_group_lead(), &count);
+        let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
+        for &(d, j) in files {
             if d.global(j).0 >= last {
                 break;
             }
@@ -185,12 +189,9 @@ impl Prefetcher {
                 });
             }
         }
-        // Row groups are decoded further ahead than the batch files are built (the lead): each
-        // batch between the files above and that horizon has its row groups asked for once,
+        // Each batch between the files above and the horizon has its row groups asked for once,
         // nearest first, from the reader's first steps on, so every batch's row groups are
         // decoded well before its file is built. Queued after the files, which come first.
-        let walk = ahead(dir, i, self.depth + self.engine.row_group_lead(), &count);
-        let beyond = &walk[walk.len().min(self.depth as usize)..];
         if self.engine.memory() as u64 <= self.memory_limit {
             let fresh = {
                 let mut readers = self.readers.lock().unwrap();
