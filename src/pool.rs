@@ -60,11 +60,21 @@ pub struct Pool {
     waiters: Option<Arc<Mutex<Waiters>>>,
 }
 
+/// Lowers the calling thread to nice [`NICE`]; its thread id.
+fn lower_own_priority() -> libc::pid_t {
+    // SAFETY: gettid has no preconditions; setpriority on our own thread id only lowers its
+    // priority, which needs no privilege. Failure leaves it as it was.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE);
+        tid
+    }
+}
+
 /// Whether this process may move a thread into `SCHED_IDLE` and back out of it.
 fn idle_class_reversible() -> bool {
     std::thread::spawn(|| {
-        // SAFETY: setpriority on the calling thread's own id only lowers its priority.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, NICE) };
+        lower_own_priority();
         set_class(0, Class::Idle) && set_class(0, Class::Low)
     })
     .join()
@@ -82,13 +92,7 @@ impl Pool {
             std::thread::Builder::new()
                 .name(format!("tensorfs-transform-{i}"))
                 .spawn(move || {
-                    // SAFETY: gettid has no preconditions; setpriority on our own thread id only
-                    // lowers its priority, which needs no privilege. Failure leaves it as it was.
-                    let tid = unsafe {
-                        let tid = libc::gettid();
-                        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE);
-                        tid
-                    };
+                    let tid = lower_own_priority();
                     if let Some(w) = &waiters {
                         let mut w = w.lock().unwrap();
                         set_class(tid, w.class());
