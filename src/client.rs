@@ -45,13 +45,54 @@ pub enum Format {
     Both,
 }
 
-/// Opens every batch file of the epochs (which materialises it on the mount's SSD cache),
-/// `jobs` at a time, with a progress bar.
-pub fn warm(mountpoint: &Path, epochs: Option<&str>, format: Format, jobs: usize) -> Result<()> {
+/// `R-of-W`: rank R of W.
+pub fn parse_rank(s: &str) -> Result<(u64, u64)> {
+    let bad = || anyhow!("--rank {s}: expected R-of-W with R < W, such as 3-of-8");
+    let (r, w) = s.split_once("-of-").ok_or_else(bad)?;
+    let (r, w): (u64, u64) = (r.parse().map_err(|_| bad())?, w.parse().map_err(|_| bad())?);
+    if r >= w {
+        return Err(bad());
+    }
+    Ok((r, w))
+}
+
+/// Opens every batch file of the epochs (which materialises it on the mount's SSD cache), or
+/// of the rank views `ranks` of them, `jobs` at a time, with a progress bar.
+pub fn warm(
+    mountpoint: &Path,
+    epochs: Option<&str>,
+    ranks: &[String],
+    format: Format,
+    jobs: usize,
+) -> Result<()> {
     let ds = read_json(&mountpoint.join("dataset.json"))?;
     let batches = ds["batches_per_epoch"]
         .as_u64()
         .context("dataset.json has no batches_per_epoch")?;
+    let ranks: Vec<(u64, u64)> = ranks.iter().map(|r| parse_rank(r)).collect::<Result<_>>()?;
+    // A rank view's batches: those of the epoch, every W-th from R, numbered from 0. Their
+    // count comes from the plan (rank views leave the leftover batches out), so it is read
+    // from the mount itself.
+    let rank_count = |w: u64| -> Result<u64> {
+        let dir = mountpoint.join(format!("epoch-0/rank-0-of-{w}"));
+        let n = std::fs::read_dir(&dir)
+            .with_context(|| format!("'{}' cannot be listed", dir.display()))?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.ends_with(".safetensors") && name != "all.safetensors"
+            })
+            .count();
+        Ok(n as u64)
+    };
+    let dirs: Vec<(String, u64)> = if ranks.is_empty() {
+        vec![(String::new(), batches)]
+    } else {
+        ranks
+            .iter()
+            .map(|&(r, w)| Ok((format!("rank-{r}-of-{w}"), rank_count(w)?)))
+            .collect::<Result<_>>()?
+    };
     let epochs = match epochs {
         Some(e) => parse_epochs(e)?,
         None => 0..ds["epochs"].as_u64().unwrap_or(1),
@@ -68,17 +109,19 @@ pub fn warm(mountpoint: &Path, epochs: Option<&str>, format: Format, jobs: usize
     let width = batches.saturating_sub(1).to_string().len().max(6);
     let mut files: Vec<PathBuf> = Vec::new();
     for e in epochs.clone() {
-        for i in 0..batches {
-            let base = mountpoint.join(format!("epoch-{e}"));
-            if format != Format::Npy {
-                files.push(base.join(format!("{i:0width$}.safetensors")));
-            }
-            if format != Format::Safetensors {
-                files.extend(
-                    tensors
-                        .iter()
-                        .map(|t| base.join(format!("{i:0width$}/{t}.npy"))),
-                );
+        for (sub, count) in &dirs {
+            for i in 0..*count {
+                let base = mountpoint.join(format!("epoch-{e}")).join(sub);
+                if format != Format::Npy {
+                    files.push(base.join(format!("{i:0width$}.safetensors")));
+                }
+                if format != Format::Safetensors {
+                    files.extend(
+                        tensors
+                            .iter()
+                            .map(|t| base.join(format!("{i:0width$}/{t}.npy"))),
+                    );
+                }
             }
         }
     }

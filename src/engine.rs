@@ -5,7 +5,7 @@
 
 use crate::cache::{DiskCache, Item};
 use crate::format::{self, TensorLayout};
-use crate::plan::{EpochOrder, Plan, Shuffle};
+use crate::plan::{EpochOrder, Plan, Shuffle, Stride};
 use crate::pool::{Pool, ReaderWaits};
 use crate::prefetch::FileKind;
 use crate::source::Source;
@@ -303,7 +303,9 @@ impl Engine {
             // Every batch needs every row group: nothing to look ahead to.
             Shuffle::Global => return 0,
         };
-        (self.plan.max_row_group_rows() * per_window).div_ceil(o.batch_size)
+        // With P partitions, batches draw from them in turn: a row group's rows are spread over
+        // P times as many batches of the epoch.
+        (self.plan.max_row_group_rows() * per_window * o.partitions).div_ceil(o.batch_size)
     }
 
     /// How many batches ahead of a reader the prefetcher starts decoding the row groups (the
@@ -411,26 +413,33 @@ impl Engine {
         let plan = self.plan.clone();
         let cache = self.cache.clone();
         let repeat = plan.epochs_repeat();
-        // A row group is needed again by the first batch of its span, from here on, that is not
-        // in the cache yet; after that, by the next epoch.
-        let needed_in = move |span: std::ops::Range<u64>, from: u64| -> Option<u64> {
-            if span.end <= from {
-                return None;
-            }
-            let (first, last) = (span.start.max(from) / bs, (span.end - 1) / bs);
-            if last - first > 64 {
-                // A span that wide (shuffle=global) is needed by every batch alike.
-                return Some(span.start.saturating_sub(from));
-            }
-            (first..=last)
-                .find(|&b| !cache.as_ref().is_some_and(|c| c.has_batch(epoch, b)))
-                .map(|b| (b * bs).saturating_sub(from))
+        // A row group is needed again by the first batch that may draw from it, from here on,
+        // that is not in the cache yet; after that, by the next epoch.
+        let needed_in = move |strides: Vec<Stride>, from: u64| -> Option<u64> {
+            strides
+                .iter()
+                .filter_map(|s| {
+                    let mut members = s.from(from);
+                    if s.count > 64 {
+                        // A set that large (shuffle=global) is needed by every batch alike.
+                        return members.next();
+                    }
+                    members.find(|&b| !cache.as_ref().is_some_and(|c| c.has_batch(epoch, b)))
+                })
+                .min()
+                .map(|b| (b - from) * bs)
         };
         Box::new(move |item| match item {
             Item::Columns { rg } => {
                 let at = batch * bs;
-                needed_in(plan.row_group_span(&this, rg), at)
-                    .unwrap_or_else(|| per_epoch - at + plan.row_group_span(&next, rg).start)
+                needed_in(plan.row_group_batches(&this, rg), batch).unwrap_or_else(|| {
+                    let first = plan
+                        .row_group_batches(&next, rg)
+                        .iter()
+                        .map(|s| s.first)
+                        .min();
+                    first.map_or(u64::MAX, |b| per_epoch - at + b * bs)
+                })
             }
             _ => {
                 let (e, i) = item.batch().expect("a batch item");

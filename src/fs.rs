@@ -9,7 +9,7 @@
 use crate::cache::Item;
 use crate::engine::Engine;
 use crate::format;
-use crate::plan::{rank_batches, rank_to_global};
+use crate::plan::rank_to_global;
 use crate::prefetch::{FileKind, Prefetcher};
 use crate::stats::Stats;
 use std::collections::HashMap;
@@ -29,6 +29,8 @@ pub const DATASET_JSON: &str = "dataset.json";
 const GDS: &str = "gds";
 const META: &str = ".tensorfs";
 const STATS_JSON: &str = "stats.json";
+const ALL: &str = "all";
+const ALL_SAFETENSORS: &str = "all.safetensors";
 /// The extended attribute that names a batch file's backing file.
 pub const PATH_XATTR: &str = "user.tensorfs.path";
 /// How long a backing file handed out by path stays pinned in the cache.
@@ -80,6 +82,12 @@ pub enum Node {
     Safetensors(u32, u64),
     BatchDir(u32, u64),
     Npy(u32, u64, usize),
+    /// `all.safetensors`: every batch of the directory, concatenated.
+    AllSafetensors(u32),
+    /// `all/`
+    AllDir(u32),
+    /// `all/NAME.npy`
+    AllNpy(u32, usize),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +125,9 @@ fn encode(node: Node) -> u64 {
         Node::Safetensors(d, i) => pack(2, d, i, 0),
         Node::BatchDir(d, i) => pack(3, d, i, 0),
         Node::Npy(d, i, t) => pack(4, d, i, t),
+        Node::AllSafetensors(d) => pack(5, d, 0, 0),
+        Node::AllDir(d) => pack(6, d, 0, 0),
+        Node::AllNpy(d, t) => pack(7, d, 0, t),
     }
 }
 
@@ -134,6 +145,9 @@ fn decode(ino: u64) -> Option<Node> {
         (2, _) => Node::Safetensors(d, i),
         (3, _) => Node::BatchDir(d, i),
         (4, _) => Node::Npy(d, i, t),
+        (5, _) => Node::AllSafetensors(d),
+        (6, _) => Node::AllDir(d),
+        (7, _) => Node::AllNpy(d, t),
         _ => return None,
     })
 }
@@ -288,7 +302,7 @@ impl Fs {
     fn count(&self, b: Batches) -> u64 {
         match b {
             Batches::Epoch(_) => self.engine.plan.batches(),
-            Batches::Rank { world, .. } => rank_batches(self.engine.plan.batches(), world),
+            Batches::Rank { world, .. } => self.engine.plan.rank_batches(world),
         }
     }
 
@@ -312,6 +326,23 @@ impl Fs {
         let node = self.node(ino)?;
         let (kind, size) = match node {
             Node::Root | Node::Meta | Node::Dir(_) | Node::BatchDir(..) => (Kind::Dir, 0),
+            // The one-open files are served by the daemon from built batches, with no backing
+            // file: under gds/ they link to themselves in the main tree.
+            Node::AllSafetensors(d) | Node::AllNpy(d, _) if self.dir_entry(d)?.1 => {
+                (Kind::Symlink, self.all_link(node)?.len() as u64)
+            }
+            Node::AllDir(_) => (Kind::Dir, 0),
+            Node::AllSafetensors(d) => {
+                let rows = self.dir_rows(self.dir(d)?);
+                let header = format::safetensors_header(&self.engine.layouts(rows));
+                (Kind::File, header.len() as u64 + rows * self.row_bytes())
+            }
+            Node::AllNpy(d, t) => {
+                let rows = self.dir_rows(self.dir(d)?);
+                let tensor = &self.engine.view.tensors[t];
+                let header = format::npy_header_len(tensor.dtype, &tensor.shape(rows));
+                (Kind::File, header as u64 + rows * tensor.row_bytes() as u64)
+            }
             Node::Gds if self.engine.cache.is_some() => (Kind::Dir, 0),
             Node::Gds => return Err(libc::ENOENT),
             Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
@@ -348,7 +379,11 @@ impl Fs {
             }
             Node::Dir(d) => {
                 let (b, gds) = self.dir_entry(d)?;
-                if let Some(stem) = name.strip_suffix(".safetensors") {
+                if name == ALL_SAFETENSORS {
+                    Node::AllSafetensors(d)
+                } else if name == ALL {
+                    Node::AllDir(d)
+                } else if let Some(stem) = name.strip_suffix(".safetensors") {
                     Node::Safetensors(d, self.parse_batch(b, stem).ok_or(libc::ENOENT)?)
                 } else if let Some(i) = self.parse_batch(b, name) {
                     Node::BatchDir(d, i)
@@ -371,6 +406,13 @@ impl Fs {
                     .and_then(|n| self.tensor_index.get(n))
                     .ok_or(libc::ENOENT)?;
                 Node::Npy(d, i, *t)
+            }
+            Node::AllDir(d) => {
+                let t = name
+                    .strip_suffix(".npy")
+                    .and_then(|n| self.tensor_index.get(n))
+                    .ok_or(libc::ENOENT)?;
+                Node::AllNpy(d, *t)
             }
             _ => return Err(libc::ENOTDIR),
         };
@@ -440,10 +482,15 @@ impl Fs {
                         } else {
                             entry(Node::BatchDir(d, i), Kind::Dir, self.batch_name(i))
                         })
+                    } else if k == 2 * n {
+                        Some(entry(Node::AllSafetensors(d), file, ALL_SAFETENSORS.into()))
+                    } else if k == 2 * n + 1 {
+                        Some(entry(Node::AllDir(d), Kind::Dir, ALL.into()))
                     } else {
+                        let after = 2 * n + 2;
                         match (b, self.world_size) {
-                            (Batches::Epoch(epoch), Some(world)) if k - 2 * n < world => {
-                                let rank = k - 2 * n;
+                            (Batches::Epoch(epoch), Some(world)) if k - after < world => {
+                                let rank = k - after;
                                 let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
                                 Some(entry(
                                     Node::Dir(id),
@@ -454,6 +501,16 @@ impl Fs {
                             _ => None,
                         }
                     }
+                }
+                Node::AllDir(d) => {
+                    let file = if self.dir_entry(d)?.1 {
+                        Kind::Symlink
+                    } else {
+                        Kind::File
+                    };
+                    self.engine.view.tensors.get(k as usize).map(|t| {
+                        entry(Node::AllNpy(d, k as usize), file, format!("{}.npy", t.name))
+                    })
                 }
                 Node::BatchDir(d, i) => {
                     let file = if self.dir_entry(d)?.1 {
@@ -502,6 +559,7 @@ impl Fs {
             Kind::File => Ok(match node {
                 Node::StatsJson => Openable::Live(self.stats_json()),
                 Node::DatasetJson => Openable::Fixed,
+                Node::AllSafetensors(_) | Node::AllNpy(..) => Openable::Concatenated,
                 _ => Openable::Batch,
             }),
         }
@@ -573,7 +631,27 @@ impl Fs {
         if self.getattr(ino)?.kind != Kind::Symlink {
             return Err(libc::EINVAL);
         }
-        self.handed_out_path(self.node(ino)?).await
+        match self.node(ino)? {
+            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
+                Ok(self.all_link(node)?.into_bytes())
+            }
+            node => self.handed_out_path(node).await,
+        }
+    }
+
+    /// Where a `gds/` link to a one-open file points: the same file in the main tree, by a
+    /// relative path (no backing file holds its bytes; a cuFile reader reads it in
+    /// compatibility mode).
+    fn all_link(&self, node: Node) -> Result<String, Errno> {
+        let (d, file) = match node {
+            Node::AllSafetensors(d) => (d, ALL_SAFETENSORS.to_string()),
+            Node::AllNpy(d, t) => (d, format!("{ALL}/{}.npy", self.engine.view.tensors[t].name)),
+            _ => return Err(libc::EINVAL),
+        };
+        let dir = self.dir(d)?.name();
+        // Up from the link's directory (gds/, the directory, and all/ for a .npy) to the root.
+        let depth = 1 + dir.matches('/').count() + 1 + file.matches('/').count();
+        Ok(format!("{}{dir}/{file}", "../".repeat(depth)))
     }
 
     /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
@@ -606,6 +684,10 @@ impl Fs {
             Node::DatasetJson => return Ok(slice(&[&self.dataset_json], offset, size)),
             Node::StatsJson => return Ok(slice(&[&self.stats_json()], offset, size)),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => (self.dir(d)?, i),
+            Node::AllSafetensors(d) => {
+                return self.read_all(self.dir(d)?, None, offset, size).await;
+            }
+            Node::AllNpy(d, t) => return self.read_all(self.dir(d)?, Some(t), offset, size).await,
             _ => return Err(libc::EISDIR),
         };
         let (epoch, g) = b.global(i);
@@ -631,6 +713,89 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// Bytes of one row of every tensor.
+    fn row_bytes(&self) -> u64 {
+        self.engine
+            .view
+            .tensors
+            .iter()
+            .map(|t| t.row_bytes() as u64)
+            .sum()
+    }
+
+    /// Rows of a directory's batches, back to back: all full but the epoch's last batch, which
+    /// a directory holds, if at all, as its own last.
+    fn dir_rows(&self, b: Batches) -> u64 {
+        let n = self.count(b);
+        if n == 0 {
+            return 0;
+        }
+        let bs = self.engine.plan.options().batch_size;
+        let (_, last) = b.global(n - 1);
+        (n - 1) * bs + self.engine.plan.batch_len(last)
+    }
+
+    /// Reads `size` bytes at `offset` of a directory's `all.safetensors` (`tensor` None) or
+    /// `all/NAME.npy`: the header, then each tensor's rows of every batch in batch order, built
+    /// (or taken from memory) only for the batches the read spans.
+    async fn read_all(
+        &self,
+        b: Batches,
+        tensor: Option<usize>,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, Errno> {
+        let rows = self.dir_rows(b);
+        let tensors = &self.engine.view.tensors;
+        let (header, parts): (Vec<u8>, Vec<usize>) = match tensor {
+            Some(t) => (
+                format::npy_header(tensors[t].dtype, &tensors[t].shape(rows)),
+                vec![t],
+            ),
+            None => (
+                format::safetensors_header(&self.engine.layouts(rows)),
+                (0..tensors.len()).collect(),
+            ),
+        };
+        let bs = self.engine.plan.options().batch_size;
+        let end = offset + size as u64;
+        let mut out = slice(&[&header], offset, size);
+        let mut base = header.len() as u64;
+        for t in parts {
+            let row = tensors[t].row_bytes() as u64;
+            let len = rows * row;
+            let (from, to) = (offset.max(base), end.min(base + len));
+            let per_batch = bs * row;
+            let mut at = from;
+            while at < to {
+                let j = (at - base) / per_batch;
+                let within = at - base - j * per_batch;
+                let (epoch, g) = b.global(j);
+                self.engine.reader_at(epoch, g);
+                if let Ok(dir) = self.dir_id(b, false) {
+                    self.accessed(Node::Safetensors(dir, j));
+                }
+                let _waits = self.engine.reader_waits();
+                let batch = self.engine.batch(epoch, g).await.map_err(|e| {
+                    tracing::error!("epoch {epoch} batch {g}: {}", crate::describe(&e));
+                    libc::EIO
+                })?;
+                let data = &batch.tensors[t];
+                let take = (to - at).min((data.len() as u64).saturating_sub(within));
+                if take == 0 {
+                    tracing::error!("epoch {epoch} batch {g}: shorter than the plan says");
+                    return Err(libc::EIO);
+                }
+                out.extend_from_slice(&data[within as usize..(within + take) as usize]);
+                at += take;
+            }
+            base += len;
+        }
+        Ok(out)
+    }
+}
+
 /// How an openable file is served.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Openable {
@@ -638,6 +803,8 @@ pub enum Openable {
     Batch,
     /// dataset.json: fixed for the mount's life.
     Fixed,
+    /// `all.safetensors`, `all/NAME.npy`: served by the daemon from the batches a read spans.
+    Concatenated,
     /// stats.json: new content on every open.
     Live(Vec<u8>),
 }

@@ -248,7 +248,10 @@ impl Filesystem for FuseAdapter {
                 self.handles.lock().unwrap().open.insert(fh, handle);
                 return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
-            Openable::Fixed => return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            // Their bytes never change: the kernel keeps them cached across opens.
+            Openable::Fixed | Openable::Concatenated => {
+                return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+            }
             Openable::Batch => {}
         }
         let started = std::time::Instant::now();

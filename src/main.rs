@@ -36,6 +36,10 @@ enum Command {
         /// Which files to materialise.
         #[arg(long, value_enum, default_value = "safetensors")]
         format: tensorfs::client::Format,
+        /// Warm one rank's view only, R-of-W (e.g. 3-of-8): the batches of
+        /// `epoch-N/rank-R-of-W/`; repeat for each local rank.
+        #[arg(long, value_name = "R-of-W")]
+        rank: Vec<String>,
         /// Files opened at once.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
         jobs: u16,
@@ -122,7 +126,7 @@ fn main() -> ExitCode {
         } => {
             let run = || -> anyhow::Result<()> {
                 let opts = Options::parse(&options)?;
-                let mountpoint = mount::check_mountpoint(&mountpoint)?;
+                let mountpoint = mount::check_mountpoint(&mountpoint, opts.nonempty)?;
                 let ready = if foreground {
                     Ready::Foreground
                 } else {
@@ -141,8 +145,15 @@ fn main() -> ExitCode {
             mountpoint,
             epochs,
             format,
+            rank,
             jobs,
-        } => match tensorfs::client::warm(&mountpoint, epochs.as_deref(), format, jobs as usize) {
+        } => match tensorfs::client::warm(
+            &mountpoint,
+            epochs.as_deref(),
+            &rank,
+            format,
+            jobs as usize,
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e),
         },
@@ -195,6 +206,37 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.last_batch_len(),
         opts.shuffle.name()
     );
+    let p = d.plan.partitions();
+    if p > 1 {
+        let sizes: Vec<u64> = (0..p)
+            .map(|i| d.plan.partition_rows(i))
+            .map(|r| r.end - r.start)
+            .collect();
+        let (lo, hi) = (sizes.iter().min(), sizes.iter().max());
+        println!(
+            "partitions   {p} of {}..{} rows: {} batches each ({} single-partition batches), then {} leftover rows in {} batches",
+            lo.unwrap_or(&0),
+            hi.unwrap_or(&0),
+            d.plan.batches_per_partition(),
+            d.plan.single_partition_batches(),
+            d.plan.leftover_rows(),
+            d.plan.batches() - d.plan.single_partition_batches().min(d.plan.batches()),
+        );
+    }
+    if let Some(w) = opts.world_size {
+        println!(
+            "ranks        {w}: {} batches each, {} left out of rank views{}",
+            d.plan.rank_batches(w),
+            d.plan.rank_left_out(w),
+            if p > 1 && !p.is_multiple_of(w) {
+                format!(
+                    " (world_size={w} does not divide partitions={p}: each rank reads from every partition)"
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     println!("tensors");
     let width = d
         .view

@@ -63,19 +63,43 @@ impl Dataset {
         view::dataset_json(&self.source, &self.view, &self.plan, opts)
     }
 
-    /// `shuffle=global` gathers every batch from every row group's columns, so all of them must
-    /// fit the local cache, with room for the batch files kept ready ahead.
+    /// `shuffle=global` gathers every batch from every row group's columns of its partition, so
+    /// all of them must fit the local cache, with room for the batch files kept ready ahead. With
+    /// `world_size=W` dividing `partitions=P`, a host reading one rank's view needs only that
+    /// rank's partitions: the largest such share is what must fit.
     pub fn check_global(&self, opts: &Options, capacity: u64) -> Result<()> {
         if opts.shuffle != crate::plan::Shuffle::Global {
             return Ok(());
         }
+        let plan = &self.plan;
         let row: u64 = self.view.tensors.iter().map(|t| t.row_bytes() as u64).sum();
-        let columns = self.plan.rows() * row + self.plan.row_groups() as u64 * 4096;
+        let parts = plan.partitions();
+        let share = |rank: u64, world: u64| -> u64 {
+            (rank..parts)
+                .step_by(world as usize)
+                .map(|p| {
+                    let r = plan.partition_rows(p);
+                    r.end - r.start
+                })
+                .sum()
+        };
+        let (rows, what) = match opts.world_size {
+            Some(w) if parts > 1 && parts.is_multiple_of(w) && w > 1 => (
+                (0..w).map(|r| share(r, w)).max().unwrap_or(0),
+                format!(
+                    "one rank's share of the decoded dataset (partitions R, R+{w}, … of {parts})"
+                ),
+            ),
+            _ => (plan.rows(), "the whole decoded dataset".to_string()),
+        };
+        // Each partition's share of a row group split between two counts as a whole one.
+        let groups = (plan.row_groups() as u64 * rows).div_ceil(plan.rows().max(1)) + parts;
+        let columns = rows * row + groups * 4096;
         let batches = (opts.prefetch + 2) * (opts.batch_size * row + 4096);
         let need = columns + batches;
         if need > capacity {
             bail!(
-                "shuffle=global needs the whole decoded dataset in the local cache ({} with the batches kept ready), but cache_size is {}; raise cache_size or use shuffle=window",
+                "shuffle=global needs {what} in the local cache ({} with the batches kept ready), but cache_size is {}; raise cache_size, use more partitions= across hosts with world_size=, or use shuffle=window",
                 crate::options::human_size(need),
                 crate::options::human_size(capacity)
             );
@@ -85,18 +109,10 @@ impl Dataset {
 
     /// Opens the local cache for this dataset and these content options.
     pub fn open_cache(&self, opts: &Options, width: usize) -> Result<DiskCache> {
-        let o = opts.to_json();
-        let pick =
-            |keys: &[&str]| -> String { keys.iter().map(|k| format!("{k}={};", o[*k])).collect() };
+        let content = opts.content();
         let fingerprint = self.source.fingerprint();
-        let columns = pick(&["columns", "cast", "stack", "pad", "nulls"]);
-        let order = pick(&[
-            "batch_size",
-            "drop_last",
-            "seed",
-            "shuffle",
-            "shuffle_window",
-        ]);
+        let columns = content.columns.to_string();
+        let order = content.order.to_string();
         let ckey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
         let bkey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes(), order.as_bytes()]);
         let capacity = match opts.cache_size {
@@ -193,8 +209,9 @@ fn find_in_path(name: &str) -> bool {
         .any(|d| d.join(name).is_file())
 }
 
-/// Checks the mount point before any work: a directory without a FUSE mount on it.
-pub fn check_mountpoint(mountpoint: &str) -> Result<PathBuf> {
+/// Checks the mount point before any work: a directory without a FUSE mount on it, and empty
+/// unless `nonempty` (a mount over files would hide them).
+pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
     let unusable = |e: std::io::Error| match e.raw_os_error() {
         Some(libc::ENOTCONN) => anyhow!(
             "mount point '{mountpoint}' is a FUSE mount whose daemon has died; unmount it first (umount {mountpoint})"
@@ -207,6 +224,11 @@ pub fn check_mountpoint(mountpoint: &str) -> Result<PathBuf> {
     }
     if fuse_mounted_on(&path) {
         bail!("mount point '{mountpoint}' already has a FUSE mount; unmount it first");
+    }
+    if !nonempty && std::fs::read_dir(&path).map_err(unusable)?.next().is_some() {
+        bail!(
+            "mount point '{mountpoint}' is not empty: mounting would hide its files; empty it, or mount over it with -o nonempty"
+        );
     }
     Ok(path)
 }

@@ -19,6 +19,24 @@ pub enum Nulls {
     Zero,
 }
 
+impl Nulls {
+    pub fn name(self) -> &'static str {
+        match self {
+            Nulls::Error => "error",
+            Nulls::Zero => "zero",
+        }
+    }
+}
+
+/// The content options (see [`Options::content`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Content {
+    /// What decides the decoded columns of a row group.
+    pub columns: serde_json::Value,
+    /// What decides which rows form each batch.
+    pub order: serde_json::Value,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Passthrough {
     Auto,
@@ -38,6 +56,7 @@ pub struct Options {
     pub stacks: Vec<(String, Vec<String>)>,
     pub pads: Vec<(String, usize)>,
     pub nulls: Nulls,
+    pub partitions: u64,
     // Runtime options.
     pub epochs: u64,
     pub world_size: Option<u64>,
@@ -50,6 +69,8 @@ pub struct Options {
     pub allow_other: bool,
     /// Unmount when the daemon dies (through fusermount3).
     pub auto_unmount: bool,
+    /// Mount over a directory that is not empty.
+    pub nonempty: bool,
     pub log: String,
     /// object_store configuration keys, passed to the store as they are.
     pub store: Vec<(String, String)>,
@@ -129,6 +150,7 @@ impl Default for Options {
             stacks: Vec::new(),
             pads: Vec::new(),
             nulls: Nulls::Error,
+            partitions: 1,
             epochs: 1,
             world_size: None,
             cache_dir: default_cache_dir(),
@@ -139,6 +161,7 @@ impl Default for Options {
             passthrough: Passthrough::Auto,
             allow_other: false,
             auto_unmount: false,
+            nonempty: false,
             log: "info".into(),
             store: Vec::new(),
         }
@@ -196,12 +219,73 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
-/// Splits `COL:REST` at the first `:`; both parts must be non-empty.
-fn pair<'a>(key: &str, value: &'a str, what: &str) -> Result<(&'a str, &'a str), OptionError> {
-    match value.split_once(':') {
-        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a, b)),
-        _ => Err(bad(key, value, format!("expected {key}={what}"))),
+/// Characters that separate things in option strings, which a name escapes with `\`.
+const SEPARATORS: &[char] = &['\\', ',', ':', '+', '='];
+
+/// A column or tensor name as an option value writes it: every separator (and `\\` itself)
+/// escaped with a backslash, so that any printed hint can be pasted back as it is.
+pub fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if SEPARATORS.contains(&c) {
+            out.push('\\');
+        }
+        out.push(c);
     }
+    out
+}
+
+/// Splits `s` at every `sep` that no backslash escapes; the escapes stay in the parts (for a
+/// further split), [`unescape`] removes them.
+fn split_escaped(s: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut escaped) = (0, false);
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == sep {
+            parts.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// A name with its escapes removed: `\\x` is `x`; a trailing lone backslash stays.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '\\') {
+            (_, true) => out.push(chars.next().unwrap_or('\\')),
+            (c, false) => out.push(c),
+        }
+    }
+    out
+}
+
+/// Splits `COL:REST` at the first unescaped `:`; both parts must be non-empty. The first is a
+/// name, unescaped; the rest is left as written.
+fn pair<'a>(key: &str, value: &'a str, what: &str) -> Result<(String, &'a str), OptionError> {
+    let parts = split_escaped(value, ':');
+    let a = parts[0];
+    let b = value.get(a.len() + 1..).unwrap_or("");
+    if parts.len() < 2 || a.is_empty() || b.is_empty() {
+        return Err(bad(key, value, format!("expected {key}={what}")));
+    }
+    Ok((unescape(a), b))
+}
+
+/// A `:` or `+` separated list of names, each non-empty.
+fn names(value: &str, sep: char) -> Option<Vec<String>> {
+    let names: Vec<String> = split_escaped(value, sep)
+        .into_iter()
+        .map(unescape)
+        .collect();
+    (!names.iter().any(String::is_empty)).then_some(names)
 }
 
 impl Options {
@@ -209,7 +293,10 @@ impl Options {
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Options, OptionError> {
         let mut o = Options::default();
         for arg in args {
-            for opt in arg.as_ref().split(',').filter(|s| !s.is_empty()) {
+            for opt in split_escaped(arg.as_ref(), ',')
+                .into_iter()
+                .filter(|s| !s.is_empty())
+            {
                 o.apply(opt)?;
             }
         }
@@ -237,6 +324,7 @@ impl Options {
             "drop_last" => return flag(&mut self.drop_last),
             "allow_other" => return flag(&mut self.allow_other),
             "auto_unmount" => return flag(&mut self.auto_unmount),
+            "nonempty" => return flag(&mut self.nonempty),
             _ if is_generic(key) => return Ok(()),
             _ => {}
         }
@@ -246,10 +334,8 @@ impl Options {
         match key {
             "batch_size" => self.batch_size = positive(key, value)?,
             "columns" => {
-                let cols: Vec<String> = value.split(':').map(str::to_string).collect();
-                if cols.iter().any(String::is_empty) {
-                    return Err(bad(key, value, "expected columns=A:B:C"));
-                }
+                let cols =
+                    names(value, ':').ok_or_else(|| bad(key, value, "expected columns=A:B:C"))?;
                 self.columns = Some(cols);
             }
             "seed" => {
@@ -267,19 +353,18 @@ impl Options {
             }
             "shuffle_window" => self.shuffle_window = positive(key, value)?,
             "epochs" => self.epochs = positive(key, value)?,
+            "partitions" => self.partitions = positive(key, value)?,
             "world_size" => self.world_size = Some(positive(key, value)?),
             "cast" => {
                 let (col, dtype) = pair(key, value, "COL:DTYPE")?;
                 let dtype = dtype.parse::<DType>().map_err(|e| bad(key, value, e))?;
-                self.casts.push((col.into(), dtype));
+                self.casts.push((col, dtype));
             }
             "stack" => {
                 let (name, cols) = pair(key, value, "NAME:COL1+COL2+…")?;
-                let cols: Vec<String> = cols.split('+').map(str::to_string).collect();
-                if cols.iter().any(String::is_empty) {
-                    return Err(bad(key, value, "expected stack=NAME:COL1+COL2+…"));
-                }
-                self.stacks.push((name.into(), cols));
+                let cols = names(cols, '+')
+                    .ok_or_else(|| bad(key, value, "expected stack=NAME:COL1+COL2+…"))?;
+                self.stacks.push((name, cols));
             }
             "pad" => {
                 let (col, len) = pair(key, value, "COL:LENGTH")?;
@@ -290,7 +375,7 @@ impl Options {
                         "the length must be a whole number greater than 0",
                     )
                 })?;
-                self.pads.push((col.into(), len as usize));
+                self.pads.push((col, len as usize));
             }
             "nulls" => {
                 self.nulls = match value {
@@ -380,6 +465,65 @@ impl Options {
             shuffle: self.shuffle,
             window: self.shuffle_window,
             seed: self.seed,
+            partitions: self.partitions,
+        }
+    }
+
+    /// The content options, as two values the cache keys are derived from: what decides the
+    /// decoded columns, and what decides the order of rows into batches. Every field of
+    /// [`Options`] is named here with no `..`, so an option added to the struct does not compile
+    /// until it is placed on one side or the other: a content option cannot be left out of the
+    /// key, where it would serve stale bytes from a warm cache.
+    pub fn content(&self) -> Content {
+        use serde_json::json;
+        let Options {
+            batch_size,
+            drop_last,
+            columns,
+            seed,
+            shuffle,
+            shuffle_window,
+            casts,
+            stacks,
+            pads,
+            nulls,
+            partitions,
+            // Runtime options: how batches are produced and served, never their bytes.
+            epochs: _,
+            world_size: _,
+            cache_dir: _,
+            cache_size: _,
+            prefetch: _,
+            memory_limit: _,
+            threads: _,
+            passthrough: _,
+            allow_other: _,
+            auto_unmount: _,
+            nonempty: _,
+            log: _,
+            // The source is named by its fingerprint, not by how it is reached.
+            store: _,
+        } = self;
+        let casts: Vec<(&str, String)> = casts
+            .iter()
+            .map(|(c, d)| (c.as_str(), d.to_string()))
+            .collect();
+        Content {
+            columns: json!({
+                "columns": columns,
+                "cast": casts,
+                "stack": stacks,
+                "pad": pads,
+                "nulls": nulls.name(),
+            }),
+            order: json!({
+                "batch_size": batch_size,
+                "drop_last": drop_last,
+                "seed": seed,
+                "shuffle": shuffle.name(),
+                "shuffle_window": shuffle_window,
+                "partitions": partitions,
+            }),
         }
     }
 
@@ -420,14 +564,8 @@ impl Options {
                     .collect::<Vec<_>>()
             ),
         );
-        m.insert(
-            "nulls",
-            json!(if self.nulls == Nulls::Zero {
-                "zero"
-            } else {
-                "error"
-            }),
-        );
+        m.insert("nulls", json!(self.nulls.name()));
+        m.insert("partitions", json!(self.partitions));
         m.insert("epochs", json!(self.epochs));
         m.insert("world_size", json!(self.world_size));
         m.insert("cache_dir", json!(self.cache_dir));
@@ -445,6 +583,7 @@ impl Options {
         );
         m.insert("allow_other", json!(self.allow_other));
         m.insert("auto_unmount", json!(self.auto_unmount));
+        m.insert("nonempty", json!(self.nonempty));
         m.insert("log", json!(self.log));
         let store: BTreeMap<&str, &str> = self
             .store
@@ -510,6 +649,23 @@ mod tests {
     }
 
     #[test]
+    fn names_with_separators_are_escaped_with_a_backslash() {
+        let o = Options::parse(&[r"columns=a\:b:c,cast=x\,y:float16,stack=s\+t:p\+q+r,pad=l\\:4"])
+            .unwrap();
+        assert_eq!(o.columns, Some(vec!["a:b".to_string(), "c".to_string()]));
+        assert_eq!(o.casts, vec![("x,y".into(), DType::F16)]);
+        assert_eq!(
+            o.stacks,
+            vec![("s+t".into(), vec!["p+q".into(), "r".into()])]
+        );
+        assert_eq!(o.pads, vec![(r"l\".into(), 4)]);
+        for name in ["a:b", "x,y", r"back\slash", "p+q=r", "plain", "é:ü"] {
+            let o = Options::parse(&[format!("columns={}:z", escape(name))]).unwrap();
+            assert_eq!(o.columns, Some(vec![name.to_string(), "z".to_string()]));
+        }
+    }
+
+    #[test]
     fn generic_and_store_options() {
         let o = Options::parse(&[
             "defaults,nofail,_netdev,x-systemd.automount,ro,aws_endpoint=http://127.0.0.1:9000,aws_secret_access_key=s3cr3t",
@@ -547,7 +703,7 @@ mod tests {
 
         #[test]
         fn known_keys_with_any_value_never_panic(
-            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "log", "drop_last", "allow_other", "aws_region"]),
+            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
             value in "[ -+--~]{0,40}",
         ) {
             match Options::parse(&[format!("{key}={value}")]) {
@@ -555,6 +711,48 @@ mod tests {
                 Err(e) => proptest::prop_assert!(e.to_string().contains(key)),
             }
         }
+    }
+
+    #[test]
+    fn every_content_option_enters_the_cache_key_and_no_runtime_option_does() {
+        let base = Options::parse::<&str>(&[]).unwrap().content();
+        for content in [
+            "batch_size=7",
+            "drop_last",
+            "columns=a:b",
+            "seed=3",
+            "shuffle=global",
+            "shuffle_window=9",
+            "cast=a:float16",
+            "stack=s:a+b",
+            "pad=t:4",
+            "nulls=zero",
+            "partitions=8",
+        ] {
+            let c = Options::parse(&[content]).unwrap().content();
+            assert_ne!(c, base, "{content} is missing from the cache key");
+        }
+        for runtime in [
+            "epochs=5",
+            "world_size=4",
+            "cache_dir=/elsewhere",
+            "cache_size=1G",
+            "prefetch=2",
+            "memory_limit=64M",
+            "threads=1",
+            "passthrough=off",
+            "allow_other",
+            "auto_unmount",
+            "nonempty",
+            "log=debug",
+            "aws_region=eu-west-1",
+        ] {
+            let c = Options::parse(&[runtime]).unwrap().content();
+            assert_eq!(c, base, "{runtime} would make a new cache");
+        }
+        // The order alone changes with the partitions: the decoded columns are shared.
+        let parted = Options::parse(&["partitions=8"]).unwrap().content();
+        assert_eq!(parted.columns, base.columns);
     }
 
     #[test]

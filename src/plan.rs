@@ -2,17 +2,29 @@
 //!
 //! Everything here is a pure function of the row-group sizes and the content options, so any
 //! batch is computed alone (mid-epoch resumption is opening batch `k`), on any host, with any
-//! thread count. Randomness comes from ChaCha20 seeded with (seed, epoch); each window reads its
-//! own ChaCha stream, so a window's order is computed without computing the windows before it.
+//! thread count. Randomness comes from ChaCha20 seeded with (seed, epoch, partition); each window
+//! reads its own ChaCha stream, so a window's order is computed without computing the windows
+//! before it.
 //!
 //! Rows are named by their canonical index: files in lexicographic order, row groups and rows
 //! in file order.
+//!
+//! **Partitions.** The canonical rows are cut into `partitions` contiguous ranges whose sizes
+//! differ by at most one row (a row group is split where a cut falls inside it). The cut depends
+//! only on the row count, so it is the same in every epoch and a host's cache keeps its share.
+//! Each epoch orders every partition's rows by the shuffle mode inside the partition. Each
+//! partition then serves the same number `n` of full batches: batch `i < n × P` is local batch
+//! `i / P` of partition `i mod P`. The rows left over (each partition's order past `n × B`,
+//! partitions in turn) form the epoch's last batches. With one partition this is the plain
+//! epoch: positions map to the partition's order one to one.
 
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use std::collections::HashMap;
+use std::ops::Range;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Shuffle {
     /// Canonical order.
     None,
@@ -41,18 +53,50 @@ pub struct OrderOptions {
     /// Row groups per shuffle window.
     pub window: u64,
     pub seed: u64,
+    /// Fixed partitions of the rows (1: the whole dataset is one).
+    pub partitions: u64,
 }
 
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Canonical index of each row group's first row; one more entry holding the row count.
     rg_start: Vec<u64>,
+    /// Canonical index of each partition's first row; one more entry holding the row count.
+    part_start: Vec<u64>,
+    /// Row groups (pieces of them where a partition boundary cuts one) of each partition, as
+    /// (row group, canonical rows).
+    segments: Vec<Vec<(usize, Range<u64>)>>,
+    /// Full batches each partition serves per epoch.
+    per_partition: u64,
+    /// Where each partition's leftover rows start among the epoch's leftover rows; one more
+    /// entry holding their count.
+    leftover_start: Vec<u64>,
     opts: OrderOptions,
+}
+
+/// A set of batch indices `first, first + step, …` (`count` of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stride {
+    pub first: u64,
+    pub step: u64,
+    pub count: u64,
+}
+
+impl Stride {
+    /// The first batch of the set at or after `from`, and the members from there on.
+    pub fn from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+        let skip = if from <= self.first {
+            0
+        } else {
+            (from - self.first).div_ceil(self.step)
+        };
+        (skip..self.count).map(move |k| self.first + k * self.step)
+    }
 }
 
 impl Plan {
     pub fn new(rg_rows: &[u64], opts: OrderOptions) -> Plan {
-        assert!(opts.batch_size > 0 && opts.window > 0);
+        assert!(opts.batch_size > 0 && opts.window > 0 && opts.partitions > 0);
         let mut rg_start = Vec::with_capacity(rg_rows.len() + 1);
         let mut total = 0u64;
         rg_start.push(0);
@@ -60,7 +104,46 @@ impl Plan {
             total += rows;
             rg_start.push(total);
         }
-        Plan { rg_start, opts }
+        let parts = opts.partitions;
+        let (q, r) = (total / parts, total % parts);
+        let part_start: Vec<u64> = (0..=parts).map(|p| p * q + p.min(r)).collect();
+        let owner =
+            |row: u64| (part_start.partition_point(|&s| s <= row) - 1).min(parts as usize - 1);
+        let mut segments = vec![Vec::new(); parts as usize];
+        for g in 0..rg_rows.len() {
+            let (a, b) = (rg_start[g], rg_start[g + 1]);
+            if a == b {
+                // An empty row group belongs where it would start: it takes a place in the
+                // window shuffle, as it always has.
+                segments[owner(a)].push((g, a..a));
+                continue;
+            }
+            for (p, seg) in segments.iter_mut().enumerate().skip(owner(a)) {
+                let (s, e) = (part_start[p], part_start[p + 1]);
+                if s >= b {
+                    break;
+                }
+                if a.max(s) < b.min(e) {
+                    seg.push((g, a.max(s)..b.min(e)));
+                }
+            }
+        }
+        let per_partition = q / opts.batch_size;
+        let mut leftover_start = Vec::with_capacity(parts as usize + 1);
+        let mut left = 0;
+        leftover_start.push(0);
+        for p in 0..parts as usize {
+            left += part_start[p + 1] - part_start[p] - per_partition * opts.batch_size;
+            leftover_start.push(left);
+        }
+        Plan {
+            rg_start,
+            part_start,
+            segments,
+            per_partition,
+            leftover_start,
+            opts,
+        }
     }
 
     pub fn options(&self) -> &OrderOptions {
@@ -96,6 +179,35 @@ impl Plan {
             .unwrap_or(0)
     }
 
+    pub fn partitions(&self) -> u64 {
+        self.opts.partitions
+    }
+
+    /// The canonical rows of partition `p`.
+    pub fn partition_rows(&self, p: u64) -> Range<u64> {
+        self.part_start[p as usize]..self.part_start[p as usize + 1]
+    }
+
+    /// Full batches each partition serves per epoch (`n`).
+    pub fn batches_per_partition(&self) -> u64 {
+        self.per_partition
+    }
+
+    /// Batches drawn from a single partition: the epoch's first `n × P`.
+    pub fn single_partition_batches(&self) -> u64 {
+        self.per_partition * self.opts.partitions
+    }
+
+    /// Rows not in a single-partition batch: they form the epoch's last batches.
+    pub fn leftover_rows(&self) -> u64 {
+        *self.leftover_start.last().expect("at least one entry")
+    }
+
+    /// The partition batch `i` is drawn from, if it is drawn from one.
+    pub fn partition_of_batch(&self, i: u64) -> Option<u64> {
+        (i < self.single_partition_batches()).then(|| i % self.opts.partitions)
+    }
+
     /// Rows served per epoch: all of them, less the final partial batch with `drop_last`.
     pub fn epoch_rows(&self) -> u64 {
         if self.opts.drop_last {
@@ -125,135 +237,232 @@ impl Plan {
         }
     }
 
-    /// The row group holding a canonical row, and the row's index inside it.
+    /// The batches rank views share out: all of them with one partition; with several, only
+    /// those drawn from a single partition, so that no host fetches other partitions.
+    fn ranked_batches(&self) -> u64 {
+        if self.opts.partitions == 1 {
+            self.batches()
+        } else {
+            self.single_partition_batches().min(self.batches())
+        }
+    }
+
+    /// Batches in each rank's view of an epoch: every rank gets the same count.
+    pub fn rank_batches(&self, world: u64) -> u64 {
+        self.ranked_batches() / world
+    }
+
+    /// Batches of the epoch left out of every rank view of `world` ranks.
+    pub fn rank_left_out(&self, world: u64) -> u64 {
+        self.batches() - self.rank_batches(world) * world
+    }
+
+    /// The canonical row group holding a canonical row, and the row's index inside it.
     pub fn locate(&self, row: u64) -> (usize, u64) {
         debug_assert!(row < self.rows());
         let rg = self.rg_start.partition_point(|&s| s <= row) - 1;
         (rg, row - self.rg_start[rg])
     }
 
-    /// The per-epoch state the order needs (the shuffled row groups), computed once per epoch.
+    /// The per-epoch state the order needs (each partition's shuffled row groups), computed
+    /// once per epoch.
     pub fn epoch(&self, epoch: u64) -> EpochOrder {
-        let n = self.rows();
-        let order = match self.opts.shuffle {
+        let parts = (0..self.opts.partitions)
+            .map(|p| self.partition_order(epoch, p))
+            .collect();
+        EpochOrder { epoch, parts }
+    }
+
+    fn partition_order(&self, epoch: u64, p: u64) -> Order {
+        let rows = self.partition_rows(p);
+        match self.opts.shuffle {
             Shuffle::None => Order::Canonical,
-            Shuffle::Global => {
-                Order::Global(Permutation::new(n, &mut rng(self.opts.seed, epoch, 0)))
-            }
+            Shuffle::Global => Order::Global(Permutation::new(
+                rows.end - rows.start,
+                &mut rng(self.opts.seed, epoch, p, 0),
+            )),
             Shuffle::Window => {
-                let mut rgs: Vec<usize> = (0..self.row_groups()).collect();
-                let mut r = rng(self.opts.seed, epoch, 0);
-                for i in (1..rgs.len()).rev() {
+                let segs = &self.segments[p as usize];
+                let mut order: Vec<usize> = (0..segs.len()).collect();
+                let mut r = rng(self.opts.seed, epoch, p, 0);
+                for i in (1..order.len()).rev() {
                     let j = below(&mut r, i as u64 + 1) as usize;
-                    rgs.swap(i, j);
+                    order.swap(i, j);
                 }
-                let mut start = Vec::with_capacity(rgs.len() + 1);
+                let mut start = Vec::with_capacity(order.len() + 1);
                 let mut pos = 0;
                 start.push(0);
-                for &rg in &rgs {
-                    pos += self.rg_start[rg + 1] - self.rg_start[rg];
+                for &s in &order {
+                    let range = &segs[s].1;
+                    pos += range.end - range.start;
                     start.push(pos);
                 }
                 let k = self.opts.window as usize;
-                let windows = (0..=rgs.len().div_ceil(k))
-                    .map(|w| start[(w * k).min(rgs.len())])
+                let windows = (0..=order.len().div_ceil(k))
+                    .map(|w| start[(w * k).min(order.len())])
                     .collect();
-                let mut slot_of = vec![0; rgs.len()];
-                for (slot, &rg) in rgs.iter().enumerate() {
-                    slot_of[rg] = slot;
+                let mut slot_of = vec![0; order.len()];
+                for (slot, &s) in order.iter().enumerate() {
+                    slot_of[s] = slot;
                 }
                 Order::Window {
-                    rgs,
+                    segs: order,
                     start,
                     windows,
                     slot_of,
                 }
             }
-        };
-        EpochOrder { epoch, order }
+        }
+    }
+
+    /// Where epoch position `pos` lies: (partition, position in the partition's order).
+    fn partition_position(&self, pos: u64) -> (usize, u64) {
+        let bs = self.opts.batch_size;
+        let parts = self.opts.partitions;
+        let (i, in_batch) = (pos / bs, pos % bs);
+        if i < self.single_partition_batches() {
+            ((i % parts) as usize, (i / parts) * bs + in_batch)
+        } else {
+            let left = pos - self.single_partition_batches() * bs;
+            let p = self.leftover_start.partition_point(|&s| s <= left) - 1;
+            (p, self.per_partition * bs + left - self.leftover_start[p])
+        }
     }
 
     /// The canonical rows of batch `i`, in batch order.
     pub fn batch_rows(&self, order: &EpochOrder, i: u64) -> Vec<u64> {
         let first = i * self.opts.batch_size;
-        let positions = first..first + self.batch_len(i);
-        match &order.order {
-            Order::Canonical => positions.collect(),
-            Order::Global(perm) => positions.map(|p| perm.apply(p)).collect(),
+        let mut perms: HashMap<(usize, usize), Permutation> = HashMap::new();
+        (first..first + self.batch_len(i))
+            .map(|pos| {
+                let (p, x) = self.partition_position(pos);
+                self.partition_row(order, p, x, &mut perms)
+            })
+            .collect()
+    }
+
+    /// The canonical row at position `x` of partition `p`'s order; `perms` memoises the window
+    /// permutations a batch meets.
+    fn partition_row(
+        &self,
+        order: &EpochOrder,
+        p: usize,
+        x: u64,
+        perms: &mut HashMap<(usize, usize), Permutation>,
+    ) -> u64 {
+        let base_row = self.part_start[p];
+        match &order.parts[p] {
+            Order::Canonical => base_row + x,
+            Order::Global(perm) => base_row + perm.apply(x),
             Order::Window {
-                rgs,
+                segs,
                 start,
                 windows,
                 ..
             } => {
-                let mut perms: HashMap<usize, Permutation> = HashMap::new();
-                positions
-                    .map(|p| {
-                        // The last window starting at or before p holds it (empty ones start
-                        // where their successor does).
-                        let w = windows.partition_point(|&s| s <= p) - 1;
-                        let base = windows[w];
-                        let perm = perms.entry(w).or_insert_with(|| {
-                            let len = windows[w + 1] - base;
-                            Permutation::new(
-                                len,
-                                &mut rng(self.opts.seed, order.epoch, w as u64 + 1),
-                            )
-                        });
-                        let shuffled = base + perm.apply(p - base);
-                        let slot = start.partition_point(|&s| s <= shuffled) - 1;
-                        self.rg_start[rgs[slot]] + (shuffled - start[slot])
-                    })
-                    .collect()
+                // The last window starting at or before x holds it (empty ones start where their
+                // successor does).
+                let w = windows.partition_point(|&s| s <= x) - 1;
+                let base = windows[w];
+                let perm = perms.entry((p, w)).or_insert_with(|| {
+                    let len = windows[w + 1] - base;
+                    Permutation::new(
+                        len,
+                        &mut rng(self.opts.seed, order.epoch, p as u64, w as u64 + 1),
+                    )
+                });
+                let shuffled = base + perm.apply(x - base);
+                let slot = start.partition_point(|&s| s <= shuffled) - 1;
+                self.segments[p][segs[slot]].1.start + (shuffled - start[slot])
             }
         }
     }
-}
 
-impl Plan {
-    /// The epoch positions whose rows may come from row group `rg`: the cache uses it to know
+    /// The batches of the epoch that may need rows of row group `rg`: the cache uses it to know
     /// when a row group is needed next.
-    pub fn row_group_span(&self, order: &EpochOrder, rg: usize) -> std::ops::Range<u64> {
-        match &order.order {
-            Order::Canonical => self.rg_start[rg]..self.rg_start[rg + 1],
-            Order::Global(_) => 0..self.rows(),
-            Order::Window {
-                windows, slot_of, ..
-            } => {
-                let w = slot_of[rg] / self.opts.window as usize;
-                windows[w]..windows[w + 1]
+    pub fn row_group_batches(&self, order: &EpochOrder, rg: usize) -> Vec<Stride> {
+        let bs = self.opts.batch_size;
+        let parts = self.opts.partitions;
+        let single_rows = self.per_partition * bs;
+        let batches = self.batches();
+        let mut out = Vec::new();
+        for (p, segs) in self.segments.iter().enumerate() {
+            for (s, (g, rows)) in segs.iter().enumerate() {
+                if *g != rg || rows.is_empty() {
+                    continue;
+                }
+                let len = self.part_start[p + 1] - self.part_start[p];
+                // Positions of the partition's order where the segment's rows may be.
+                let span = match &order.parts[p] {
+                    Order::Canonical => {
+                        let off = rows.start - self.part_start[p];
+                        off..off + (rows.end - rows.start)
+                    }
+                    Order::Global(_) => 0..len,
+                    Order::Window {
+                        windows, slot_of, ..
+                    } => {
+                        let w = slot_of[s] / self.opts.window as usize;
+                        windows[w]..windows[w + 1]
+                    }
+                };
+                if span.start < single_rows {
+                    let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+                    out.push(Stride {
+                        first: k0 * parts + p as u64,
+                        step: parts,
+                        count: k1 - k0 + 1,
+                    });
+                }
+                if span.end > single_rows {
+                    let at = self.single_partition_batches() * bs + self.leftover_start[p];
+                    let (a, b) = (
+                        at + span.start.max(single_rows) - single_rows,
+                        at + span.end - single_rows,
+                    );
+                    let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
+                    if first <= last && first < batches {
+                        out.push(Stride {
+                            first,
+                            step: 1,
+                            count: last - first + 1,
+                        });
+                    }
+                }
             }
         }
+        out
     }
 }
 
-/// What an epoch's order needs beyond the plan.
+/// What an epoch's order needs beyond the plan: each partition's order.
 #[derive(Clone, Debug)]
 pub struct EpochOrder {
     epoch: u64,
-    order: Order,
+    parts: Vec<Order>,
 }
 
 #[derive(Clone, Debug)]
 enum Order {
     Canonical,
     Global(Permutation),
-    /// Row groups in shuffled order, the epoch position where each starts, and where each
-    /// window starts (each list with one more entry: the end).
+    /// The partition's segments in shuffled order, the position where each starts, and where
+    /// each window starts (each list with one more entry: the end).
     Window {
-        rgs: Vec<usize>,
+        segs: Vec<usize>,
         start: Vec<u64>,
         windows: Vec<u64>,
-        /// Each row group's place in `rgs`.
+        /// Each segment's place in `segs`.
         slot_of: Vec<usize>,
     },
 }
 
-/// The ChaCha20 stream `stream` of (seed, epoch).
-fn rng(seed: u64, epoch: u64, stream: u64) -> ChaCha20Rng {
+/// The ChaCha20 stream `stream` of (seed, epoch, partition).
+fn rng(seed: u64, epoch: u64, partition: u64, stream: u64) -> ChaCha20Rng {
     let mut key = [0u8; 32];
     key[..8].copy_from_slice(&seed.to_le_bytes());
     key[8..16].copy_from_slice(&epoch.to_le_bytes());
+    key[16..24].copy_from_slice(&partition.to_le_bytes());
     let mut rng = ChaCha20Rng::from_seed(key);
     rng.set_stream(stream);
     rng
@@ -322,12 +531,8 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Rank `rank` of `world` reads global batches rank, rank + world, …; every rank gets the same
-/// count, so the epoch's last `batches mod world` batches are left out of rank views.
-pub fn rank_batches(batches: u64, world: u64) -> u64 {
-    batches / world
-}
-
+/// Rank `rank` of `world` reads global batches rank, rank + world, … ([`Plan::rank_batches`] of
+/// them).
 pub fn rank_to_global(rank: u64, world: u64, j: u64) -> u64 {
     rank + j * world
 }
@@ -344,6 +549,17 @@ mod tests {
             Just(Shuffle::Window),
             Just(Shuffle::Global)
         ]
+    }
+
+    fn opts(batch_size: u64, shuffle: Shuffle, window: u64, seed: u64) -> OrderOptions {
+        OrderOptions {
+            batch_size,
+            drop_last: false,
+            shuffle,
+            window,
+            seed,
+            partitions: 1,
+        }
     }
 
     fn epoch_rows(plan: &Plan, epoch: u64) -> Vec<u64> {
@@ -363,8 +579,9 @@ mod tests {
             epoch in 0u64..1000,
             drop_last in any::<bool>(),
             shuffle in shuffle_strategy(),
+            partitions in 1u64..9,
         ) {
-            let plan = Plan::new(&rg_rows, OrderOptions { batch_size, drop_last, shuffle, window, seed });
+            let plan = Plan::new(&rg_rows, OrderOptions { drop_last, partitions, ..opts(batch_size, shuffle, window, seed) });
             let rows = epoch_rows(&plan, epoch);
             prop_assert_eq!(rows.len() as u64, plan.epoch_rows());
             let distinct: HashSet<u64> = rows.iter().copied().collect();
@@ -373,7 +590,7 @@ mod tests {
             if !drop_last {
                 prop_assert_eq!(distinct.len() as u64, plan.rows());
             }
-            if shuffle == Shuffle::None {
+            if shuffle == Shuffle::None && partitions == 1 {
                 prop_assert_eq!(rows, (0..plan.epoch_rows()).collect::<Vec<_>>());
             }
         }
@@ -384,17 +601,58 @@ mod tests {
             batch_size in 1u64..33,
             seed in any::<u64>(),
             shuffle in shuffle_strategy(),
+            partitions in 1u64..5,
             pick in any::<prop::sample::Index>(),
         ) {
-            let opts = OrderOptions { batch_size, drop_last: false, shuffle, window: 3, seed };
-            let plan = Plan::new(&rg_rows, opts);
+            let o = OrderOptions { partitions, ..opts(batch_size, shuffle, 3, seed) };
+            let plan = Plan::new(&rg_rows, o);
             let in_sequence = epoch_rows(&plan, 7);
             let i = pick.index(plan.batches() as usize) as u64;
             // A fresh plan and epoch state, as a second host or a resumed job would have.
-            let fresh = Plan::new(&rg_rows, opts);
+            let fresh = Plan::new(&rg_rows, o);
             let alone = fresh.batch_rows(&fresh.epoch(7), i);
             let start = (i * batch_size) as usize;
             prop_assert_eq!(&alone[..], &in_sequence[start..start + alone.len()]);
+        }
+
+        #[test]
+        fn partitions_are_balanced_fixed_and_feed_their_batches(
+            rg_rows in prop::collection::vec(0u64..50, 1..12),
+            batch_size in 1u64..17,
+            partitions in 1u64..9,
+            seed in any::<u64>(),
+            shuffle in shuffle_strategy(),
+            epoch in 0u64..100,
+        ) {
+            let plan = Plan::new(&rg_rows, OrderOptions { partitions, ..opts(batch_size, shuffle, 2, seed) });
+            let sizes: Vec<u64> = (0..partitions).map(|p| { let r = plan.partition_rows(p); r.end - r.start }).collect();
+            prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+            prop_assert_eq!(sizes.iter().sum::<u64>(), plan.rows());
+            // At most P - 1 row groups are split between partitions.
+            let split = (0..plan.row_groups())
+                .filter(|&g| (0..partitions).filter(|&p| plan.segments[p as usize].iter().any(|(s, r)| *s == g && !r.is_empty())).count() > 1)
+                .count() as u64;
+            prop_assert!(split < partitions);
+            let n = plan.batches_per_partition();
+            prop_assert!(plan.leftover_rows() < partitions * batch_size);
+            let order = plan.epoch(epoch);
+            for i in 0..plan.batches() {
+                let rows = plan.batch_rows(&order, i);
+                match plan.partition_of_batch(i) {
+                    Some(p) => {
+                        prop_assert!(i < n * partitions);
+                        prop_assert_eq!(rows.len() as u64, batch_size);
+                        let range = plan.partition_rows(p);
+                        prop_assert!(rows.iter().all(|r| range.contains(r)), "batch {} outside partition {}", i, p);
+                    }
+                    None => prop_assert!(i >= n * partitions),
+                }
+                // Every row's row group is one the plan says may feed this batch.
+                for r in rows {
+                    let (g, _) = plan.locate(r);
+                    prop_assert!(plan.row_group_batches(&order, g).iter().any(|s| s.from(i).next() == Some(i)), "batch {} rg {}", i, g);
+                }
+            }
         }
 
         #[test]
@@ -403,15 +661,15 @@ mod tests {
             window in 1u64..5,
             seed in any::<u64>(),
         ) {
-            let plan = Plan::new(&rg_rows, OrderOptions { batch_size: 1, drop_last: false, shuffle: Shuffle::Window, window, seed });
+            let plan = Plan::new(&rg_rows, opts(1, Shuffle::Window, window, seed));
             let rows = epoch_rows(&plan, 0);
             // Consecutive runs of window-size-many row groups: the row groups seen in each run
             // of positions must be exactly `window` row groups (fewer for the last).
             let mut seen = Vec::new();
             let mut pos = 0usize;
             let order = plan.epoch(0);
-            if let Order::Window { rgs, .. } = &order.order {
-                for chunk in rgs.chunks(window as usize) {
+            if let Order::Window { segs, .. } = &order.parts[0] {
+                for chunk in segs.chunks(window as usize) {
                     let len: u64 = chunk.iter().map(|&rg| rg_rows[rg]).sum();
                     let want: HashSet<usize> = chunk.iter().copied().collect();
                     let got: HashSet<usize> = rows[pos..pos + len as usize].iter().map(|&r| plan.locate(r).0).collect();
@@ -425,7 +683,7 @@ mod tests {
 
         #[test]
         fn permutations_are_bijections(n in 0u64..600, seed in any::<u64>()) {
-            let perm = Permutation::new(n, &mut rng(seed, 0, 0));
+            let perm = Permutation::new(n, &mut rng(seed, 0, 0, 0));
             let image: HashSet<u64> = (0..n).map(|x| perm.apply(x)).collect();
             prop_assert_eq!(image.len() as u64, n);
             prop_assert!(image.iter().all(|&y| y < n));
@@ -435,27 +693,21 @@ mod tests {
     #[test]
     fn orders_depend_on_epoch_and_seed_only() {
         let rg_rows = vec![100; 12];
-        let opts = OrderOptions {
-            batch_size: 64,
-            drop_last: false,
-            shuffle: Shuffle::Window,
-            window: 4,
-            seed: 1,
-        };
-        let plan = Plan::new(&rg_rows, opts);
+        let o = opts(64, Shuffle::Window, 4, 1);
+        let plan = Plan::new(&rg_rows, o);
         let e0 = epoch_rows(&plan, 0);
-        assert_eq!(e0, epoch_rows(&Plan::new(&rg_rows, opts), 0));
+        assert_eq!(e0, epoch_rows(&Plan::new(&rg_rows, o), 0));
         assert_ne!(e0, epoch_rows(&plan, 1));
         assert_ne!(
             e0,
-            epoch_rows(&Plan::new(&rg_rows, OrderOptions { seed: 2, ..opts }), 0)
+            epoch_rows(&Plan::new(&rg_rows, OrderOptions { seed: 2, ..o }), 0)
         );
         assert_ne!(e0, (0..1200).collect::<Vec<_>>());
         let global = Plan::new(
             &rg_rows,
             OrderOptions {
                 shuffle: Shuffle::Global,
-                ..opts
+                ..o
             },
         );
         let g0 = epoch_rows(&global, 0);
@@ -466,42 +718,33 @@ mod tests {
     }
 
     #[test]
-    fn row_group_spans_hold_their_rows() {
+    fn row_group_batches_hold_their_rows() {
         let rg_rows = vec![10, 0, 7, 13, 5, 9];
         for shuffle in [Shuffle::None, Shuffle::Window, Shuffle::Global] {
-            let plan = Plan::new(
-                &rg_rows,
-                OrderOptions {
-                    batch_size: 1,
-                    drop_last: false,
-                    shuffle,
-                    window: 2,
-                    seed: 3,
-                },
-            );
-            let order = plan.epoch(2);
-            for pos in 0..plan.rows() {
-                let (rg, _) = plan.locate(plan.batch_rows(&order, pos)[0]);
-                assert!(
-                    plan.row_group_span(&order, rg).contains(&pos),
-                    "{shuffle:?} {pos} {rg}"
+            for partitions in [1, 3] {
+                let plan = Plan::new(
+                    &rg_rows,
+                    OrderOptions {
+                        partitions,
+                        ..opts(1, shuffle, 2, 3)
+                    },
                 );
+                let order = plan.epoch(2);
+                for pos in 0..plan.rows() {
+                    let (rg, _) = plan.locate(plan.batch_rows(&order, pos)[0]);
+                    let needing = plan.row_group_batches(&order, rg);
+                    assert!(
+                        needing.iter().any(|s| s.from(pos).next() == Some(pos)),
+                        "{shuffle:?} P={partitions} {pos} {rg} {needing:?}"
+                    );
+                }
             }
         }
     }
 
     #[test]
     fn batch_counts_and_rank_views() {
-        let plan = Plan::new(
-            &[1000, 500],
-            OrderOptions {
-                batch_size: 256,
-                drop_last: false,
-                shuffle: Shuffle::None,
-                window: 4,
-                seed: 0,
-            },
-        );
+        let plan = Plan::new(&[1000, 500], opts(256, Shuffle::None, 4, 0));
         assert_eq!(plan.batches(), 6);
         assert_eq!(plan.last_batch_len(), 1500 - 5 * 256);
         let dropped = Plan::new(
@@ -513,27 +756,71 @@ mod tests {
         );
         assert_eq!(dropped.batches(), 5);
         assert_eq!(dropped.last_batch_len(), 256);
-        assert_eq!(rank_batches(6, 4), 1);
+        // One partition: the last batches mod W are left out, the short one included.
+        assert_eq!(plan.rank_batches(4), 1);
+        assert_eq!(plan.rank_left_out(4), 2);
+        assert_eq!(plan.rank_batches(3), 2);
         assert_eq!(rank_to_global(2, 4, 1), 6);
         assert_eq!(plan.locate(1000), (1, 0));
         assert_eq!(plan.locate(999), (0, 999));
     }
 
     #[test]
-    fn the_window_order_is_pinned() {
-        // The order is part of the determinism contract: a change here changes every batch.
+    fn partitioned_epochs_leave_the_leftover_batches_out_of_rank_views() {
+        // 1500 rows in 4 partitions of 375: one full batch of 256 each, 119 rows left in each.
         let plan = Plan::new(
-            &[3, 3, 3],
+            &[1000, 500],
             OrderOptions {
-                batch_size: 9,
-                drop_last: false,
-                shuffle: Shuffle::Window,
-                window: 2,
-                seed: 0,
+                partitions: 4,
+                ..opts(256, Shuffle::Window, 1, 9)
             },
         );
+        assert_eq!(plan.batches_per_partition(), 1);
+        assert_eq!(plan.single_partition_batches(), 4);
+        assert_eq!(plan.leftover_rows(), 4 * 119);
+        assert_eq!(plan.batches(), 6);
+        assert_eq!(plan.last_batch_len(), 4 * 119 - 256);
+        assert_eq!(plan.rank_batches(2), 2);
+        assert_eq!(plan.rank_left_out(2), 2);
+        assert_eq!(plan.rank_batches(4), 1);
+        // W not dividing P: the same batches, less locality.
+        assert_eq!(plan.rank_batches(3), 1);
+        assert_eq!(plan.partition_rows(1), 375..750);
+        // The partitions are the same in every epoch; the leftover rows are not.
+        let (e0, e1) = (plan.epoch(0), plan.epoch(1));
+        let left = |o: &EpochOrder| -> HashSet<u64> {
+            (4..6).flat_map(|i| plan.batch_rows(o, i)).collect()
+        };
+        assert_ne!(left(&e0), left(&e1));
+    }
+
+    #[test]
+    fn the_window_order_is_pinned() {
+        // The order is part of the determinism contract: a change here changes every batch.
+        let plan = Plan::new(&[3, 3, 3], opts(9, Shuffle::Window, 2, 0));
         let rows = plan.batch_rows(&plan.epoch(0), 0);
         assert_eq!(rows.len(), 9);
         assert_eq!(rows, vec![4, 7, 5, 3, 6, 8, 1, 0, 2]);
+        let global = Plan::new(&[3, 3, 3], opts(9, Shuffle::Global, 2, 0));
+        assert_eq!(
+            global.batch_rows(&global.epoch(0), 0),
+            vec![1, 6, 8, 7, 2, 3, 4, 5, 0]
+        );
+        let parted = Plan::new(
+            &[3, 3, 3],
+            OrderOptions {
+                partitions: 2,
+                ..opts(2, Shuffle::Window, 2, 0)
+            },
+        );
+        let o = parted.epoch(0);
+        let all: Vec<Vec<u64>> = (0..parted.batches())
+            .map(|i| parted.batch_rows(&o, i))
+            .collect();
+        // Partitions of rows 0..5 and 5..9: two full batches each, then the one row left over.
+        assert_eq!(
+            all,
+            vec![vec![4, 2], vec![7, 8], vec![0, 3], vec![6, 5], vec![1]]
+        );
     }
 }

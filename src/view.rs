@@ -376,13 +376,27 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
         .collect();
     // The hint a refusal ends with: the columns= that leaves the refused column out.
     let leave_out = |refused: &str, pronoun: &str| {
-        let keep: Vec<&str> = supported
+        let keep: Vec<String> = supported
             .iter()
-            .copied()
-            .filter(|c| *c != refused)
+            .filter(|c| **c != refused)
+            .map(|c| crate::options::escape(c))
             .collect();
-        if keep.is_empty() {
+        let lists: Vec<String> = selected
+            .iter()
+            .filter(|&i| matches!(mapped[i], Some(Mapped::List { .. })))
+            .map(|&i| schema.field(i).name().as_str())
+            .filter(|c| *c != refused && !opts.pads.iter().any(|(p, _)| p == c))
+            .map(crate::options::escape)
+            .collect();
+        if keep.is_empty() && lists.is_empty() {
             "no other column of the dataset can be served".to_string()
+        } else if keep.is_empty() {
+            let pads: Vec<String> = lists.iter().map(|c| format!("pad={c}:L")).collect();
+            format!(
+                "leave {pronoun} out with columns={} and give the variable-length lists a length L with {}",
+                lists.join(":"),
+                pads.join(",")
+            )
         } else {
             format!("leave {pronoun} out with columns={}", keep.join(":"))
         }
@@ -503,8 +517,9 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
                 Some(&len) => (ItemKind::Pad { field: i, len }, *elem, vec![len], *unit),
                 None => {
                     problems.push(format!(
-                        "column '{name}' is a variable-length list ({}); give it a fixed length with pad={name}:L, or {}",
+                        "column '{name}' is a variable-length list ({}); give it a fixed length with pad={}:L, or {}",
                         field.data_type(),
+                        crate::options::escape(name),
                         leave_out(name, "it")
                     ));
                     continue;
@@ -672,8 +687,17 @@ pub fn dataset_json(
         "shuffle": opts.shuffle.name(),
         "seed": opts.seed,
         "world_size": world,
-        "rank_batches_per_epoch": world.map(|w| crate::plan::rank_batches(batches, w)),
-        "rank_left_out_batches": world.map(|w| batches % w),
+        "rank_batches_per_epoch": world.map(|w| plan.rank_batches(w)),
+        "rank_left_out_batches": world.map(|w| plan.rank_left_out(w)),
+        // The partitions (PRODUCT.md §5): batch i < single_partition_batches is drawn from
+        // partition i mod partitions; the leftover rows form the batches after them.
+        "partitions": plan.partitions(),
+        "partition_rows": (0..plan.partitions()).map(|i| { let r = plan.partition_rows(i); r.end - r.start }).collect::<Vec<_>>(),
+        "partition_row_ranges": (0..plan.partitions()).map(|i| { let r = plan.partition_rows(i); [r.start, r.end] }).collect::<Vec<_>>(),
+        "batches_per_partition": plan.batches_per_partition(),
+        "single_partition_batches": plan.single_partition_batches().min(batches),
+        "leftover_rows": plan.leftover_rows(),
+        "leftover_batches": batches - plan.single_partition_batches().min(batches),
         "tensors": tensors,
         "files": files,
         "options": opts.to_json(),

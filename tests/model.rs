@@ -84,6 +84,7 @@ struct Config {
     drop_last: bool,
     cast_x: bool,
     seed: u64,
+    partitions: u64,
 }
 
 impl Config {
@@ -103,6 +104,9 @@ impl Config {
         }
         if self.cast_x {
             o += ",cast=x:float64";
+        }
+        if self.partitions > 1 {
+            o += &format!(",partitions={}", self.partitions);
         }
         o
     }
@@ -133,8 +137,7 @@ impl Model {
     }
 
     fn count(&self, world: Option<u64>) -> u64 {
-        let n = self.plan.batches();
-        world.map_or(n, |w| n / w)
+        world.map_or(self.plan.batches(), |w| self.plan.rank_batches(w))
     }
 
     /// Every tensor's bytes for a batch, in view order.
@@ -214,6 +217,7 @@ impl Model {
     fn batch_names(&self, count: u64) -> BTreeSet<String> {
         (0..count)
             .flat_map(|i| [format!("{i:06}"), format!("{i:06}.safetensors")])
+            .chain(["all.safetensors".to_string(), "all".to_string()])
             .collect()
     }
 
@@ -339,15 +343,17 @@ fn config() -> impl Strategy<Value = Config> {
         any::<bool>(),
         any::<bool>(),
         0u64..4,
+        prop_oneof![Just(1u64), Just(2), Just(6)],
     )
         .prop_map(
-            |(shuffle, batch_size, world, drop_last, cast_x, seed)| Config {
+            |(shuffle, batch_size, world, drop_last, cast_x, seed, partitions)| Config {
                 shuffle,
                 batch_size,
                 world,
                 drop_last,
                 cast_x,
                 seed,
+                partitions,
             },
         )
 }
@@ -406,6 +412,7 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
         shuffle: cfg.shuffle,
         window: 4,
         seed: cfg.seed,
+        partitions: cfg.partitions,
     };
     let model = Model {
         plan: Plan::new(&rg_rows, order),

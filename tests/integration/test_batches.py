@@ -140,7 +140,7 @@ def test_drop_last(mounter, main_ds):
     assert dj["batches_per_epoch"] == 11
     assert dj["last_batch_rows"] == bs
     names = sorted(os.listdir(m.p("epoch-0")))
-    assert names == sorted([batch_name(i) + ".safetensors" for i in range(11)] + [batch_name(i) for i in range(11)])
+    assert names == sorted([batch_name(i) + ".safetensors" for i in range(11)] + [batch_name(i) for i in range(11)] + ["all.safetensors", "all"])
     expected = batches(main_reference(main_ds), main_ds.rows, bs, drop_last=True)
     check_batch(m, "epoch-0", 10, expected[10])
     check_batch(m, "epoch-0", 0, expected[0])

@@ -35,7 +35,7 @@ def test_rank_views_match_global_batches(mounter, shuf_ds, mode):
         for r in range(W):
             rd = f"{epoch}/rank-{r}-of-{W}"
             names = sorted(os.listdir(m.p(rd)))
-            assert names == sorted([batch_name(j) + ".safetensors" for j in range(per_rank)] + [batch_name(j) for j in range(per_rank)])
+            assert names == sorted([batch_name(j) + ".safetensors" for j in range(per_rank)] + [batch_name(j) for j in range(per_rank)] + ["all.safetensors", "all"])
             for j in range(per_rank):
                 for rel in batch_files(m, rd, j):
                     rank_hashes[(r, j, rel.split("/", 2)[2])] = tfs.sha256(m.p(rel))

@@ -12,7 +12,9 @@ N = 11
 
 
 def batch_entries(n):
-    return sorted([batch_name(i) + ".safetensors" for i in range(n)] + [batch_name(i) for i in range(n)])
+    """A batch directory's entries: each batch's file and directory, and the one-open
+    all.safetensors and all/ (PRODUCT.md §2)."""
+    return sorted([batch_name(i) + ".safetensors" for i in range(n)] + [batch_name(i) for i in range(n)] + ["all.safetensors", "all"])
 
 
 def test_root_and_epoch_listing(mounter, shuf_ds):

@@ -1,0 +1,89 @@
+"""One open per epoch (PRODUCT.md §2): all.safetensors and all/NAME.npy in every batch directory
+hold the directory's batches back to back, exact sizes before anything is built, readable by
+np.load(mmap_mode="r") and safetensors' lazy slices, and a read builds only what it spans."""
+
+import json
+import mmap
+import os
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import tfs
+from tfs import batch_name
+
+BS, N = 256, 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
+
+
+def stats(m: tfs.Mount) -> dict:
+    for _ in range(20):
+        try:
+            with open(m.p(".tensorfs", "stats.json"), "rb") as f:
+                return json.loads(f.read())
+        except json.JSONDecodeError:
+            continue
+    raise AssertionError("stats.json never parsed")
+
+
+def batches(m: tfs.Mount, rel_dir: str, n: int) -> list[dict]:
+    return [tfs.load_safetensors(m.p(rel_dir, batch_name(i) + ".safetensors")) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["window", "none"])
+def test_all_files_are_the_batches_back_to_back(mounter, shuf_ds, mode):
+    m = mounter(shuf_ds.path, f"shuffle={mode}", f"batch_size={BS}", "world_size=3", "epochs=2")
+    for rel_dir, n in (("epoch-1", N), ("epoch-1/rank-2-of-3", N // 3)):
+        # Sizes first, on a cold mount: stat builds nothing.
+        size_st = os.stat(m.p(rel_dir, "all.safetensors")).st_size
+        size_npy = {t: os.stat(m.p(rel_dir, "all", f"{t}.npy")).st_size for t in ("id", "x")}
+        got = batches(m, rel_dir, n)
+        want = {t: np.concatenate([b[t] for b in got]) for t in ("id", "x")}
+        raw = tfs.read_exact(m.p(rel_dir, "all.safetensors"))
+        assert len(raw) == size_st
+        header_len = int.from_bytes(raw[:8], "little")
+        assert 8 + header_len == tfs.DATA_OFFSET
+        # The data buffer is exactly the batch files' data, tensor by tensor.
+        assert raw[tfs.DATA_OFFSET:] == b"".join(want[t].tobytes() for t in ("id", "x"))
+        with safe_open(str(m.p(rel_dir, "all.safetensors")), "np") as f:
+            assert sorted(f.keys()) == ["id", "x"]
+            for i in (0, n - 1):
+                end = i * BS + len(got[i]["id"])
+                tfs.assert_array(f.get_slice("id")[i * BS : end], got[i]["id"], f"{rel_dir} slice {i}")
+        for t in ("id", "x"):
+            path = m.p(rel_dir, "all", f"{t}.npy")
+            assert len(tfs.read_exact(path)) == size_npy[t]
+            arr = np.load(path, mmap_mode="r")
+            tfs.assert_array(np.asarray(arr), want[t], f"{rel_dir} all/{t}.npy")
+            tfs.assert_array(np.asarray(arr[BS : 2 * BS]), got[1][t], f"{rel_dir} all/{t}.npy batch 1")
+        assert sorted(os.listdir(m.p(rel_dir, "all"))) == ["id.npy", "x.npy"]
+    # Every epoch is a permutation of the rows, read in one open.
+    ids = np.load(m.p("epoch-0", "all", "id.npy"))
+    assert np.array_equal(np.sort(ids), np.arange(2600))
+
+
+def test_a_read_builds_only_the_batches_it_spans(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "prefetch=0")
+    before = stats(m)["batches_built"]
+    fd = os.open(m.p("epoch-0", "all", "id.npy"), os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 4096)
+        # Batch 5's first rows, at an aligned offset, with O_DIRECT.
+        off = tfs.DATA_OFFSET + 5 * BS * 8
+        assert os.preadv(fd, [buf], off) == 4096
+    finally:
+        os.close(fd)
+    built = stats(m)["batches_built"] - before
+    assert 1 <= built <= 2, f"a 4 KiB read built {built} batches"
+    want = tfs.load_safetensors(m.p("epoch-0", batch_name(5) + ".safetensors"))["id"]
+    assert np.frombuffer(buf, dtype=np.int64)[:BS].tolist() == want.tolist()[:BS]
+
+
+def test_gds_links_the_all_files_to_the_main_tree(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "world_size=2")
+    assert set(os.listdir(m.p("gds", "epoch-0"))) == set(os.listdir(m.p("epoch-0")))
+    for rel in ("epoch-0/all.safetensors", "epoch-0/all/x.npy", "epoch-0/rank-1-of-2/all/id.npy"):
+        link = m.p("gds", rel)
+        assert os.path.islink(link)
+        assert os.path.realpath(link) == os.path.realpath(m.p(rel))
+        assert tfs.sha256(link) == tfs.sha256(m.p(rel))

@@ -1,0 +1,69 @@
+"""A mount point that is not empty is refused unless `nonempty` (PRODUCT.md §3, §7), and column
+names holding separators are named with backslash escapes, in options and in every printed hint
+(§4), so a hint can be pasted back as it is."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import tfs
+
+
+def test_a_mount_point_with_files_is_refused_unless_nonempty(mounter, shuf_ds):
+    mp = mounter.mountpoint()
+    (mp / "keep.txt").write_text("mine")
+    proc = tfs.run(["mount", shuf_ds.path, mp, "-o", f"cache_dir={mp.parent / 'c'}"])
+    line = tfs.error_line(proc)
+    assert proc.returncode != 0
+    assert "not empty" in line and "nonempty" in line, line
+    assert not tfs.is_mounted(mp)
+    assert (mp / "keep.txt").read_text() == "mine"
+    # The form mount(8) runs refuses the same way.
+    proc = tfs.run([shuf_ds.path, mp, "-o", f"cache_dir={mp.parent / 'c'}"])
+    assert proc.returncode != 0 and "not empty" in tfs.error_line(proc)
+
+    m = mounter(shuf_ds.path, "nonempty")
+    assert m.dataset()["options"]["nonempty"] is True
+    # Mounting over files with nonempty hides them while mounted.
+    over = mounter.mountpoint("over")
+    (over / "hidden.txt").write_text("x")
+    proc = tfs.run(["mount", shuf_ds.path, over, "-o", f"nonempty,cache_dir={over.parent / 'c2'}"])
+    assert proc.returncode == 0, proc.stderr
+    try:
+        assert "dataset.json" in {p.name for p in over.iterdir()}
+        assert not (over / "hidden.txt").exists()
+    finally:
+        tfs.unmount(over)
+    assert (over / "hidden.txt").read_text() == "x"
+
+
+def test_column_names_with_separators(mounter, tmp_path):
+    data = tmp_path / "names"
+    data.mkdir()
+    ids = np.arange(100, dtype=np.int64)
+    table = pa.table(
+        {
+            "a:b": ids,
+            "c,d": (ids * 2).astype(np.float32),
+            "e+f\\g": ids.astype(np.int16),
+            "text": pa.array([str(i) for i in ids]),
+        }
+    )
+    pq.write_table(table, data / "part-0.parquet", row_group_size=50)
+
+    # The refusal names the string column, and its columns= hint escapes every separator.
+    proc = tfs.run(["inspect", data])
+    line = tfs.error_line(proc)
+    assert proc.returncode != 0 and "'text'" in line
+    hint = line.split("columns=", 1)[1].split()[0].rstrip(";,")
+    assert hint == "a\\:b:c\\,d:e\\+f\\\\g", line
+
+    # Pasted back as it is, it mounts and names the columns.
+    m = mounter(data, "shuffle=none", "batch_size=32", f"columns={hint}")
+    names = [t["name"] for t in m.dataset()["tensors"]]
+    assert names == ["a:b", "c,d", "e+f\\g"]
+    np.testing.assert_array_equal(np.load(m.p("epoch-0", "000000", "a:b.npy")), ids[:32])
+    np.testing.assert_array_equal(np.load(m.p("epoch-0", "000001", "c,d.npy")), (ids[32:64] * 2).astype(np.float32))
+    # cast= takes an escaped name too.
+    m2 = mounter(data, "shuffle=none", "batch_size=32", f"columns={hint}", "cast=c\\,d:float64")
+    assert [t["dtype"] for t in m2.dataset()["tensors"]] == ["int64", "float64", "int16"]
