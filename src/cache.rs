@@ -19,14 +19,15 @@
 //! first use of every item after each start. When the cache is over
 //! `cache_size`, the items needed furthest in the future are evicted first.
 
+use crate::kept::private_dir;
+use crate::layout::{Item, Layout};
 use crate::stats::Stats;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use memmap2::Mmap;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,34 +37,6 @@ const VERSION: u32 = 1;
 const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
 const META_MAGIC: &[u8; 8] = b"TFSMETA1";
 const COLS_DATA_AT: usize = 4096;
-
-/// What a cached item is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Item {
-    Columns {
-        rg: usize,
-    },
-    Safetensors {
-        epoch: u64,
-        batch: u64,
-    },
-    Npy {
-        epoch: u64,
-        batch: u64,
-        tensor: usize,
-    },
-}
-
-impl Item {
-    pub fn batch(&self) -> Option<(u64, u64)> {
-        match *self {
-            Item::Columns { .. } => None,
-            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
-                Some((epoch, batch))
-            }
-        }
-    }
-}
 
 struct Entry {
     bytes: u64,
@@ -127,9 +100,8 @@ pub struct DiskCache {
     tmp: PathBuf,
     ckey: String,
     bkey: String,
-    /// Digits in a batch file name (as the mount shows them).
-    width: usize,
-    tensor_names: Vec<String>,
+    /// Batch files are named as the mount shows them.
+    layout: std::sync::Arc<Layout>,
     capacity: u64,
     entries: Mutex<HashMap<Item, Entry>>,
     /// How many files of each (epoch, batch) the cache holds.
@@ -139,14 +111,6 @@ pub struct DiskCache {
     reserving: Mutex<()>,
     next_tmp: AtomicU64,
     full_warned: AtomicBool,
-}
-
-fn mkdir(p: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(p)
-        .with_context(|| format!("cannot create '{}'", p.display()))
 }
 
 /// Whether process `pid` runs: not a zombie nobody reaped (it writes nothing more), and not a
@@ -166,23 +130,6 @@ fn pid_alive(pid: u32) -> bool {
     !zombie && process
 }
 
-fn hash32(parts: &[&[u8]]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update((p.len() as u64).to_le_bytes());
-        h.update(p);
-    }
-    h.finalize().into()
-}
-
-/// A short hex name for a key.
-pub fn key_name(parts: &[&[u8]]) -> String {
-    hash32(parts)[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 impl DiskCache {
     /// Opens the cache for one dataset and option set: creates its directories, removes what a
     /// crashed daemon left, and indexes what is there (checksums are checked on use, not here).
@@ -192,8 +139,7 @@ impl DiskCache {
         ckey: String,
         bkey: String,
         capacity: u64,
-        width: usize,
-        tensor_names: Vec<String>,
+        layout: std::sync::Arc<Layout>,
         stats: &Stats,
     ) -> Result<DiskCache> {
         let root = cache_dir.join("v1");
@@ -204,8 +150,7 @@ impl DiskCache {
             root,
             ckey,
             bkey,
-            width,
-            tensor_names,
+            layout,
             capacity,
             entries: Mutex::new(HashMap::new()),
             built: Mutex::default(),
@@ -215,7 +160,7 @@ impl DiskCache {
             full_warned: AtomicBool::new(false),
         };
         for d in [&cache.root, &cache.cols, &cache.batches, &cache.tmp] {
-            mkdir(d)?;
+            private_dir(d)?;
         }
         cache.clean_tmp();
         cache.scan();
@@ -261,15 +206,11 @@ impl DiskCache {
         if let Ok(dir) = std::fs::read_dir(&self.cols) {
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let rg = name
-                    .strip_prefix("rg-")
-                    .and_then(|s| s.strip_suffix(".cols"))
-                    .and_then(|s| s.parse().ok());
-                match (rg, e.metadata()) {
-                    (Some(rg), Ok(md)) => {
+                match (Layout::parse_columns_name(&name), e.metadata()) {
+                    (Some(item), Ok(md)) => {
                         used += md.len();
                         entries.insert(
-                            Item::Columns { rg },
+                            item,
                             Entry {
                                 bytes: md.len(),
                                 pinned_until: None,
@@ -287,12 +228,7 @@ impl DiskCache {
             return;
         };
         for ep in epochs.flatten() {
-            let Some(epoch) = ep
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix("epoch-"))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
+            let Some(epoch) = ep.file_name().to_str().and_then(crate::layout::parse_epoch) else {
                 continue;
             };
             let mut found: Vec<(Item, PathBuf)> = Vec::new();
@@ -342,39 +278,19 @@ impl DiskCache {
         if name.starts_with('.') {
             return None;
         }
-        if let Some(stem) = name.strip_suffix(".safetensors") {
-            return Some(Item::Safetensors {
-                epoch,
-                batch: stem.parse().ok()?,
-            });
-        }
-        let tensor = name.strip_suffix(".npy")?;
-        let batch = path.parent()?.file_name()?.to_str()?.parse().ok()?;
-        let tensor = self.tensor_names.iter().position(|t| t == tensor)?;
-        Some(Item::Npy {
-            epoch,
-            batch,
-            tensor,
-        })
+        let dir = path.parent()?.file_name()?.to_str()?;
+        let in_batch_dir = !dir.starts_with("epoch-");
+        self.layout
+            .parse_batch_file(epoch, in_batch_dir.then_some(dir), name)
     }
 
     /// Where an item lives.
     pub fn path(&self, item: Item) -> PathBuf {
-        let w = self.width;
-        match item {
-            Item::Columns { rg } => self.cols.join(format!("rg-{rg:06}.cols")),
-            Item::Safetensors { epoch, batch } => self
-                .batches
-                .join(format!("epoch-{epoch}/{batch:0w$}.safetensors")),
-            Item::Npy {
-                epoch,
-                batch,
-                tensor,
-            } => self.batches.join(format!(
-                "epoch-{epoch}/{batch:0w$}/{}.npy",
-                self.tensor_names[tensor]
-            )),
-        }
+        let dir = match item {
+            Item::Columns { .. } => &self.cols,
+            _ => &self.batches,
+        };
+        dir.join(self.layout.item_path(item))
     }
 
     fn identity(&self, item: Item) -> [u8; 32] {
@@ -382,7 +298,7 @@ impl DiskCache {
             Item::Columns { .. } => &self.ckey,
             _ => &self.bkey,
         };
-        hash32(&[
+        crate::kept::hash32(&[
             key.as_bytes(),
             self.path(item).as_os_str().as_encoded_bytes(),
         ])
@@ -603,7 +519,7 @@ impl DiskCache {
         let dest = self.path(item);
         let result = (|| -> Result<()> {
             if let Some(dir) = dest.parent() {
-                mkdir(dir)?;
+                private_dir(dir)?;
             }
             let data = self.write_tmp(parts)?;
             std::fs::rename(&data, &dest)?;
@@ -701,62 +617,6 @@ impl DiskCache {
 
 /// Items from which an eviction frees more than the write in hand needs.
 const EVICTION_BATCH_FROM: usize = 1024;
-
-const BLOB_MAGIC: &[u8; 8] = b"TFSBLOB1";
-
-/// Writes a small checked item (a Parquet footer) crash-safely: `payload` behind a header with
-/// its identity and crc32c, to a temp file beside `path`, fsynced, then renamed into place.
-pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()> {
-    let mut b = Vec::with_capacity(64 + payload.len());
-    b.extend_from_slice(BLOB_MAGIC);
-    b.extend_from_slice(&VERSION.to_le_bytes());
-    b.extend_from_slice(identity);
-    b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    b.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
-    let own = crc32c::crc32c(&b);
-    b.extend_from_slice(&own.to_le_bytes());
-    b.extend_from_slice(payload);
-    let dir = path.parent().context("a blob path has a parent")?;
-    mkdir(dir)?;
-    let tmp = dir.join(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        crc32c::crc32c(identity)
-    ));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&b)?;
-    f.sync_data()?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
-}
-
-/// Reads what [`write_blob`] wrote; `None` when it is missing, of another identity or corrupt.
-pub fn read_blob(path: &Path, identity: &[u8; 32]) -> Option<Vec<u8>> {
-    let b = std::fs::read(path).ok()?;
-    let head = 8 + 4 + 32 + 8 + 4;
-    if b.len() < head + 4 || &b[..8] != BLOB_MAGIC || &b[12..44] != identity {
-        return None;
-    }
-    let own = u32::from_le_bytes(b[head..head + 4].try_into().ok()?);
-    if crc32c::crc32c(&b[..head]) != own || u32::from_le_bytes(b[8..12].try_into().ok()?) != VERSION
-    {
-        return None;
-    }
-    let len = u64::from_le_bytes(b[44..52].try_into().ok()?) as usize;
-    let payload = &b[head + 4..];
-    let crc = u32::from_le_bytes(b[52..56].try_into().ok()?);
-    (payload.len() == len && crc32c::crc32c(payload) == crc).then(|| payload.to_vec())
-}
-
-/// The identity of an item from its parts.
-pub fn identity(parts: &[&[u8]]) -> [u8; 32] {
-    hash32(parts)
-}
 
 fn meta_path(path: &Path) -> PathBuf {
     let name = path
@@ -893,8 +753,19 @@ mod tests {
             "c".into(),
             "b".into(),
             capacity,
-            6,
-            vec!["x".into(), "y.len".into()],
+            std::sync::Arc::new(Layout::new(
+                ["x", "y.len"]
+                    .map(|name| crate::view::Tensor {
+                        name: name.into(),
+                        dtype: crate::dtype::DType::I32,
+                        inner: vec![],
+                        item: 0,
+                        part: crate::view::Part::Data,
+                        unit: None,
+                    })
+                    .to_vec(),
+                10,
+            )),
             &Stats::default(),
         )
         .unwrap()
@@ -999,22 +870,6 @@ mod tests {
             m[at] ^= 1 << bit;
             proptest::prop_assert!(parse_meta(&m, &[5; 32]).is_err());
         }
-    }
-
-    #[test]
-    fn blobs_round_trip_and_reject_what_is_not_theirs() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f/x.footer");
-        write_blob(&path, &[3; 32], b"footer bytes").unwrap();
-        assert_eq!(read_blob(&path, &[3; 32]).unwrap(), b"footer bytes");
-        assert!(read_blob(&path, &[4; 32]).is_none());
-        let mut b = std::fs::read(&path).unwrap();
-        *b.last_mut().unwrap() ^= 1;
-        std::fs::write(&path, &b).unwrap();
-        assert!(read_blob(&path, &[3; 32]).is_none());
-        b.truncate(10);
-        std::fs::write(&path, &b).unwrap();
-        assert!(read_blob(&path, &[3; 32]).is_none());
     }
 
     #[test]

@@ -1,24 +1,23 @@
 //! The filesystem core: the tree a mount shows, as plain functions over inode numbers that
-//! return plain values or an errno. The FUSE adapter (`fuse.rs`) only translates.
+//! return plain values or an [`Error`] carrying its errno. The FUSE adapter (`fuse.rs`) only
+//! translates, and logs the errors it replies with.
 //!
 //! Inode numbers are computed, not stored, for everything below an epoch or rank directory:
 //! `kind (4 bits) | directory id (16) | batch (32) | tensor (12)`, where the directory id
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
-use crate::cache::Item;
-use crate::engine::Engine;
-use crate::format;
-use crate::plan::rank_to_global;
-use crate::prefetch::{FileKind, Prefetcher};
+use crate::error::{Error, Result, enoent};
+use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
+use crate::materialize::Materializer;
+use crate::plan::{Batches, Plan};
+use crate::prefetch::Prefetcher;
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-pub type Errno = i32;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
@@ -29,8 +28,6 @@ pub const DATASET_JSON: &str = "dataset.json";
 const GDS: &str = "gds";
 const META: &str = ".tensorfs";
 const STATS_JSON: &str = "stats.json";
-const ALL: &str = "all";
-const ALL_SAFETENSORS: &str = "all.safetensors";
 /// The extended attribute that names a batch file's backing file.
 pub const PATH_XATTR: &str = "user.tensorfs.path";
 /// How long a backing file handed out by path stays pinned in the cache.
@@ -43,36 +40,11 @@ const MAX_DIRS: usize = 1 << 16;
 const MAX_BATCHES: u64 = 1 << 32;
 const MAX_TENSORS: usize = 1 << 12;
 
-/// A directory of batches: an epoch, or a rank's view of one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Batches {
-    Epoch(u64),
-    Rank { epoch: u64, rank: u64, world: u64 },
-}
-
-impl Batches {
-    /// The (epoch, global batch) that batch `j` of this directory is.
-    pub fn global(&self, j: u64) -> (u64, u64) {
-        match *self {
-            Batches::Epoch(e) => (e, j),
-            Batches::Rank { epoch, rank, world } => (epoch, rank_to_global(rank, world, j)),
-        }
-    }
-
-    /// Its path under the mount point.
-    pub fn name(&self) -> String {
-        match self {
-            Batches::Epoch(e) => format!("epoch-{e}"),
-            Batches::Rank { epoch, rank, world } => format!("epoch-{epoch}/rank-{rank}-of-{world}"),
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
     Root,
     DatasetJson,
-    /// `gds/`: the epoch tree again, batch files as symlinks to their backing files.
+    /// `gds/`: the epoch tree again, files as symlinks to their backing files.
     Gds,
     /// `.tensorfs/`
     Meta,
@@ -82,12 +54,32 @@ pub enum Node {
     Safetensors(u32, u64),
     BatchDir(u32, u64),
     Npy(u32, u64, usize),
-    /// `all.safetensors`: every batch of the directory, concatenated.
+    /// `all.safetensors`: every batch of the directory, back to back.
     AllSafetensors(u32),
     /// `all/`
     AllDir(u32),
     /// `all/NAME.npy`
     AllNpy(u32, usize),
+}
+
+impl Node {
+    /// The batch file a node is: (directory, batch, which file).
+    fn batch_file(self) -> Option<(u32, u64, FileKind)> {
+        match self {
+            Node::Safetensors(d, i) => Some((d, i, FileKind::Safetensors)),
+            Node::Npy(d, i, t) => Some((d, i, FileKind::Npy(t))),
+            _ => None,
+        }
+    }
+
+    /// The one-open file a node is: (directory, which file).
+    fn all_file(self) -> Option<(u32, FileKind)> {
+        match self {
+            Node::AllSafetensors(d) => Some((d, FileKind::Safetensors)),
+            Node::AllNpy(d, t) => Some((d, FileKind::Npy(t))),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +101,19 @@ pub struct DirEntry {
     pub ino: u64,
     pub kind: Kind,
     pub name: String,
+}
+
+/// How an openable file is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Openable {
+    /// A batch file: materialised and passed through, or served by the daemon.
+    Batch,
+    /// dataset.json: fixed for the mount's life.
+    Fixed,
+    /// `all.safetensors`, `all/NAME.npy`: served by the daemon from the batches a read spans.
+    Concatenated,
+    /// stats.json: new content on every open.
+    Live(Vec<u8>),
 }
 
 fn encode(node: Node) -> u64 {
@@ -152,24 +157,6 @@ fn decode(ino: u64) -> Option<Node> {
     })
 }
 
-/// A decimal number as names write it: digits, no leading zero.
-fn number(s: &str) -> Option<u64> {
-    let canonical =
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    canonical.then(|| s.parse().ok()).flatten()
-}
-
-/// Digits in batch file names: six, or more for an epoch of a million batches or more.
-pub fn name_width(batches: u64) -> usize {
-    batches.saturating_sub(1).to_string().len().max(6)
-}
-
-/// Exact file sizes of a batch of a given row count.
-struct Sizes {
-    safetensors: u64,
-    npy: Vec<u64>,
-}
-
 /// Epoch and rank directories by id, and whether each is under `gds/`.
 #[derive(Default)]
 struct Dirs {
@@ -177,75 +164,84 @@ struct Dirs {
     ids: HashMap<(Batches, bool), u32>,
 }
 
+/// What the tree is made from.
+pub struct Tree {
+    pub materializer: Arc<Materializer>,
+    pub prefetcher: Prefetcher,
+    pub layout: Arc<Layout>,
+    pub epochs: u64,
+    pub world_size: Option<u64>,
+    pub dataset_json: Vec<u8>,
+}
+
 pub struct Fs {
-    engine: Arc<Engine>,
+    materializer: Arc<Materializer>,
     prefetcher: Prefetcher,
+    layout: Arc<Layout>,
     epochs: u64,
     world_size: Option<u64>,
     dataset_json: Vec<u8>,
-    /// Digits in a batch file name.
-    width: usize,
-    tensor_index: HashMap<String, usize>,
-    sizes: HashMap<u64, Sizes>,
+    /// Exact sizes of each batch file kind at the two batch lengths an epoch has.
+    sizes: HashMap<(u64, FileKind), u64>,
     /// Interned epoch and rank directories, and whether each is under `gds/`.
     dirs: Mutex<Dirs>,
 }
 
 impl Fs {
-    pub fn new(
-        engine: Arc<Engine>,
-        prefetcher: Prefetcher,
-        epochs: u64,
-        world_size: Option<u64>,
-        dataset_json: Vec<u8>,
-    ) -> Fs {
-        let plan = &engine.plan;
-        let width = name_width(plan.batches());
-        let tensor_index = engine
-            .view
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        let mut sizes = HashMap::new();
-        for rows in [plan.options().batch_size, plan.last_batch_len()] {
-            let layouts = engine.layouts(rows);
-            let data: u64 = layouts.iter().map(|l| l.data_len() as u64).sum();
-            let npy = layouts
-                .iter()
-                .map(|l| (format::npy_header_len(l.dtype, &l.shape) + l.data_len()) as u64)
-                .collect();
-            let safetensors = format::safetensors_header(&layouts).len() as u64 + data;
-            sizes.insert(rows, Sizes { safetensors, npy });
-        }
-        Fs {
-            engine,
+    pub fn new(tree: Tree) -> Fs {
+        let Tree {
+            materializer,
             prefetcher,
+            layout,
             epochs,
             world_size,
             dataset_json,
-            width,
-            tensor_index,
+        } = tree;
+        let plan = materializer.plan();
+        let mut sizes = HashMap::new();
+        for rows in [plan.options().batch_size, plan.last_batch_len()] {
+            let kinds = std::iter::once(FileKind::Safetensors)
+                .chain((0..layout.tensors()).map(FileKind::Npy));
+            for kind in kinds {
+                sizes.insert((rows, kind), layout.size(kind, rows));
+            }
+        }
+        Fs {
+            materializer,
+            prefetcher,
+            layout,
+            epochs,
+            world_size,
+            dataset_json,
             sizes,
             dirs: Mutex::default(),
         }
     }
 
     pub fn stats(&self) -> &Stats {
-        &self.engine.stats
+        self.materializer.stats()
     }
 
-    fn dir_id(&self, b: Batches, gds: bool) -> Result<u32, Errno> {
+    fn plan(&self) -> &Plan {
+        self.materializer.plan()
+    }
+
+    fn node(&self, ino: u64) -> Result<Node> {
+        decode(ino).ok_or_else(enoent)
+    }
+
+    fn dir_id(&self, b: Batches, gds: bool) -> Result<u32> {
         let mut dirs = self.dirs.lock().unwrap();
         if let Some(&id) = dirs.ids.get(&(b, gds)) {
             return Ok(id);
         }
         if dirs.list.len() >= MAX_DIRS {
-            tracing::warn!(
-                "more than {MAX_DIRS} epoch and rank directories looked up; refusing {b:?}"
-            );
-            return Err(libc::ENFILE);
+            return Err(Error::limit(
+                libc::ENFILE,
+                format!(
+                    "more than {MAX_DIRS} epoch and rank directories looked up; refusing {b:?}"
+                ),
+            ));
         }
         let id = dirs.list.len() as u32;
         dirs.list.push((b, gds));
@@ -253,277 +249,239 @@ impl Fs {
         Ok(id)
     }
 
-    fn dir_entry(&self, id: u32) -> Result<(Batches, bool), Errno> {
+    /// An interned directory, and whether it is under `gds/`.
+    fn dir_entry(&self, id: u32) -> Result<(Batches, bool)> {
         self.dirs
             .lock()
             .unwrap()
             .list
             .get(id as usize)
             .copied()
-            .ok_or(libc::ENOENT)
+            .ok_or_else(enoent)
     }
 
-    fn dir(&self, id: u32) -> Result<Batches, Errno> {
+    fn dir(&self, id: u32) -> Result<Batches> {
         Ok(self.dir_entry(id)?.0)
+    }
+
+    fn in_gds(&self, id: u32) -> Result<bool> {
+        Ok(self.dir_entry(id)?.1)
     }
 
     /// The cache item a batch file node is (by global batch, so rank views share it, and by the
     /// epoch it repeats, so epochs with one order share it).
-    fn item(&self, node: Node) -> Result<Item, Errno> {
-        let (d, i, tensor) = match node {
-            Node::Safetensors(d, i) => (d, i, None),
-            Node::Npy(d, i, t) => (d, i, Some(t)),
-            _ => return Err(libc::EINVAL),
-        };
+    fn item(&self, node: Node) -> Result<Item> {
+        let (d, i, kind) = node.batch_file().ok_or(Error::answer(libc::EINVAL))?;
         let (epoch, batch) = self.dir(d)?.global(i);
-        let kind = tensor.map_or(FileKind::Safetensors, FileKind::Npy);
-        Ok(self.engine.item(kind, epoch, batch))
-    }
-
-    /// Where a batch file's backing file is (or will be) in the local cache.
-    fn backing_path(&self, node: Node) -> Result<PathBuf, Errno> {
-        let cache = self.engine.cache.as_ref().ok_or(libc::ENOENT)?;
-        Ok(cache.path(self.item(node)?))
+        Ok(self.materializer.item(kind, epoch, batch))
     }
 
     fn stats_json(&self) -> Vec<u8> {
-        let mut v = self.engine.stats.to_json();
-        v["memory_bytes"] = serde_json::json!(self.engine.memory());
-        v["readers"] = serde_json::json!(self.prefetcher.depths(|b| self.count(b)));
+        let mut v = self.stats().to_json();
+        v["memory_bytes"] = serde_json::json!(self.materializer.builder().memory());
+        v["readers"] = serde_json::json!(self.prefetcher.depths());
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
         out.push(b'\n');
         out
     }
 
-    fn node(&self, ino: u64) -> Result<Node, Errno> {
-        decode(ino).ok_or(libc::ENOENT)
-    }
-
-    fn count(&self, b: Batches) -> u64 {
-        match b {
-            Batches::Epoch(_) => self.engine.plan.batches(),
-            Batches::Rank { world, .. } => self.engine.plan.rank_batches(world),
-        }
-    }
-
-    fn batch_name(&self, i: u64) -> String {
-        format!("{i:0width$}", width = self.width)
-    }
-
+    /// The batch a name in directory `b` is.
     fn parse_batch(&self, b: Batches, s: &str) -> Option<u64> {
-        let ok = s.len() == self.width && s.bytes().all(|c| c.is_ascii_digit());
-        ok.then(|| s.parse().ok())
-            .flatten()
-            .filter(|&i| i < self.count(b) && i < MAX_BATCHES)
+        self.layout
+            .parse_batch(s)
+            .filter(|&i| i < self.plan().count(b) && i < MAX_BATCHES)
     }
 
-    fn sizes(&self, b: Batches, i: u64) -> &Sizes {
-        let (_, g) = b.global(i);
-        &self.sizes[&self.engine.plan.batch_len(g)]
+    fn batch_file_size(&self, b: Batches, i: u64, kind: FileKind) -> u64 {
+        let rows = self.plan().batch_len(b.global(i).1);
+        self.sizes[&(rows, kind)]
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+    fn file_kind(&self, d: u32) -> Result<Kind> {
+        Ok(if self.in_gds(d)? {
+            Kind::Symlink
+        } else {
+            Kind::File
+        })
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let node = self.node(ino)?;
         let (kind, size) = match node {
-            Node::Root | Node::Meta | Node::Dir(_) | Node::BatchDir(..) => (Kind::Dir, 0),
-            // The one-open files are served by the daemon from built batches, with no backing
-            // file: under gds/ they link to themselves in the main tree.
-            Node::AllSafetensors(d) | Node::AllNpy(d, _) if self.dir_entry(d)?.1 => {
-                (Kind::Symlink, self.all_link(node)?.len() as u64)
+            Node::Root | Node::Meta | Node::Gds | Node::Dir(_) | Node::BatchDir(..) => {
+                (Kind::Dir, 0)
             }
             Node::AllDir(_) => (Kind::Dir, 0),
-            Node::AllSafetensors(d) => {
-                let rows = self.dir_rows(self.dir(d)?);
-                let header = format::safetensors_header(&self.engine.layouts(rows));
-                (Kind::File, header.len() as u64 + rows * self.row_bytes())
-            }
-            Node::AllNpy(d, t) => {
-                let rows = self.dir_rows(self.dir(d)?);
-                let tensor = &self.engine.view.tensors[t];
-                let header = format::npy_header_len(tensor.dtype, &tensor.shape(rows));
-                (Kind::File, header as u64 + rows * tensor.row_bytes() as u64)
-            }
-            Node::Gds if self.engine.cache.is_some() => (Kind::Dir, 0),
-            Node::Gds => return Err(libc::ENOENT),
             Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
             // Its content changes all the time: like a /proc file, it has no size to promise;
             // it is opened direct-io and read to its end.
             Node::StatsJson => (Kind::File, 0),
-            Node::Safetensors(d, _) | Node::Npy(d, ..) if self.dir_entry(d)?.1 => (
-                Kind::Symlink,
-                self.backing_path(node)?.as_os_str().len() as u64,
-            ),
-            Node::Safetensors(d, i) => (Kind::File, self.sizes(self.dir(d)?, i).safetensors),
-            Node::Npy(d, i, t) => (Kind::File, self.sizes(self.dir(d)?, i).npy[t]),
+            Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
+                let (b, gds) = self.dir_entry(d)?;
+                match gds {
+                    true => (
+                        Kind::Symlink,
+                        self.backing_path(node)?.as_os_str().len() as u64,
+                    ),
+                    false => {
+                        let (_, _, kind) = node.batch_file().expect("a batch file");
+                        (Kind::File, self.batch_file_size(b, i, kind))
+                    }
+                }
+            }
+            Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
+                let (b, gds) = self.dir_entry(d)?;
+                let (_, kind) = node.all_file().expect("a one-open file");
+                match gds {
+                    // No backing file holds them: under gds/ they link to the main tree.
+                    true => (Kind::Symlink, self.all_link(node)?.len() as u64),
+                    false => (Kind::File, self.layout.size(kind, self.plan().dir_rows(b))),
+                }
+            }
         };
         Ok(Attr { ino, kind, size })
     }
 
-    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr, Errno> {
-        let parent = self.node(parent)?;
-        if parent == Node::Gds && self.engine.cache.is_none() {
-            return Err(libc::ENOENT);
-        }
-        let node = match parent {
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
+        let node = match self.node(parent)? {
             Node::Root if name == DATASET_JSON => Node::DatasetJson,
             Node::Root if name == GDS => Node::Gds,
             Node::Root if name == META => Node::Meta,
             Node::Meta if name == STATS_JSON => Node::StatsJson,
-            Node::Meta => return Err(libc::ENOENT),
-            Node::Root | Node::Gds => {
-                let e = name
-                    .strip_prefix("epoch-")
-                    .and_then(number)
-                    .ok_or(libc::ENOENT)?;
+            Node::Meta => return Err(enoent()),
+            parent @ (Node::Root | Node::Gds) => {
+                let e = layout::parse_epoch(name).ok_or_else(enoent)?;
                 Node::Dir(self.dir_id(Batches::Epoch(e), parent == Node::Gds)?)
             }
-            Node::Dir(d) => {
-                let (b, gds) = self.dir_entry(d)?;
-                if name == ALL_SAFETENSORS {
-                    Node::AllSafetensors(d)
-                } else if name == ALL {
-                    Node::AllDir(d)
-                } else if let Some(stem) = name.strip_suffix(".safetensors") {
-                    Node::Safetensors(d, self.parse_batch(b, stem).ok_or(libc::ENOENT)?)
-                } else if let Some(i) = self.parse_batch(b, name) {
-                    Node::BatchDir(d, i)
-                } else {
-                    let Batches::Epoch(epoch) = b else {
-                        return Err(libc::ENOENT);
-                    };
-                    let (rank, world) = name
-                        .strip_prefix("rank-")
-                        .and_then(|s| s.split_once("-of-"))
-                        .and_then(|(r, w)| Some((number(r)?, number(w)?)))
-                        .filter(|&(r, w)| r < w)
-                        .ok_or(libc::ENOENT)?;
-                    Node::Dir(self.dir_id(Batches::Rank { epoch, rank, world }, gds)?)
-                }
-            }
+            Node::Dir(d) => self.lookup_in_dir(d, name)?,
             Node::BatchDir(d, i) => {
-                let t = name
-                    .strip_suffix(".npy")
-                    .and_then(|n| self.tensor_index.get(n))
-                    .ok_or(libc::ENOENT)?;
-                Node::Npy(d, i, *t)
+                Node::Npy(d, i, self.layout.parse_npy(name).ok_or_else(enoent)?)
             }
-            Node::AllDir(d) => {
-                let t = name
-                    .strip_suffix(".npy")
-                    .and_then(|n| self.tensor_index.get(n))
-                    .ok_or(libc::ENOENT)?;
-                Node::AllNpy(d, *t)
-            }
-            _ => return Err(libc::ENOTDIR),
+            Node::AllDir(d) => Node::AllNpy(d, self.layout.parse_npy(name).ok_or_else(enoent)?),
+            _ => return Err(Error::answer(libc::ENOTDIR)),
         };
         self.getattr(encode(node))
     }
 
+    /// A name in an epoch or rank directory: a batch file or directory, a one-open file, or
+    /// (in an epoch) a rank view.
+    fn lookup_in_dir(&self, d: u32, name: &str) -> Result<Node> {
+        let (b, gds) = self.dir_entry(d)?;
+        if name == ALL_SAFETENSORS {
+            return Ok(Node::AllSafetensors(d));
+        }
+        if name == ALL {
+            return Ok(Node::AllDir(d));
+        }
+        if let Some(stem) = name.strip_suffix(".safetensors") {
+            let i = self.parse_batch(b, stem).ok_or_else(enoent)?;
+            return Ok(Node::Safetensors(d, i));
+        }
+        if let Some(i) = self.parse_batch(b, name) {
+            return Ok(Node::BatchDir(d, i));
+        }
+        let Batches::Epoch(epoch) = b else {
+            return Err(enoent());
+        };
+        let (rank, world) = layout::parse_rank(name).ok_or_else(enoent)?;
+        Ok(Node::Dir(
+            self.dir_id(Batches::Rank { epoch, rank, world }, gds)?,
+        ))
+    }
+
     /// The `k`-th listed epoch directory, in the main tree or under `gds/`.
-    fn epoch_entry(&self, k: u64, gds: bool) -> Result<Option<DirEntry>, Errno> {
+    fn epoch_entry(&self, k: u64, gds: bool) -> Result<Option<DirEntry>> {
         if k >= self.epochs {
             return Ok(None);
         }
-        Ok(Some(DirEntry {
-            ino: encode(Node::Dir(self.dir_id(Batches::Epoch(k), gds)?)),
-            kind: Kind::Dir,
-            name: format!("epoch-{k}"),
-        }))
+        Ok(Some(entry(
+            Node::Dir(self.dir_id(Batches::Epoch(k), gds)?),
+            Kind::Dir,
+            layout::epoch_name(k),
+        )))
+    }
+
+    /// The `k`-th entry of the root.
+    fn root_entry(&self, k: u64) -> Result<Option<DirEntry>> {
+        let fixed = [
+            (Node::DatasetJson, Kind::File, DATASET_JSON),
+            (Node::Meta, Kind::Dir, META),
+            (Node::Gds, Kind::Dir, GDS),
+        ];
+        match fixed.get(k as usize) {
+            Some(&(node, kind, name)) => Ok(Some(entry(node, kind, name.into()))),
+            None => self.epoch_entry(k - fixed.len() as u64, false),
+        }
+    }
+
+    /// The `k`-th entry of an epoch or rank directory: each batch's file and directory, then
+    /// the one-open files, then (in an epoch, with `world_size`) the rank views.
+    fn dir_child(&self, d: u32, k: u64) -> Result<Option<DirEntry>> {
+        let (b, gds) = self.dir_entry(d)?;
+        let file = self.file_kind(d)?;
+        let n = self.plan().count(b);
+        if k < 2 * n {
+            let i = k / 2;
+            let name = self.layout.batch_name(i);
+            return Ok(Some(if k.is_multiple_of(2) {
+                entry(Node::Safetensors(d, i), file, format!("{name}.safetensors"))
+            } else {
+                entry(Node::BatchDir(d, i), Kind::Dir, name)
+            }));
+        }
+        match k - 2 * n {
+            0 => {
+                return Ok(Some(entry(
+                    Node::AllSafetensors(d),
+                    file,
+                    ALL_SAFETENSORS.into(),
+                )));
+            }
+            1 => return Ok(Some(entry(Node::AllDir(d), Kind::Dir, ALL.into()))),
+            _ => {}
+        }
+        let rank = k - 2 * n - 2;
+        match (b, self.world_size) {
+            (Batches::Epoch(epoch), Some(world)) if rank < world => {
+                let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
+                Ok(Some(entry(
+                    Node::Dir(id),
+                    Kind::Dir,
+                    layout::rank_name(rank, world),
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The `k`-th entry of a directory of `.npy` files (a batch's, or `all/`).
+    fn npy_child(&self, d: u32, k: u64, node: impl Fn(usize) -> Node) -> Result<Option<DirEntry>> {
+        let t = k as usize;
+        if t >= self.layout.tensors() {
+            return Ok(None);
+        }
+        Ok(Some(entry(
+            node(t),
+            self.file_kind(d)?,
+            self.layout.npy_name(t),
+        )))
     }
 
     /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`.
-    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>, Errno> {
+    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
         let node = self.node(ino)?;
-        let entry = |node: Node, kind: Kind, name: String| DirEntry {
-            ino: encode(node),
-            kind,
-            name,
-        };
-        let child = |k: u64| -> Result<Option<DirEntry>, Errno> {
-            Ok(match node {
-                Node::Root => {
-                    let extra: &[(Node, &str)] = if self.engine.cache.is_some() {
-                        &[
-                            (Node::DatasetJson, DATASET_JSON),
-                            (Node::Meta, META),
-                            (Node::Gds, GDS),
-                        ]
-                    } else {
-                        &[(Node::DatasetJson, DATASET_JSON), (Node::Meta, META)]
-                    };
-                    match extra.get(k as usize) {
-                        Some((n, name)) => {
-                            let kind = if *n == Node::DatasetJson {
-                                Kind::File
-                            } else {
-                                Kind::Dir
-                            };
-                            Some(entry(*n, kind, name.to_string()))
-                        }
-                        None => self.epoch_entry(k - extra.len() as u64, false)?,
-                    }
-                }
-                Node::Gds => self.epoch_entry(k, true)?,
+        let child = |k: u64| -> Result<Option<DirEntry>> {
+            match node {
+                Node::Root => self.root_entry(k),
+                Node::Gds => self.epoch_entry(k, true),
                 Node::Meta => {
-                    (k == 0).then(|| entry(Node::StatsJson, Kind::File, STATS_JSON.into()))
+                    Ok((k == 0).then(|| entry(Node::StatsJson, Kind::File, STATS_JSON.into())))
                 }
-                Node::Dir(d) => {
-                    let (b, gds) = self.dir_entry(d)?;
-                    let file = if gds { Kind::Symlink } else { Kind::File };
-                    let n = self.count(b);
-                    if k < 2 * n {
-                        let i = k / 2;
-                        Some(if k.is_multiple_of(2) {
-                            entry(
-                                Node::Safetensors(d, i),
-                                file,
-                                format!("{}.safetensors", self.batch_name(i)),
-                            )
-                        } else {
-                            entry(Node::BatchDir(d, i), Kind::Dir, self.batch_name(i))
-                        })
-                    } else if k == 2 * n {
-                        Some(entry(Node::AllSafetensors(d), file, ALL_SAFETENSORS.into()))
-                    } else if k == 2 * n + 1 {
-                        Some(entry(Node::AllDir(d), Kind::Dir, ALL.into()))
-                    } else {
-                        let after = 2 * n + 2;
-                        match (b, self.world_size) {
-                            (Batches::Epoch(epoch), Some(world)) if k - after < world => {
-                                let rank = k - after;
-                                let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
-                                Some(entry(
-                                    Node::Dir(id),
-                                    Kind::Dir,
-                                    format!("rank-{rank}-of-{world}"),
-                                ))
-                            }
-                            _ => None,
-                        }
-                    }
-                }
-                Node::AllDir(d) => {
-                    let file = if self.dir_entry(d)?.1 {
-                        Kind::Symlink
-                    } else {
-                        Kind::File
-                    };
-                    self.engine.view.tensors.get(k as usize).map(|t| {
-                        entry(Node::AllNpy(d, k as usize), file, format!("{}.npy", t.name))
-                    })
-                }
-                Node::BatchDir(d, i) => {
-                    let file = if self.dir_entry(d)?.1 {
-                        Kind::Symlink
-                    } else {
-                        Kind::File
-                    };
-                    self.engine.view.tensors.get(k as usize).map(|t| {
-                        entry(Node::Npy(d, i, k as usize), file, format!("{}.npy", t.name))
-                    })
-                }
-                _ => return Err(libc::ENOTDIR),
-            })
+                Node::Dir(d) => self.dir_child(d, k),
+                Node::BatchDir(d, i) => self.npy_child(d, k, |t| Node::Npy(d, i, t)),
+                Node::AllDir(d) => self.npy_child(d, k, |t| Node::AllNpy(d, t)),
+                _ => Err(Error::answer(libc::ENOTDIR)),
+            }
         };
         let mut out = Vec::new();
         let mut k = offset;
@@ -551,11 +509,11 @@ impl Fs {
     }
 
     /// What `open` may open: a regular file, or `EISDIR`/`ELOOP`.
-    pub fn openable(&self, ino: u64) -> Result<Openable, Errno> {
+    pub fn openable(&self, ino: u64) -> Result<Openable> {
         let node = self.node(ino)?;
         match self.getattr(ino)?.kind {
-            Kind::Dir => Err(libc::EISDIR),
-            Kind::Symlink => Err(libc::ELOOP),
+            Kind::Dir => Err(Error::answer(libc::EISDIR)),
+            Kind::Symlink => Err(Error::answer(libc::ELOOP)),
             Kind::File => Ok(match node {
                 Node::StatsJson => Openable::Live(self.stats_json()),
                 Node::DatasetJson => Openable::Fixed,
@@ -568,14 +526,8 @@ impl Fs {
     /// A batch file's backing file if it is materialised already (checked), without waiting;
     /// the caller notes the reader for the prefetcher ([`Fs::note_reader`]) once it answered.
     pub fn materialized(&self, ino: u64) -> Option<File> {
-        let node = self.node(ino).ok()?;
-        let item = self.item(node).ok()?;
-        let cache = self.engine.cache.as_ref()?;
-        let (file, _) = cache.open_batch_file(item, &self.engine.stats)?;
-        Stats::add(&self.engine.stats.c.batch_file_hits, 1);
-        let (epoch, batch) = item.batch()?;
-        self.engine.reader_at(epoch, batch);
-        Some(file)
+        let item = self.item(self.node(ino).ok()?).ok()?;
+        self.materializer.cached(item)
     }
 
     /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered).
@@ -587,49 +539,44 @@ impl Fs {
 
     /// A batch file's backing file, materialised on the local cache first if it must be.
     /// `None`: the cache cannot take it, the daemon serves it from memory.
-    pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>, Errno> {
+    pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>> {
         let node = self.node(ino)?;
         let item = self.item(node)?;
         self.accessed(node);
-        self.engine.materialize(item).await.map_err(|e| {
-            tracing::error!(
-                "materialising {}: {}",
-                self.engine
-                    .cache
-                    .as_ref()
-                    .map(|c| c.path(item).display().to_string())
-                    .unwrap_or_default(),
-                crate::describe(&e)
-            );
-            libc::EIO
+        self.materializer.materialize(item).await.map_err(|e| {
+            let path = self.materializer.cache().path(item);
+            Error::failed(format!("materialising {}", path.display()), e)
         })
     }
 
     /// A reader is at `node`: let the prefetcher follow it.
     fn accessed(&self, node: Node) {
-        let (d, i, kind) = match node {
-            Node::Safetensors(d, i) => (d, i, FileKind::Safetensors),
-            Node::Npy(d, i, t) => (d, i, FileKind::Npy(t)),
-            _ => return,
-        };
-        if let Ok(dir) = self.dir(d) {
-            self.prefetcher.accessed(dir, i, kind, |b| self.count(b));
+        if let Some((d, i, kind)) = node.batch_file()
+            && let Ok(dir) = self.dir(d)
+        {
+            self.prefetcher.accessed(dir, i, kind);
         }
     }
 
+    /// Where a batch file's backing file is (or will be) in the local cache.
+    fn backing_path(&self, node: Node) -> Result<PathBuf> {
+        Ok(self.materializer.cache().path(self.item(node)?))
+    }
+
     /// The backing file's path, once materialised, pinned for GPUDirect readers.
-    async fn handed_out_path(&self, node: Node) -> Result<Vec<u8>, Errno> {
-        let (_, path) = self.materialize(encode(node)).await?.ok_or(libc::EIO)?;
-        if let Some(cache) = &self.engine.cache {
-            cache.pin(self.item(node)?, PIN_GRACE);
-        }
+    async fn handed_out_path(&self, node: Node) -> Result<Vec<u8>> {
+        let (_, path) = self
+            .materialize(encode(node))
+            .await?
+            .ok_or_else(|| Error::limit(libc::EIO, "the cache cannot hold the file now"))?;
+        self.materializer.cache().pin(self.item(node)?, PIN_GRACE);
         Ok(path.into_os_string().into_encoded_bytes())
     }
 
     /// `readlink` of a `gds/` symlink.
-    pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+    pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
         if self.getattr(ino)?.kind != Kind::Symlink {
-            return Err(libc::EINVAL);
+            return Err(Error::answer(libc::EINVAL));
         }
         match self.node(ino)? {
             node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
@@ -642,13 +589,13 @@ impl Fs {
     /// Where a `gds/` link to a one-open file points: the same file in the main tree, by a
     /// relative path (no backing file holds its bytes; a cuFile reader reads it in
     /// compatibility mode).
-    fn all_link(&self, node: Node) -> Result<String, Errno> {
-        let (d, file) = match node {
-            Node::AllSafetensors(d) => (d, ALL_SAFETENSORS.to_string()),
-            Node::AllNpy(d, t) => (d, format!("{ALL}/{}.npy", self.engine.view.tensors[t].name)),
-            _ => return Err(libc::EINVAL),
+    fn all_link(&self, node: Node) -> Result<String> {
+        let (d, kind) = node.all_file().ok_or(Error::answer(libc::EINVAL))?;
+        let file = match kind {
+            FileKind::Safetensors => ALL_SAFETENSORS.to_string(),
+            FileKind::Npy(t) => format!("{ALL}/{}", self.layout.npy_name(t)),
         };
-        let dir = self.dir(d)?.name();
+        let dir = layout::dir_name(self.dir(d)?);
         // Up from the link's directory (gds/, the directory, and all/ for a .npy) to the root.
         let depth = 1 + dir.matches('/').count() + 1 + file.matches('/').count();
         Ok(format!("{}{dir}/{file}", "../".repeat(depth)))
@@ -657,12 +604,12 @@ impl Fs {
     /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
     pub fn is_batch_file(&self, ino: u64) -> bool {
         self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
-            && matches!(self.node(ino), Ok(Node::Safetensors(..) | Node::Npy(..)))
+            && self.node(ino).is_ok_and(|n| n.batch_file().is_some())
     }
 
     /// The names of a node's extended attributes.
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>, Errno> {
-        Ok(if self.is_batch_file(ino) && self.engine.cache.is_some() {
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        Ok(if self.is_batch_file(ino) {
             format!("{PATH_XATTR}\0").into_bytes()
         } else {
             Vec::new()
@@ -670,122 +617,106 @@ impl Fs {
     }
 
     /// `user.tensorfs.path`: the backing file's path, materialised and pinned.
-    pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>, Errno> {
-        if name != PATH_XATTR || !self.is_batch_file(ino) || self.engine.cache.is_none() {
-            return Err(libc::ENODATA);
+    pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>> {
+        if name != PATH_XATTR || !self.is_batch_file(ino) {
+            return Err(Error::answer(libc::ENODATA));
         }
         self.handed_out_path(self.node(ino)?).await
     }
 
-    /// Reads `size` bytes at `offset`, building the batch first if it must.
-    pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let node = self.node(ino)?;
-        let (b, i) = match node {
-            Node::DatasetJson => return Ok(slice(&[&self.dataset_json], offset, size)),
-            Node::StatsJson => return Ok(slice(&[&self.stats_json()], offset, size)),
-            Node::Safetensors(d, i) | Node::Npy(d, i, _) => (self.dir(d)?, i),
-            Node::AllSafetensors(d) => {
-                return self.read_all(self.dir(d)?, None, offset, size).await;
-            }
-            Node::AllNpy(d, t) => return self.read_all(self.dir(d)?, Some(t), offset, size).await,
-            _ => return Err(libc::EISDIR),
-        };
-        let (epoch, g) = b.global(i);
-        self.engine.reader_at(epoch, g);
-        self.accessed(node);
-        let _waits = self.engine.reader_waits();
-        let batch = self.engine.batch(epoch, g).await.map_err(|e| {
-            tracing::error!("epoch {epoch} batch {g}: {}", crate::describe(&e));
-            libc::EIO
-        })?;
-        Ok(match node {
-            Node::Npy(_, _, t) => {
-                let tensor = &self.engine.view.tensors[t];
-                let header = format::npy_header(tensor.dtype, &tensor.shape(batch.rows));
-                slice(&[&header, &batch.tensors[t]], offset, size)
-            }
-            _ => {
-                let mut parts: Vec<&[u8]> = vec![&batch.safetensors_header];
-                parts.extend(batch.tensors.iter().map(Vec::as_slice));
-                slice(&parts, offset, size)
-            }
-        })
-    }
-}
-
-impl Fs {
-    /// Bytes of one row of every tensor.
-    fn row_bytes(&self) -> u64 {
-        self.engine
-            .view
-            .tensors
-            .iter()
-            .map(|t| t.row_bytes() as u64)
-            .sum()
-    }
-
-    /// Rows of a directory's batches, back to back: all full but the epoch's last batch, which
-    /// a directory holds, if at all, as its own last.
-    fn dir_rows(&self, b: Batches) -> u64 {
-        let n = self.count(b);
-        if n == 0 {
-            return 0;
-        }
-        let bs = self.engine.plan.options().batch_size;
-        let (_, last) = b.global(n - 1);
-        (n - 1) * bs + self.engine.plan.batch_len(last)
-    }
-
-    /// Reads `size` bytes at `offset` of a directory's `all.safetensors` (`tensor` None) or
-    /// `all/NAME.npy`: the header, then each tensor's rows of every batch in batch order, built
-    /// (or taken from memory) only for the batches the read spans.
-    async fn read_all(
+    /// A read of an open file: from its backing file where the open found it materialised
+    /// (checked then), else from [`Fs::read`]. Reads of batch files count as served by the
+    /// daemon, and their waits as stalls.
+    pub async fn read_open(
         &self,
-        b: Batches,
-        tensor: Option<usize>,
+        ino: u64,
+        backing: Option<Arc<File>>,
         offset: u64,
         size: u32,
-    ) -> Result<Vec<u8>, Errno> {
-        let rows = self.dir_rows(b);
-        let tensors = &self.engine.view.tensors;
-        let (header, parts): (Vec<u8>, Vec<usize>) = match tensor {
-            Some(t) => (
-                format::npy_header(tensors[t].dtype, &tensors[t].shape(rows)),
-                vec![t],
-            ),
-            None => (
-                format::safetensors_header(&self.engine.layouts(rows)),
-                (0..tensors.len()).collect(),
-            ),
+    ) -> Result<Vec<u8>> {
+        let started = std::time::Instant::now();
+        let data = match backing {
+            Some(file) => tokio::task::spawn_blocking(move || pread(&file, offset, size))
+                .await
+                .map_err(|e| Error::failed("reading a cached batch file", e.into()))?
+                .map_err(|e| Error::failed("reading a cached batch file", e.into()))?,
+            None => self.read(ino, offset, size).await?,
         };
-        let bs = self.engine.plan.options().batch_size;
+        if self.is_batch_file(ino) {
+            let stats = self.stats();
+            stats.stall(started.elapsed());
+            Stats::add(&stats.c.daemon_reads, 1);
+            Stats::add(&stats.c.daemon_read_bytes, data.len() as u64);
+        }
+        Ok(data)
+    }
+
+    /// Reads `size` bytes at `offset`, building what it spans first if it must.
+    pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        match node {
+            Node::DatasetJson => Ok(layout::slice(&[&self.dataset_json], offset, size)),
+            Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
+            Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
+                let (_, _, kind) = node.batch_file().expect("a batch file");
+                let b = self.dir(d)?;
+                let (epoch, g) = b.global(i);
+                self.accessed(node);
+                let batch = self.batch(epoch, g).await?;
+                let header = batch.header(&self.layout, kind);
+                let parts = self.layout.parts(kind, header.as_ref(), &batch.tensors);
+                Ok(layout::slice(&parts, offset, size))
+            }
+            Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
+                let (_, kind) = node.all_file().expect("a one-open file");
+                self.read_all(d, kind, offset, size).await
+            }
+            _ => Err(Error::answer(libc::EISDIR)),
+        }
+    }
+
+    /// Batch `g` of `epoch`, which a reader waits for.
+    async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::builder::Batch>> {
+        let builder = self.materializer.builder();
+        self.materializer.reader_at(epoch, g);
+        let _waits = builder.reader_waits();
+        builder
+            .batch(epoch, g)
+            .await
+            .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
+    }
+
+    /// Reads `size` bytes at `offset` of directory `d`'s one-open file `kind`: its header,
+    /// then each of its tensors' rows of every batch in batch order, built (or taken from
+    /// memory) only for the batches the read spans.
+    async fn read_all(&self, d: u32, kind: FileKind, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let b = self.dir(d)?;
+        let rows = self.plan().dir_rows(b);
+        let header = self.layout.header(kind, rows);
+        let bs = self.plan().options().batch_size;
         let end = offset + size as u64;
-        let mut out = slice(&[&header], offset, size);
+        let mut out = layout::slice(&[&header], offset, size);
         let mut base = header.len() as u64;
-        for t in parts {
-            let row = tensors[t].row_bytes() as u64;
-            let len = rows * row;
-            let (from, to) = (offset.max(base), end.min(base + len));
-            let per_batch = bs * row;
-            let mut at = from;
-            while at < to {
+        for t in self.layout.tensors_of(kind) {
+            let per_batch = bs * self.layout.row_bytes(t);
+            let len = rows * self.layout.row_bytes(t);
+            let mut at = offset.max(base);
+            while at < end.min(base + len) {
                 let j = (at - base) / per_batch;
                 let within = at - base - j * per_batch;
                 let (epoch, g) = b.global(j);
-                self.engine.reader_at(epoch, g);
                 if let Ok(dir) = self.dir_id(b, false) {
                     self.accessed(Node::Safetensors(dir, j));
                 }
-                let _waits = self.engine.reader_waits();
-                let batch = self.engine.batch(epoch, g).await.map_err(|e| {
-                    tracing::error!("epoch {epoch} batch {g}: {}", crate::describe(&e));
-                    libc::EIO
-                })?;
+                let batch = self.batch(epoch, g).await?;
                 let data = &batch.tensors[t];
-                let take = (to - at).min((data.len() as u64).saturating_sub(within));
+                let take =
+                    (end.min(base + len) - at).min((data.len() as u64).saturating_sub(within));
                 if take == 0 {
-                    tracing::error!("epoch {epoch} batch {g}: shorter than the plan says");
-                    return Err(libc::EIO);
+                    return Err(Error::failed(
+                        format!("epoch {epoch} batch {g}"),
+                        anyhow::anyhow!("shorter than the plan says"),
+                    ));
                 }
                 out.extend_from_slice(&data[within as usize..(within + take) as usize]);
                 at += take;
@@ -796,34 +727,29 @@ impl Fs {
     }
 }
 
-/// How an openable file is served.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Openable {
-    /// A batch file: materialised and passed through, or served by the daemon.
-    Batch,
-    /// dataset.json: fixed for the mount's life.
-    Fixed,
-    /// `all.safetensors`, `all/NAME.npy`: served by the daemon from the batches a read spans.
-    Concatenated,
-    /// stats.json: new content on every open.
-    Live(Vec<u8>),
+/// Up to `size` bytes at `offset` of `file` (fewer only at its end).
+fn pread(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; size as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
 }
 
-/// `size` bytes at `offset` of the concatenation of `parts`.
-fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(size as usize);
-    let (mut start, end) = (offset as usize, offset as usize + size as usize);
-    let mut base = 0usize;
-    for p in parts {
-        let p_end = base + p.len();
-        if start < p_end && start < end {
-            let to = end.min(p_end);
-            out.extend_from_slice(&p[start - base..to - base]);
-            start = to;
-        }
-        base = p_end;
+fn entry(node: Node, kind: Kind, name: String) -> DirEntry {
+    DirEntry {
+        ino: encode(node),
+        kind,
+        name,
     }
-    out
 }
 
 #[cfg(test)]
@@ -841,29 +767,13 @@ mod tests {
             Node::Safetensors(65535, MAX_BATCHES - 1),
             Node::BatchDir(1, 12345),
             Node::Npy(2, 99, 4095),
+            Node::AllSafetensors(7),
+            Node::AllDir(65535),
+            Node::AllNpy(3, 4095),
         ] {
             assert_eq!(decode(encode(node)), Some(node));
         }
         assert_eq!(decode(0), None);
         assert_eq!(decode(15 << KIND_SHIFT), None);
-    }
-
-    #[test]
-    fn names_are_canonical_numbers() {
-        assert_eq!(number("0"), Some(0));
-        assert_eq!(number("17"), Some(17));
-        assert_eq!(number("017"), None);
-        assert_eq!(number(""), None);
-        assert_eq!(number("1x"), None);
-    }
-
-    #[test]
-    fn slices_cross_parts() {
-        let parts: [&[u8]; 3] = [b"abc", b"", b"defg"];
-        assert_eq!(slice(&parts, 0, 100), b"abcdefg");
-        assert_eq!(slice(&parts, 2, 3), b"cde");
-        assert_eq!(slice(&parts, 6, 10), b"g");
-        assert_eq!(slice(&parts, 7, 10), b"");
-        assert_eq!(slice(&parts, 50, 10), b"");
     }
 }

@@ -12,7 +12,6 @@ use fuser::{
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -59,8 +58,10 @@ pub struct FuseAdapter {
     next_fh: AtomicU64,
 }
 
-fn errno(e: i32) -> Errno {
-    Errno::from_i32(e)
+/// The errno of an error of the core, which is logged here, once, as it is replied.
+fn errno(e: crate::error::Error, op: &str) -> Errno {
+    e.log(op);
+    Errno::from_i32(e.errno())
 }
 
 /// An xattr reply: the size when asked for it (`size == 0`), else the value if it fits.
@@ -219,14 +220,14 @@ impl Filesystem for FuseAdapter {
         };
         match self.fs.lookup(parent.0, name) {
             Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(e, "lookup")),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(e, "getattr")),
         }
     }
 
@@ -236,7 +237,7 @@ impl Filesystem for FuseAdapter {
         }
         let kind = match self.fs.openable(ino.0) {
             Ok(k) => k,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(errno(e, "open")),
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         match kind {
@@ -272,10 +273,22 @@ impl Filesystem for FuseAdapter {
                 Ok(f) => {
                     opener.finish(ino.0, fh, f.map(|(file, _)| Arc::new(file)), started, reply)
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(e, "open")),
             }
         };
         self.runtime.spawn(task.instrument(span.clone()));
+    }
+
+    /// Nothing is ever written, so a close has nothing to flush.
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
     }
 
     fn release(
@@ -328,37 +341,9 @@ impl Filesystem for FuseAdapter {
         }
         let span = tracing::debug_span!("read", ino = ino.0, offset, size);
         let task = async move {
-            let started = std::time::Instant::now();
-            let data = match file {
-                // Materialised (checked at open): read the backing file.
-                Some(file) => tokio::task::spawn_blocking(move || {
-                    let mut buf = vec![0; size as usize];
-                    let mut got = 0;
-                    while got < buf.len() {
-                        match file.read_at(&mut buf[got..], offset + got as u64) {
-                            Ok(0) => break,
-                            Ok(n) => got += n,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(_) => return Err(libc::EIO),
-                        }
-                    }
-                    buf.truncate(got);
-                    Ok(buf)
-                })
-                .await
-                .unwrap_or(Err(libc::EIO)),
-                None => fs.read(ino.0, offset, size).await,
-            };
-            match data {
-                Ok(data) => {
-                    if fs.is_batch_file(ino.0) {
-                        fs.stats().stall(started.elapsed());
-                        Stats::add(&fs.stats().c.daemon_reads, 1);
-                        Stats::add(&fs.stats().c.daemon_read_bytes, data.len() as u64);
-                    }
-                    reply.data(&data)
-                }
-                Err(e) => reply.error(errno(e)),
+            match fs.read_open(ino.0, file, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(e, "read")),
             }
         };
         self.runtime.spawn(task.instrument(span));
@@ -369,7 +354,7 @@ impl Filesystem for FuseAdapter {
         self.runtime.spawn(async move {
             match fs.readlink(ino.0).await {
                 Ok(target) => reply.data(&target),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(e, "readlink")),
             }
         });
     }
@@ -388,7 +373,7 @@ impl Filesystem for FuseAdapter {
         loop {
             let entries = match self.fs.readdir(ino.0, next, CHUNK) {
                 Ok(e) => e,
-                Err(e) => return reply.error(errno(e)),
+                Err(e) => return reply.error(errno(e, "readdir")),
             };
             let done = entries.len() < CHUNK;
             for e in entries {
@@ -418,7 +403,7 @@ impl Filesystem for FuseAdapter {
         }
         match self.fs.getattr(ino.0) {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(e, "access")),
         }
     }
 
@@ -428,7 +413,7 @@ impl Filesystem for FuseAdapter {
         self.runtime.spawn(async move {
             match fs.getxattr(ino.0, &name).await {
                 Ok(value) => xattr_reply(reply, &value, size),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(e, "getxattr")),
             }
         });
     }
@@ -436,7 +421,7 @@ impl Filesystem for FuseAdapter {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self.fs.listxattr(ino.0) {
             Ok(names) => xattr_reply(reply, &names, size),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno(e, "listxattr")),
         }
     }
 

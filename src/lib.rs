@@ -1,23 +1,32 @@
 //! tensorfs: a Parquet dataset shown as per-epoch, deterministic tensor batch files.
 //!
-//! The layout follows the data: `source` reads Parquet through object_store, `view` maps its
-//! schema to tensors, `plan` orders rows into batches, `transform` turns row groups into
-//! tensor columns and gathers batches, `format` encodes `.npy` and safetensors, `engine` builds
-//! batches on the worker pool, `fs` is the tree, `fuse` the adapter to the kernel, and `mount`
-//! ties them together.
+//! The modules follow the data: `source` reads Parquet through object_store, `view` maps its
+//! schema to tensors, `plan` orders rows into batches, `layout` names the files and says their
+//! sizes and bytes, `transform` turns row groups into tensor columns and gathers batches,
+//! `format` encodes `.npy` and safetensors, `builder` builds row groups and batches on the
+//! worker pool, `cache` keeps them on local SSD, `eviction` says what goes first, `materialize`
+//! writes batch files into the cache, `readers` records where readers are, `prefetch` follows
+//! them, `fs` is the tree, `fuse` the adapter to the kernel, and `mount` ties them together.
+//! docs/architecture.md draws it.
 
+pub mod builder;
 pub mod cache;
 pub mod client;
 pub mod dtype;
-pub mod engine;
+pub mod error;
+pub mod eviction;
 pub mod format;
 pub mod fs;
 pub mod fuse;
+pub mod kept;
+pub mod layout;
+pub mod materialize;
 pub mod mount;
 pub mod options;
 pub mod plan;
 pub mod pool;
 pub mod prefetch;
+pub mod readers;
 pub mod source;
 pub mod stats;
 pub mod transform;

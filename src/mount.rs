@@ -1,13 +1,17 @@
 //! Opening a dataset and mounting it: what `tensorfs mount` and `tensorfs inspect` share, the
 //! checks made before anything is mounted, daemonising, and the FUSE session's life.
 
-use crate::cache::{self, DiskCache};
-use crate::engine::{Engine, Limits};
-use crate::fs::Fs;
+use crate::builder::{Builder, Limits, Parts};
+use crate::cache::DiskCache;
+use crate::eviction::Eviction;
+use crate::fs::{Fs, Tree};
 use crate::fuse::FuseAdapter;
+use crate::layout::Layout;
+use crate::materialize::Materializer;
 use crate::options::Options;
-use crate::plan::Plan;
+use crate::plan::{Orders, Plan};
 use crate::prefetch::Prefetcher;
+use crate::readers::Readers;
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::view::{self, View};
@@ -15,7 +19,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,7 +36,12 @@ impl Dataset {
     /// `footers`: where footers are kept between mounts (none for `inspect`).
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
         let stats = Arc::new(Stats::default());
-        let source = Arc::new(Source::open(source, &opts.store, footers, stats.clone()).await?);
+        let source = Source::open(source, &opts.store, footers, stats.clone()).await?;
+        Dataset::over(Arc::new(source), opts, stats).await
+    }
+
+    /// The dataset of an opened source (its `stats` are the source's) under `opts`.
+    pub async fn over(source: Arc<Source>, opts: &Options, stats: Arc<Stats>) -> Result<Dataset> {
         let view = Arc::new(view::build(&source, opts).await?);
         let rg_rows: Vec<u64> = source
             .files
@@ -107,28 +115,80 @@ impl Dataset {
         Ok(())
     }
 
+    /// The files of this dataset's mount.
+    pub fn layout(&self) -> Arc<Layout> {
+        Arc::new(Layout::new(self.view.tensors.clone(), self.plan.batches()))
+    }
+
     /// Opens the local cache for this dataset and these content options.
-    pub fn open_cache(&self, opts: &Options, width: usize) -> Result<DiskCache> {
+    pub fn open_cache(&self, opts: &Options, layout: Arc<Layout>) -> Result<DiskCache> {
         let content = opts.content();
         let fingerprint = self.source.fingerprint();
         let columns = content.columns.to_string();
         let order = content.order.to_string();
-        let ckey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
-        let bkey = cache::key_name(&[fingerprint.as_bytes(), columns.as_bytes(), order.as_bytes()]);
+        let ckey = crate::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
+        let bkey =
+            crate::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes(), order.as_bytes()]);
         let capacity = match opts.cache_size {
             Some(n) => n,
             None => free_space(&opts.cache_dir)? / 5 * 4,
         };
-        let names = self.view.tensors.iter().map(|t| t.name.clone()).collect();
-        DiskCache::open(
-            &opts.cache_dir,
-            ckey,
-            bkey,
-            capacity,
-            width,
-            names,
-            &self.stats,
-        )
+        DiskCache::open(&opts.cache_dir, ckey, bkey, capacity, layout, &self.stats)
+    }
+
+    /// The filesystem core over this dataset and its cache: the parts that build, cache,
+    /// materialise and prefetch batches, wired together. What a mount serves, and what the
+    /// in-process tests drive without FUSE.
+    pub fn filesystem(&self, opts: &Options, runtime: tokio::runtime::Handle) -> Result<Fs> {
+        let layout = self.layout();
+        let cache = Arc::new(self.open_cache(opts, layout.clone())?);
+        self.check_global(opts, cache.capacity())?;
+        let orders = Arc::new(Orders::new(self.plan.clone()));
+        let readers = Arc::new(Readers::default());
+        let eviction = Arc::new(Eviction::new(
+            orders.clone(),
+            readers.clone(),
+            cache.clone(),
+        ));
+        let builder = Arc::new(Builder::new(
+            Parts {
+                source: self.source.clone(),
+                view: self.view.clone(),
+                layout: layout.clone(),
+                orders,
+                stats: self.stats.clone(),
+                cache: cache.clone(),
+                eviction: eviction.clone(),
+            },
+            runtime.clone(),
+            Limits {
+                threads: opts.threads,
+                memory: opts.memory_limit,
+            },
+        )?);
+        let materializer = Arc::new(Materializer::new(
+            builder,
+            layout.clone(),
+            cache,
+            eviction,
+            readers.clone(),
+        ));
+        let prefetcher = Prefetcher::new(
+            materializer.clone(),
+            readers,
+            runtime,
+            opts.prefetch,
+            opts.epochs,
+            opts.memory_limit,
+        );
+        Ok(Fs::new(Tree {
+            materializer,
+            prefetcher,
+            layout,
+            epochs: opts.epochs,
+            world_size: opts.world_size,
+            dataset_json: serde_json::to_vec_pretty(&self.dataset_json(opts))?,
+        }))
     }
 }
 
@@ -234,13 +294,7 @@ pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
 }
 
 fn create_cache_dir(dir: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cache_dir '{}' cannot be created", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("cache_dir '{}' cannot be made private", dir.display()))
+    crate::kept::private_dir(dir).with_context(|| format!("cache_dir '{}'", dir.display()))
 }
 
 /// How the mounted daemon tells the `tensorfs mount` process it is ready, or why it failed.
@@ -417,73 +471,37 @@ pub fn log_file(opts: &Options) -> PathBuf {
     opts.cache_dir.join("tensorfs.log")
 }
 
-/// Opens the dataset, mounts it and serves until unmounted.
-pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
-    let runtime = runtime(opts.threads)?;
+/// Opens the dataset for a mount: footers kept in the cache directory, every refusal found
+/// before anything is mounted.
+fn open_for_mount(
+    source: &str,
+    opts: &Options,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Dataset> {
+    create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
-    let opened = create_cache_dir(&opts.cache_dir).and_then(|()| {
-        let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
-        let d = crate::catch_panic(open).unwrap_or_else(|| {
-            Err(anyhow!(
-                "source '{source}': a file is malformed beyond what the Parquet reader can report"
-            ))
-        })?;
-        d.check()?;
-        if opts.auto_unmount && !find_in_path("fusermount3") {
-            bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
-        }
-        Ok(d)
-    });
-    let dataset = match opened {
-        Ok(d) => d,
-        Err(e) => {
-            ready.report(&Err(anyhow!("{}", one_line(&e))));
-            return Err(e);
-        }
-    };
-    let json = serde_json::to_vec_pretty(&dataset.dataset_json(opts))?;
-    let width = crate::fs::name_width(dataset.plan.batches());
-    let cache = match dataset
-        .open_cache(opts, width)
-        .and_then(|c| dataset.check_global(opts, c.capacity()).map(|()| c))
-    {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            ready.report(&Err(anyhow!("{}", one_line(&e))));
-            return Err(e);
-        }
-    };
-    let engine = Arc::new(Engine::new(
-        dataset.source.clone(),
-        dataset.view.clone(),
-        dataset.plan.clone(),
-        dataset.stats.clone(),
-        Some(cache),
-        runtime.handle().clone(),
-        Limits {
-            threads: opts.threads,
-            memory: opts.memory_limit,
-        },
-    ));
-    let prefetcher = Prefetcher::new(
-        engine.clone(),
-        runtime.handle().clone(),
-        opts.prefetch,
-        opts.epochs,
-        opts.memory_limit,
-    );
-    let fs = Arc::new(Fs::new(
-        engine,
-        prefetcher,
-        opts.epochs,
-        opts.world_size,
-        json,
-    ));
-    let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
-    let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
+    let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
+    let d = crate::catch_panic(open).unwrap_or_else(|| {
+        Err(anyhow!(
+            "source '{source}': a file is malformed beyond what the Parquet reader can report"
+        ))
+    })?;
+    d.check()?;
+    if opts.auto_unmount && !find_in_path("fusermount3") {
+        bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
+    }
+    Ok(d)
+}
 
+/// How the kernel is asked to mount: read-only, the source as the device name (absolute for a
+/// local path, as `findmnt` shows it), type `fuse.tensorfs`.
+fn fuse_config(source: &str, opts: &Options) -> Config {
+    let fsname = match std::fs::canonicalize(source) {
+        Ok(abs) if !source.contains("://") => abs.display().to_string(),
+        _ => source.to_string(),
+    };
     let mut mount_options = vec![
-        MountOption::FSName(source.to_string()),
+        MountOption::FSName(fsname),
         MountOption::Subtype("tensorfs".into()),
         MountOption::RO,
         MountOption::NoDev,
@@ -504,27 +522,16 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     };
     config.n_threads = Some(4);
     config.clone_fd = true;
+    config
+}
 
-    let mut session = match fuser::Session::new(adapter, mountpoint, &config) {
-        Ok(s) => s,
-        Err(e) => {
-            let e = anyhow!("cannot mount on '{}': {e}", mountpoint.display());
-            ready.report(&Err(anyhow!("{}", one_line(&e))));
-            return Err(e);
-        }
-    };
-    tracing::info!(
-        "mounted {source} on {}: {} rows, {} batches per epoch, {} tensors",
-        mountpoint.display(),
-        dataset.plan.rows(),
-        dataset.plan.batches(),
-        dataset.view.tensors.len()
-    );
-    ready.report(&Ok(()));
-    drop(ready);
-
-    // SIGTERM and SIGINT unmount cleanly; the session then ends by itself.
-    let mut unmounter = session.unmount_callable();
+/// SIGTERM and SIGINT unmount cleanly; the session then ends by itself. With files still
+/// open, the mount is detached instead, and the session ends with the last close.
+fn unmount_on_signal(
+    runtime: &tokio::runtime::Runtime,
+    mut unmounter: fuser::SessionUnmounter,
+    mountpoint: &Path,
+) {
     let detach_path = mountpoint.to_path_buf();
     runtime.spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
@@ -540,13 +547,42 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         }
         tracing::info!("signal received: unmounting");
         if let Err(e) = unmounter.unmount() {
-            // Files are still open: detach the mount now; the session ends with the last close.
             tracing::info!("unmount: {e}; detaching the mount instead");
             if let Err(e) = detach(&detach_path) {
                 tracing::error!("detaching the mount failed: {e}");
             }
         }
     });
+}
+
+/// Opens the dataset, mounts it and serves until unmounted.
+pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
+    let runtime = runtime(opts.threads)?;
+    let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
+        let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
+        let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
+        let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
+        let session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, opts))
+            .map_err(|e| anyhow!("cannot mount on '{}': {e}", mountpoint.display()))?;
+        Ok((dataset, session))
+    });
+    let (dataset, mut session) = match mounted {
+        Ok(m) => m,
+        Err(e) => {
+            ready.report(&Err(anyhow!("{}", one_line(&e))));
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        "mounted {source} on {}: {} rows, {} batches per epoch, {} tensors",
+        mountpoint.display(),
+        dataset.plan.rows(),
+        dataset.plan.batches(),
+        dataset.view.tensors.len()
+    );
+    ready.report(&Ok(()));
+    drop(ready);
+    unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);
     session.run().context("FUSE session")?;
     tracing::info!("unmounted {}", mountpoint.display());
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));

@@ -435,6 +435,35 @@ impl Plan {
     }
 }
 
+/// The plan with the orders of the epochs in use, each computed once (an epoch's order holds a
+/// shuffle of its row groups).
+pub struct Orders {
+    plan: Plan,
+    epochs: std::sync::Mutex<lru::LruCache<u64, std::sync::Arc<EpochOrder>>>,
+}
+
+impl Orders {
+    pub fn new(plan: Plan) -> Orders {
+        Orders {
+            plan,
+            epochs: std::sync::Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(8).expect("nonzero"),
+            )),
+        }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn epoch(&self, epoch: u64) -> std::sync::Arc<EpochOrder> {
+        let mut epochs = self.epochs.lock().unwrap();
+        epochs
+            .get_or_insert(epoch, || std::sync::Arc::new(self.plan.epoch(epoch)))
+            .clone()
+    }
+}
+
 /// What an epoch's order needs beyond the plan: each partition's order.
 #[derive(Clone, Debug)]
 pub struct EpochOrder {
@@ -531,10 +560,53 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Rank `rank` of `world` reads global batches rank, rank + world, … ([`Plan::rank_batches`] of
-/// them).
-pub fn rank_to_global(rank: u64, world: u64, j: u64) -> u64 {
-    rank + j * world
+/// A directory of batches: an epoch, or a rank's view of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Batches {
+    Epoch(u64),
+    Rank { epoch: u64, rank: u64, world: u64 },
+}
+
+impl Batches {
+    /// The (epoch, global batch) that batch `j` of this directory is: rank `rank` of `world`
+    /// reads global batches rank, rank + world, … ([`Plan::rank_batches`] of them).
+    pub fn global(&self, j: u64) -> (u64, u64) {
+        match *self {
+            Batches::Epoch(e) => (e, j),
+            Batches::Rank { epoch, rank, world } => (epoch, rank + j * world),
+        }
+    }
+
+    /// The same directory in the next epoch.
+    pub fn next_epoch(&self) -> Batches {
+        match *self {
+            Batches::Epoch(e) => Batches::Epoch(e + 1),
+            Batches::Rank { epoch, rank, world } => Batches::Rank {
+                epoch: epoch + 1,
+                rank,
+                world,
+            },
+        }
+    }
+}
+
+impl Plan {
+    /// Batches in a directory.
+    pub fn count(&self, b: Batches) -> u64 {
+        match b {
+            Batches::Epoch(_) => self.batches(),
+            Batches::Rank { world, .. } => self.rank_batches(world),
+        }
+    }
+
+    /// Rows of a directory's batches back to back: all full but the epoch's last batch, which
+    /// a directory holds, if at all, as its own last.
+    pub fn dir_rows(&self, b: Batches) -> u64 {
+        match self.count(b) {
+            0 => 0,
+            n => (n - 1) * self.opts.batch_size + self.batch_len(b.global(n - 1).1),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -760,7 +832,15 @@ mod tests {
         assert_eq!(plan.rank_batches(4), 1);
         assert_eq!(plan.rank_left_out(4), 2);
         assert_eq!(plan.rank_batches(3), 2);
-        assert_eq!(rank_to_global(2, 4, 1), 6);
+        let rank = Batches::Rank {
+            epoch: 0,
+            rank: 2,
+            world: 4,
+        };
+        assert_eq!(rank.global(1), (0, 6));
+        assert_eq!(plan.count(rank), 1);
+        assert_eq!(plan.dir_rows(Batches::Epoch(0)), 1500);
+        assert_eq!(plan.dir_rows(rank), 256);
         assert_eq!(plan.locate(1000), (1, 0));
         assert_eq!(plan.locate(999), (0, 999));
     }

@@ -7,60 +7,27 @@
 //! fair, so several readers are served in turn) and its single-flight, so a batch is built once
 //! however many readers and prefetches want it.
 
-use crate::cache::Item;
-use crate::engine::Engine;
-use crate::fs::Batches;
+use crate::layout::FileKind;
+use crate::materialize::Materializer;
+use crate::plan::{Batches, Plan};
+use crate::readers::Readers;
 use crate::stats::Stats;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
-/// Which file of a batch a reader opens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FileKind {
-    Safetensors,
-    Npy(usize),
-}
-
-impl FileKind {
-    /// The item of this file of batch `batch` of `epoch`, as is: [`Engine::item`] is the one
-    /// that maps an epoch to the one it repeats.
-    pub fn item(self, epoch: u64, batch: u64) -> Item {
-        match self {
-            FileKind::Safetensors => Item::Safetensors { epoch, batch },
-            FileKind::Npy(tensor) => Item::Npy {
-                epoch,
-                batch,
-                tensor,
-            },
-        }
-    }
-}
-
 /// The `depth` batches that follow batch `i` of directory `dir`, crossing into the next epoch
-/// (the same rank's view of it, for a rank view). `count` is the number of batches of a
-/// directory. A pure function of the plan, so what is prefetched is what will be read.
-pub fn ahead(
-    dir: Batches,
-    i: u64,
-    depth: u64,
-    count: impl Fn(Batches) -> u64,
-) -> Vec<(Batches, u64)> {
+/// (the same rank's view of it, for a rank view). A pure function of the plan, so what is
+/// prefetched is what will be read.
+pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64)> {
     let mut out = Vec::new();
     let (mut d, mut j) = (dir, i);
     for _ in 0..depth {
         j += 1;
-        if j >= count(d) {
-            d = match d {
-                Batches::Epoch(e) => Batches::Epoch(e + 1),
-                Batches::Rank { epoch, rank, world } => Batches::Rank {
-                    epoch: epoch + 1,
-                    rank,
-                    world,
-                },
-            };
+        if j >= plan.count(d) {
+            d = d.next_epoch();
             j = 0;
-            if count(d) == 0 {
+            if plan.count(d) == 0 {
                 break;
             }
         }
@@ -69,182 +36,154 @@ pub fn ahead(
     out
 }
 
-/// Of the batches `beyond` (in reading order), the (epoch, batch) of those whose row groups
-/// were not asked for yet by a reader that asked up to `warmed`, which moves to the last.
-pub fn not_yet_warmed(
-    beyond: &[(Batches, u64)],
-    warmed: &mut Option<(u64, u64)>,
-) -> Vec<(u64, u64)> {
-    let before = *warmed;
-    *warmed = (*warmed).max(beyond.last().map(|&(d, j)| d.global(j)));
-    beyond
-        .iter()
-        .map(|&(d, j)| d.global(j))
-        .filter(|&g| before.is_none_or(|w| g > w))
-        .collect()
-}
-
-/// A reader: where it is and which files of a batch it opens.
-#[derive(Default)]
-struct Reader {
-    seen: bool,
-    at: u64,
-    kinds: BTreeSet<FileKind>,
-    /// The furthest batch (epoch, batch) whose row groups were asked for ahead of this reader.
-    warmed: Option<(u64, u64)>,
-}
-
 pub struct Prefetcher {
-    engine: Arc<Engine>,
+    materializer: Arc<Materializer>,
+    readers: Arc<Readers>,
     runtime: Handle,
     depth: u64,
     /// Epochs the mount lists.
     epochs: u64,
     memory_limit: u64,
-    readers: Mutex<HashMap<Batches, Reader>>,
     /// Items being prefetched now.
-    scheduled: Arc<Mutex<HashSet<Item>>>,
+    scheduled: Arc<Mutex<HashSet<crate::layout::Item>>>,
 }
 
 impl Prefetcher {
     pub fn new(
-        engine: Arc<Engine>,
+        materializer: Arc<Materializer>,
+        readers: Arc<Readers>,
         runtime: Handle,
         depth: u64,
         epochs: u64,
         memory_limit: u64,
     ) -> Prefetcher {
         Prefetcher {
-            engine,
+            materializer,
+            readers,
             runtime,
             depth,
             epochs,
             memory_limit,
-            readers: Mutex::default(),
             scheduled: Arc::default(),
         }
     }
 
+    fn plan(&self) -> &Plan {
+        self.materializer.plan()
+    }
+
     /// A reader opened (or read) file `kind` of batch `i` of `dir`: schedule what follows.
-    pub fn accessed(&self, dir: Batches, i: u64, kind: FileKind, count: impl Fn(Batches) -> u64) {
-        if self.depth == 0 || self.engine.cache.is_none() {
+    pub fn accessed(&self, dir: Batches, i: u64, kind: FileKind) {
+        if self.depth == 0 {
             return;
         }
-        let (kinds, sequential) = {
-            let mut readers = self.readers.lock().unwrap();
-            let r = readers.entry(dir).or_default();
-            // A reader is followed once it reads about in order (near where it last was: loader
-            // workers read neighbouring batches out of order), or from its first open if that is
-            // of the directory's first batch; random access is not prefetched.
-            let sequential = match r.seen {
-                true => i.abs_diff(r.at) <= self.depth.max(2),
-                false => i == 0,
-            };
-            if !sequential {
-                // Wherever it goes on from here, the row groups ahead of it are asked for anew.
-                r.warmed = None;
-            }
-            r.seen = true;
-            r.at = i;
-            r.kinds.insert(kind);
-            (
-                r.kinds.iter().copied().collect::<Vec<FileKind>>(),
-                sequential,
-            )
-        };
-        if !sequential {
+        let step = self.readers.step(dir, i, kind, self.depth.max(2));
+        if !step.sequential {
             return;
         }
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
         let last = self.epochs.max(dir.global(i).0 + 1);
-        let cache = self.engine.cache.as_ref().expect("checked above");
         // The batches whose files are built next, then those whose row groups are decoded
         // further ahead (the lead): one walk of the plan.
-        let walk = ahead(dir, i, self.depth + self.engine.row_group_lead(), &count);
+        let lead = self.materializer.builder().row_group_lead();
+        let walk = ahead(self.plan(), dir, i, self.depth + lead);
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
+        self.build_files(files, &step.kinds, last);
+        self.decode_row_groups(dir, beyond, &step.kinds, last);
+    }
+
+    fn over_budget(&self) -> bool {
+        self.materializer.builder().memory() as u64 > self.memory_limit
+    }
+
+    /// Materialises the files `kinds` of the batches `files`, each once however many readers
+    /// want it. Past the memory budget, readers are served first.
+    fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
         for &(d, j) in files {
-            if d.global(j).0 >= last {
-                break;
-            }
-            // Backpressure: past the memory budget, readers are served first.
-            if self.engine.memory() as u64 > self.memory_limit {
-                Stats::add(&self.engine.stats.c.prefetch_deferred, 1);
-                break;
-            }
             let (epoch, batch) = d.global(j);
-            for kind in &kinds {
-                let item = self.engine.item(*kind, epoch, batch);
-                if cache.contains(item) || !self.scheduled.lock().unwrap().insert(item) {
+            if epoch >= last {
+                break;
+            }
+            if self.over_budget() {
+                Stats::add(&self.materializer.stats().c.prefetch_deferred, 1);
+                break;
+            }
+            for &kind in kinds {
+                let item = self.materializer.item(kind, epoch, batch);
+                if self.materializer.contains(item) || !self.scheduled.lock().unwrap().insert(item)
+                {
                     continue;
                 }
-                let engine = self.engine.clone();
+                let materializer = self.materializer.clone();
                 let scheduled = self.scheduled.clone();
-                Stats::add(&engine.stats.c.prefetch_scheduled, 1);
+                Stats::add(&materializer.stats().c.prefetch_scheduled, 1);
                 self.runtime.spawn(async move {
-                    if let Err(e) = engine.prefetch(item).await {
+                    if let Err(e) = materializer.prefetch(item).await {
                         tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
                     }
                     scheduled.lock().unwrap().remove(&item);
                 });
             }
         }
-        // Each batch between the files above and the horizon has its row groups asked for once,
-        // nearest first, from the reader's first steps on, so every batch's row groups are
-        // decoded well before its file is built. Queued after the files, which come first.
-        if self.engine.memory() as u64 <= self.memory_limit {
-            let fresh = {
-                let mut readers = self.readers.lock().unwrap();
-                let r = readers.get_mut(&dir).expect("noted above");
-                not_yet_warmed(beyond, &mut r.warmed)
-            };
-            // Batches whose files are there already (a warm epoch) need nothing decoded.
-            let fresh: Vec<(u64, u64)> = fresh
-                .into_iter()
-                .filter(|&g| g.0 < last && !self.ready(&kinds, g))
-                .collect();
-            if !fresh.is_empty() {
-                let engine = self.engine.clone();
-                self.runtime.spawn(async move {
-                    if let Err(e) = engine.warm_row_groups(&fresh).await {
-                        tracing::warn!(
-                            "prefetch of the row groups of (epoch, batch) {:?}: {}",
-                            fresh.first(),
-                            crate::describe(&e)
-                        );
-                    }
-                });
-            }
+    }
+
+    /// Each batch between the files being built and the horizon has its row groups asked for
+    /// once, nearest first, from the reader's first steps on, so every batch's row groups are
+    /// decoded well before its file is built. Queued after the files, which come first.
+    fn decode_row_groups(
+        &self,
+        dir: Batches,
+        beyond: &[(Batches, u64)],
+        kinds: &[FileKind],
+        last: u64,
+    ) {
+        if self.over_budget() {
+            return;
         }
+        // Batches whose files are there already (a warm epoch) need nothing decoded.
+        let fresh: Vec<(u64, u64)> = self
+            .readers
+            .not_yet_warmed(dir, beyond)
+            .into_iter()
+            .filter(|&g| g.0 < last && !self.ready(kinds, g))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let builder = self.materializer.builder().clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = builder.warm_row_groups(&fresh).await {
+                tracing::warn!(
+                    "prefetch of the row groups of (epoch, batch) {:?}: {}",
+                    fresh.first(),
+                    crate::describe(&e)
+                );
+            }
+        });
     }
 
     /// Whether the files `kinds` of batch (epoch, batch) are all in the cache.
-    fn ready<'a>(
-        &self,
-        kinds: impl IntoIterator<Item = &'a FileKind>,
-        (epoch, batch): (u64, u64),
-    ) -> bool {
-        let cache = self.engine.cache.as_ref();
-        kinds
-            .into_iter()
-            .all(|&k| cache.is_some_and(|c| c.contains(self.engine.item(k, epoch, batch))))
+    fn ready(&self, kinds: &[FileKind], (epoch, batch): (u64, u64)) -> bool {
+        kinds.iter().all(|&k| {
+            self.materializer
+                .contains(self.materializer.item(k, epoch, batch))
+        })
     }
 
     /// Each reader's position and how many of the batches it reads next are materialised.
-    pub fn depths(&self, count: impl Fn(Batches) -> u64) -> Vec<serde_json::Value> {
-        if self.engine.cache.is_none() {
-            return Vec::new();
-        }
-        let readers = self.readers.lock().unwrap();
-        let mut out: Vec<(String, serde_json::Value)> = readers
-            .iter()
-            .map(|(dir, r)| {
-                let ready = ahead(*dir, r.at, self.depth, &count)
+    pub fn depths(&self) -> Vec<serde_json::Value> {
+        let mut out: Vec<(String, serde_json::Value)> = self
+            .readers
+            .positions()
+            .into_iter()
+            .map(|p| {
+                let ready = ahead(self.plan(), p.dir, p.at, self.depth)
                     .into_iter()
-                    .take_while(|&(d, j)| self.ready(&r.kinds, d.global(j)))
+                    .take_while(|&(d, j)| self.ready(&p.kinds, d.global(j)))
                     .count();
-                let name = dir.name();
-                let v = serde_json::json!({"dir": name, "batch": r.at, "ahead": ready});
+                let name = crate::layout::dir_name(p.dir);
+                let v = serde_json::json!({"dir": name, "batch": p.at, "ahead": ready});
                 (name, v)
             })
             .collect();
@@ -256,18 +195,28 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{OrderOptions, Shuffle};
 
-    fn count(d: Batches) -> u64 {
-        match d {
-            Batches::Epoch(_) => 10,
-            Batches::Rank { world, .. } => 10 / world,
-        }
+    /// 10 batches of one row.
+    fn plan(rows: u64) -> Plan {
+        Plan::new(
+            &[rows],
+            OrderOptions {
+                batch_size: 1,
+                drop_last: false,
+                shuffle: Shuffle::None,
+                window: 1,
+                seed: 0,
+                partitions: 1,
+            },
+        )
     }
 
     #[test]
     fn sequential_readers_get_the_next_batches_across_epochs() {
+        let p = plan(10);
         assert_eq!(
-            ahead(Batches::Epoch(0), 3, 3, count),
+            ahead(&p, Batches::Epoch(0), 3, 3),
             vec![
                 (Batches::Epoch(0), 4),
                 (Batches::Epoch(0), 5),
@@ -275,25 +224,26 @@ mod tests {
             ]
         );
         assert_eq!(
-            ahead(Batches::Epoch(2), 8, 3, count),
+            ahead(&p, Batches::Epoch(2), 8, 3),
             vec![
                 (Batches::Epoch(2), 9),
                 (Batches::Epoch(3), 0),
                 (Batches::Epoch(3), 1)
             ]
         );
-        assert!(ahead(Batches::Epoch(0), 0, 0, count).is_empty());
+        assert!(ahead(&p, Batches::Epoch(0), 0, 0).is_empty());
     }
 
     #[test]
     fn rank_readers_are_strided_and_stay_in_their_rank() {
+        let p = plan(10);
         let r = |epoch| Batches::Rank {
             epoch,
             rank: 1,
             world: 3,
         };
         // 10 batches, world 3: each rank has 3; rank 1 reads global 1, 4, 7.
-        let next = ahead(r(0), 1, 3, count);
+        let next = ahead(&p, r(0), 1, 3);
         assert_eq!(next, vec![(r(0), 2), (r(1), 0), (r(1), 1)]);
         let globals: Vec<(u64, u64)> = next.iter().map(|&(d, j)| d.global(j)).collect();
         assert_eq!(globals, vec![(0, 7), (1, 1), (1, 4)]);
@@ -306,6 +256,7 @@ mod tests {
     /// has moved past the start.
     #[test]
     fn row_groups_are_asked_for_once_per_batch_up_to_the_horizon() {
+        let p = plan(10);
         let (depth, horizon) = (3u64, 7u64);
         for dir in [
             Batches::Epoch(0),
@@ -315,16 +266,17 @@ mod tests {
                 world: 3,
             },
         ] {
-            let n = count(dir);
-            let mut warmed = None;
+            let n = p.count(dir);
+            let readers = Readers::default();
             let mut asked: Vec<(u64, u64)> = Vec::new();
             for i in 0..n {
-                let walk = ahead(dir, i, horizon, count);
+                readers.step(dir, i, FileKind::Safetensors, depth);
+                let walk = ahead(&p, dir, i, horizon);
                 let beyond = &walk[walk.len().min(depth as usize)..];
-                let fresh = not_yet_warmed(beyond, &mut warmed);
+                let fresh = readers.not_yet_warmed(dir, beyond);
                 // The batch that comes within `depth` of the reader now (its file is built
                 // next) had its row groups asked for at an earlier step.
-                if let Some(&(d, j)) = ahead(dir, i, depth, count).last()
+                if let Some(&(d, j)) = ahead(&p, dir, i, depth).last()
                     && i > 0
                 {
                     assert!(
@@ -335,7 +287,7 @@ mod tests {
                 }
                 asked.extend(fresh);
             }
-            let mut expected: Vec<(u64, u64)> = ahead(dir, 0, horizon + n - 1, count)
+            let mut expected: Vec<(u64, u64)> = ahead(&p, dir, 0, horizon + n - 1)
                 .into_iter()
                 .skip(depth as usize)
                 .map(|(d, j)| d.global(j))
@@ -350,21 +302,20 @@ mod tests {
 
     #[test]
     fn an_empty_epoch_stops_the_walk() {
-        let one = |_| 1;
         assert_eq!(
-            ahead(Batches::Epoch(0), 0, 2, one),
+            ahead(&plan(1), Batches::Epoch(0), 0, 2),
             vec![(Batches::Epoch(1), 0), (Batches::Epoch(2), 0)]
         );
         assert_eq!(
             ahead(
+                &plan(10),
                 Batches::Rank {
                     epoch: 0,
                     rank: 0,
                     world: 20
                 },
                 0,
-                4,
-                count
+                4
             ),
             vec![]
         );

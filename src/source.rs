@@ -4,7 +4,7 @@
 //! order, form the dataset. Footers are loaded once, concurrently, and kept; a row group is then
 //! read with a column projection, as ranged GETs that object_store coalesces.
 
-use crate::cache;
+use crate::kept;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
@@ -196,7 +196,19 @@ impl Source {
         let url = source_url(source)?;
         let (store, prefix) = open_store(&url, store_options)
             .map_err(|e| anyhow!("source '{source}' cannot be used: {}", crate::describe(&e)))?;
+        Self::over(store, &url, prefix, source, footers, stats).await
+    }
 
+    /// The dataset under `prefix` of any object store (`url` names it in the footers' keys):
+    /// in-process tests build it over object_store's in-memory store.
+    pub async fn over(
+        store: Arc<dyn ObjectStore>,
+        url: &Url,
+        prefix: Path,
+        source: &str,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
         let objects = Self::list(&store, &prefix, source).await?;
         let files = futures::stream::iter(objects)
             .map(|(name, meta)| {
@@ -211,7 +223,7 @@ impl Source {
                 async move {
                     let version =
                         format!("{:?}|{:?}|{}", meta.e_tag, meta.version, meta.last_modified);
-                    let id = cache::identity(&[
+                    let id = kept::identity(&[
                         url.as_bytes(),
                         meta.location.as_ref().as_bytes(),
                         &meta.size.to_le_bytes(),
@@ -293,7 +305,7 @@ impl Source {
     }
 
     fn fact_path(&self, file: usize, what: &str) -> Option<(std::path::PathBuf, [u8; 32])> {
-        let id = cache::identity(&[&self.files[file].id, what.as_bytes()]);
+        let id = kept::identity(&[&self.files[file].id, what.as_bytes()]);
         Some((
             self.kept.as_ref()?.join(format!("{}.fact", hex(&id[..16]))),
             id,
@@ -304,12 +316,12 @@ impl Source {
     /// column holds nulls, which only reading it tells).
     pub fn kept_fact(&self, file: usize, what: &str) -> Option<Vec<u8>> {
         let (path, id) = self.fact_path(file, what)?;
-        cache::read_blob(&path, &id)
+        kept::read_blob(&path, &id)
     }
 
     pub fn keep_fact(&self, file: usize, what: &str, value: &[u8]) {
         if let Some((path, id)) = self.fact_path(file, what)
-            && let Err(e) = cache::write_blob(&path, &id, value)
+            && let Err(e) = kept::write_blob(&path, &id, value)
         {
             tracing::warn!("cannot keep '{}': {e:#}", path.display());
         }
@@ -436,12 +448,12 @@ async fn load_metadata(
     kept: Option<&std::path::Path>,
     id: &[u8; 32],
 ) -> Result<ArrowReaderMetadata> {
-    let footer = match kept.and_then(|p| cache::read_blob(p, id)) {
+    let footer = match kept.and_then(|p| kept::read_blob(p, id)) {
         Some(b) => Bytes::from(b),
         None => {
             let footer = fetch_footer(reader).await?;
             if let Some(p) = kept
-                && let Err(e) = cache::write_blob(p, id, &footer)
+                && let Err(e) = kept::write_blob(p, id, &footer)
             {
                 tracing::warn!("cannot keep the footer of '{}': {e:#}", reader.location);
             }
@@ -544,11 +556,10 @@ impl ObjectReader {
         .await;
         let bytes = result.map_err(|e| match e {
             object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
-                anyhow!(
-                    "object '{}' changed under the mount (it is no longer version {})",
-                    self.location,
-                    self.e_tag.as_deref().unwrap_or("?")
-                )
+                anyhow::Error::new(crate::error::ObjectChanged {
+                    location: self.location.to_string(),
+                    version: self.e_tag.clone().unwrap_or_else(|| "?".into()),
+                })
             }
             e => anyhow!("object '{}': {e}", self.location),
         })?;

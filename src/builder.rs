@@ -1,0 +1,487 @@
+//! Building what batches are made of: row groups read, decoded and transformed (or loaded from
+//! the local cache), and batches gathered from them, on the worker pool. One build per row
+//! group and per batch however many readers wait for it; both are kept in memory within
+//! `memory_limit`, and the memory they hold is accounted here.
+
+use crate::cache::DiskCache;
+use crate::eviction::Eviction;
+use crate::layout::{FileKind, Layout};
+use crate::plan::{Orders, Plan, Shuffle};
+use crate::pool::{Pool, ReaderWaits};
+use crate::source::Source;
+use crate::stats::Stats;
+use crate::transform::{self, Columns};
+use crate::view::View;
+use anyhow::{Context, Result};
+use lru::LruCache;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
+use tokio::sync::{OnceCell, Semaphore};
+
+/// A built batch: every tensor's rows, and the safetensors header that goes in front of them.
+#[derive(Debug)]
+pub struct Batch {
+    pub rows: u64,
+    pub tensors: Vec<Vec<u8>>,
+    pub safetensors_header: Vec<u8>,
+}
+
+impl Batch {
+    /// The header of its file `kind`.
+    pub fn header(&self, layout: &Layout, kind: FileKind) -> std::borrow::Cow<'_, [u8]> {
+        match kind {
+            FileKind::Safetensors => std::borrow::Cow::Borrowed(&self.safetensors_header),
+            FileKind::Npy(_) => std::borrow::Cow::Owned(layout.header(kind, self.rows)),
+        }
+    }
+}
+
+/// Something whose memory a cache counts.
+pub trait Weighted {
+    fn weight(&self) -> usize;
+}
+
+impl Weighted for Batch {
+    fn weight(&self) -> usize {
+        self.tensors.iter().map(Vec::len).sum::<usize>() + self.safetensors_header.len()
+    }
+}
+
+impl Weighted for Columns {
+    fn weight(&self) -> usize {
+        self.bytes()
+    }
+}
+
+struct MemoState<K, V> {
+    cache: LruCache<K, Arc<V>>,
+    bytes: usize,
+    flights: HashMap<K, Arc<OnceCell<Arc<V>>>>,
+}
+
+/// A byte-bounded LRU cache in front of single-flight builds: concurrent callers for one key
+/// share one build.
+pub struct Memo<K, V> {
+    capacity: usize,
+    state: Mutex<MemoState<K, V>>,
+}
+
+impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
+    pub fn new(capacity: usize) -> Self {
+        Memo {
+            capacity,
+            state: Mutex::new(MemoState {
+                cache: LruCache::unbounded(),
+                bytes: 0,
+                flights: HashMap::new(),
+            }),
+        }
+    }
+
+    pub async fn get_or_build<F>(&self, key: K, build: F) -> Result<Arc<V>>
+    where
+        F: Future<Output = Result<Arc<V>>>,
+    {
+        let cell = {
+            let mut s = self.state.lock().unwrap();
+            if let Some(v) = s.cache.get(&key) {
+                return Ok(v.clone());
+            }
+            s.flights.entry(key.clone()).or_default().clone()
+        };
+        let value = cell.get_or_try_init(|| build).await?.clone();
+        let mut s = self.state.lock().unwrap();
+        if s.flights.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            s.flights.remove(&key);
+            let w = value.weight();
+            if w <= self.capacity {
+                s.bytes += w;
+                if let Some(old) = s.cache.put(key, value.clone()) {
+                    s.bytes -= old.weight();
+                }
+                while s.bytes > self.capacity {
+                    let Some((_, old)) = s.cache.pop_lru() else {
+                        break;
+                    };
+                    s.bytes -= old.weight();
+                }
+            }
+        }
+        Ok(value)
+    }
+
+    /// Bytes held by the cache.
+    pub fn bytes(&self) -> usize {
+        self.state.lock().unwrap().bytes
+    }
+}
+
+/// What the builder may use: worker threads, and bytes of memory for what it holds.
+pub struct Limits {
+    pub threads: usize,
+    pub memory: u64,
+}
+
+pub struct Builder {
+    source: Arc<Source>,
+    view: Arc<View>,
+    layout: Arc<Layout>,
+    orders: Arc<Orders>,
+    stats: Arc<Stats>,
+    cache: Arc<DiskCache>,
+    eviction: Arc<Eviction>,
+    runtime: Handle,
+    /// `threads` permits: row-group decodes and gathers run under one.
+    workers: Arc<Semaphore>,
+    /// Batch builds under way at once.
+    builds: Semaphore,
+    /// Row groups being fetched and decoded at once (`threads`): their bytes are held from the
+    /// fetch to the end of the decode, so this bounds that memory.
+    fetches: Semaphore,
+    /// Decodes of row groups asked for ahead of every batch that needs them: `threads - 1`
+    /// (at least one) at once, so a worker is left for the batches readers come to first.
+    decodes_ahead: Semaphore,
+    /// The low-priority threads that decode, transform, gather and write.
+    pool: Pool,
+    /// Global row-group index → (file, row group in file).
+    row_groups: Vec<(usize, usize)>,
+    decoded: Memo<usize, Columns>,
+    batches: Memo<(u64, u64), Batch>,
+}
+
+/// What a builder works from.
+pub struct Parts {
+    pub source: Arc<Source>,
+    pub view: Arc<View>,
+    pub layout: Arc<Layout>,
+    pub orders: Arc<Orders>,
+    pub stats: Arc<Stats>,
+    pub cache: Arc<DiskCache>,
+    pub eviction: Arc<Eviction>,
+}
+
+impl Builder {
+    pub fn new(parts: Parts, runtime: Handle, limits: Limits) -> Result<Builder> {
+        let Parts {
+            source,
+            view,
+            layout,
+            orders,
+            stats,
+            cache,
+            eviction,
+        } = parts;
+        let row_groups = source
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(f, file)| (0..file.row_groups()).map(move |rg| (f, rg)))
+            .collect();
+        let half = (limits.memory / 2) as usize;
+        Ok(Builder {
+            source,
+            view,
+            layout,
+            orders,
+            stats,
+            cache,
+            eviction,
+            runtime,
+            workers: Arc::new(Semaphore::new(limits.threads)),
+            builds: Semaphore::new(2 * limits.threads),
+            fetches: Semaphore::new(limits.threads),
+            decodes_ahead: Semaphore::new(limits.threads.saturating_sub(1).max(1)),
+            pool: Pool::new(limits.threads).context("the transform workers cannot start")?,
+            row_groups,
+            decoded: Memo::new(half),
+            batches: Memo::new(half),
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        self.orders.plan()
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// The worker pool, for other work on the batches it builds (writing them to the cache).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// A reader waits for something the workers build until the guard is dropped (see
+    /// [`Pool::reader_waits`]).
+    pub fn reader_waits(&self) -> ReaderWaits<'_> {
+        self.pool.reader_waits()
+    }
+
+    /// Batch `i` of `epoch`, built on first use.
+    pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        let epoch = self.plan().same_as(epoch);
+        self.batches
+            .get_or_build((epoch, i), self.build_batch(epoch, i))
+            .await
+    }
+    #[tracing::instrument(name = "build", level = "debug", skip(self))]
+    async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        // A build holds its row groups from the moment they are decoded until its rows are
+        // gathered: bounding the builds at once bounds that memory, beyond the caches.
+        let _build = self.builds.acquire().await?;
+        let order = self.orders.epoch(epoch);
+        let rows: Vec<(usize, usize)> = self
+            .plan()
+            .batch_rows(&order, i)
+            .into_iter()
+            .map(|r| {
+                let (rg, row) = self.plan().locate(r);
+                (rg, row as usize)
+            })
+            .collect();
+        let needed: BTreeSet<usize> = rows.iter().map(|&(rg, _)| rg).collect();
+        let decoded =
+            futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g, false))).await?;
+        let by_rg: HashMap<usize, Arc<Columns>> = needed.into_iter().zip(decoded).collect();
+
+        let _permit = self.workers.acquire().await?;
+        let view = self.view.clone();
+        let n = rows.len() as u64;
+        let header = self.layout.header(FileKind::Safetensors, n);
+        let tensors = self
+            .pool
+            .run(move || {
+                let picks: Vec<(&Columns, usize)> = rows
+                    .iter()
+                    .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
+                    .collect();
+                transform::gather(&view, &picks)
+            })
+            .await?;
+        Stats::add(&self.stats.c.batches_built, 1);
+        Ok(Arc::new(Batch {
+            rows: n,
+            tensors,
+            safetensors_header: header,
+        }))
+    }
+
+    /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of
+    /// building them, in that order: the prefetcher starts a row group's decode well before the
+    /// first batch that needs it.
+    pub async fn warm_row_groups(&self, batches: &[(u64, u64)]) -> Result<()> {
+        let mut seen = BTreeSet::new();
+        let mut needed = Vec::new();
+        for &(epoch, i) in batches {
+            let order = self.orders.epoch(epoch);
+            for r in self.plan().batch_rows(&order, i) {
+                let g = self.plan().locate(r).0;
+                if seen.insert(g) {
+                    needed.push(g);
+                }
+            }
+        }
+        // Each row group is let go as soon as it is decoded: the memo keeps what fits.
+        let decodes = needed
+            .into_iter()
+            .map(|g| async move { self.row_group(g, true).await.map(drop) });
+        futures::future::try_join_all(decodes).await?;
+        Ok(())
+    }
+
+    /// Batches a row group (or a shuffle window of them) spans: how far ahead the prefetcher
+    /// starts decoding so that a reader never waits for a whole row group at its boundary.
+    pub fn row_group_lookahead(&self) -> u64 {
+        let o = self.plan().options();
+        let per_window = match o.shuffle {
+            Shuffle::None => 1,
+            Shuffle::Window => o.window,
+            // Every batch needs every row group: nothing to look ahead to.
+            Shuffle::Global => return 0,
+        };
+        // With P partitions, batches draw from them in turn: a row group's rows are spread over
+        // P times as many batches of the epoch.
+        (self.plan().max_row_group_rows() * per_window * o.partitions).div_ceil(o.batch_size)
+    }
+
+    /// How many batches ahead of a reader the prefetcher starts decoding the row groups (the
+    /// window) it will need. Two windows where four windows' columns fit the memory for decoded
+    /// columns: two fetch and decode while the reader goes through a third, so a slow source
+    /// (a fetch as long as the reading of a window) never makes the reader wait at a boundary.
+    /// One window where three fit; else half a window, so that no window is decoded twice.
+    pub fn row_group_lead(&self) -> u64 {
+        let ahead = self.row_group_lookahead();
+        let row: usize = self.view.tensors.iter().map(|t| t.row_bytes()).sum();
+        let window = ahead * self.plan().options().batch_size * row as u64;
+        let room = self.decoded.capacity as u64;
+        if 4 * window <= room {
+            2 * ahead
+        } else if 3 * window <= room {
+            ahead
+        } else {
+            ahead.div_ceil(2)
+        }
+    }
+
+    /// Row group `g` (global index): from memory, from the local cache, or read, decoded and
+    /// transformed (and then cached). `ahead`: asked for ahead of the batches that need it (see
+    /// `decodes_ahead`); the decode started by the first caller keeps that caller's rank.
+    #[tracing::instrument(name = "decode", level = "debug", skip(self))]
+    async fn row_group(&self, g: usize, ahead: bool) -> Result<Arc<Columns>> {
+        self.decoded
+            .get_or_build(g, async {
+                if let Some(loaded) = self.cached_row_group(g).await? {
+                    Stats::add(&self.stats.c.column_hits, 1);
+                    return Ok(Arc::new(loaded));
+                }
+                Stats::add(&self.stats.c.column_misses, 1);
+                Ok(Arc::new(self.decode_row_group(g, ahead).await?))
+            })
+            .await
+    }
+
+    /// Every global batch gathers from every row group (`shuffle=global`): the cached columns
+    /// are mapped, not copied.
+    fn map_columns(&self) -> bool {
+        self.plan().options().shuffle == Shuffle::Global
+    }
+
+    /// Row group `g`'s columns from the local cache, if they are there: a file read, on a worker.
+    async fn cached_row_group(&self, g: usize) -> Result<Option<Columns>> {
+        let _permit = self.workers.acquire().await?;
+        let (cache, stats) = (self.cache.clone(), self.stats.clone());
+        let (tensors, map) = (self.view.tensors.len(), self.map_columns());
+        let loaded = self
+            .pool
+            .run(move || cache.load_columns(g, tensors, map, &stats))
+            .await?;
+        Ok(loaded.map(Columns::loaded))
+    }
+
+    /// Row group `g` fetched without holding a worker (waiting on the network is no work), then
+    /// decoded and transformed on one (CPU work on a blocking thread, never on the async
+    /// workers), and kept in the local cache.
+    async fn decode_row_group(&self, g: usize, ahead: bool) -> Result<Columns> {
+        let (file, rg) = self.row_groups[g];
+        let (source, view) = (self.source.clone(), self.view.clone());
+        let (runtime, cache, stats) =
+            (self.runtime.clone(), self.cache.clone(), self.stats.clone());
+        let distance = self.eviction.distance_fn();
+        let map = self.map_columns();
+        // Where epochs repeat, the batch files are all that is needed again: keeping the
+        // columns too would write every byte twice.
+        let keep = !self.plan().epochs_repeat();
+        let _fetching = self.fetches.acquire().await?;
+        let started = std::time::Instant::now();
+        let fetched = source.fetch_row_group(file, rg, &view.roots).await?;
+        let _ahead = match ahead {
+            true => Some(self.decodes_ahead.acquire().await?),
+            false => None,
+        };
+        let _permit = self.workers.acquire().await?;
+        self.pool
+            .run(move || -> Result<Columns> {
+                tracing::debug!("decoding row group {g}");
+                let batch = runtime.block_on(source.decode_row_group(fetched))?;
+                let t = transform::transform(&view, &batch).with_context(|| {
+                    format!("file '{}' row group {rg}", source.files[file].name)
+                })?;
+                Stats::add(&stats.c.row_groups_decoded, 1);
+                Stats::add(&stats.c.rows_decoded, t.rows as u64);
+                Stats::add(&stats.c.pad_truncated, t.truncated);
+                Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
+                if keep {
+                    let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
+                    let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);
+                    if stored
+                        && map
+                        && let Some(l) = cache.load_columns(g, parts.len(), true, &stats)
+                    {
+                        return Ok(Columns::loaded(l));
+                    }
+                }
+                Ok(Columns::owned(t.rows, t.tensors))
+            })
+            .await?
+    }
+
+    /// Bytes of row groups and built batches held in the daemon's memory.
+    pub fn memory(&self) -> usize {
+        self.decoded.bytes() + self.batches.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    struct Blob(usize);
+    impl Weighted for Blob {
+        fn weight(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_callers_share_one_build() {
+        let memo: Arc<Memo<u32, Blob>> = Arc::new(Memo::new(1000));
+        let builds = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let memo = memo.clone();
+                let builds = builds.clone();
+                tokio::spawn(async move {
+                    memo.get_or_build(7, async {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok(Arc::new(Blob(10)))
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().0, 10);
+        }
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn the_cache_stays_within_its_capacity() {
+        let memo: Memo<u32, Blob> = Memo::new(100);
+        for k in 0..50 {
+            memo.get_or_build(k, async { Ok(Arc::new(Blob(30))) })
+                .await
+                .unwrap();
+            assert!(memo.bytes() <= 100);
+        }
+        assert_eq!(memo.bytes(), 90);
+        // Too large to keep: served, not cached.
+        memo.get_or_build(99, async { Ok(Arc::new(Blob(500))) })
+            .await
+            .unwrap();
+        assert!(memo.bytes() <= 100);
+    }
+
+    #[tokio::test]
+    async fn a_failed_build_is_retried_by_the_next_caller() {
+        let memo: Memo<u32, Blob> = Memo::new(100);
+        assert!(
+            memo.get_or_build(1, async { anyhow::bail!("boom") })
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            memo.get_or_build(1, async { Ok(Arc::new(Blob(1))) })
+                .await
+                .unwrap()
+                .0,
+            1
+        );
+    }
+}

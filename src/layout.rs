@@ -1,0 +1,329 @@
+//! The files a mount shows, in one place: the kinds of file a batch directory holds, their
+//! names (formatted and parsed), their exact sizes, and their bytes (a header, then tensor
+//! data). The local cache stores batch files under the same names, byte for byte, so that the
+//! kernel can pass reads through to them.
+
+use crate::format::{self, TensorLayout};
+use crate::plan::Batches;
+use crate::view::Tensor;
+use std::path::PathBuf;
+
+/// The name of a directory's one-open safetensors file.
+pub const ALL_SAFETENSORS: &str = "all.safetensors";
+/// The name of a directory's folder of one-open `.npy` files.
+pub const ALL: &str = "all";
+
+/// Which file of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FileKind {
+    /// `NNNNNN.safetensors`: every tensor.
+    Safetensors,
+    /// `NNNNNN/NAME.npy`: tensor `t`.
+    Npy(usize),
+}
+
+/// A file the local cache may hold: a row group's decoded columns, or a batch file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Item {
+    Columns {
+        rg: usize,
+    },
+    Safetensors {
+        epoch: u64,
+        batch: u64,
+    },
+    Npy {
+        epoch: u64,
+        batch: u64,
+        tensor: usize,
+    },
+}
+
+impl Item {
+    /// The item of file `kind` of batch `batch` of `epoch`, as is (the engine maps an epoch to
+    /// the one it repeats first).
+    pub fn of(kind: FileKind, epoch: u64, batch: u64) -> Item {
+        match kind {
+            FileKind::Safetensors => Item::Safetensors { epoch, batch },
+            FileKind::Npy(tensor) => Item::Npy {
+                epoch,
+                batch,
+                tensor,
+            },
+        }
+    }
+
+    /// The (epoch, batch) of a batch file.
+    pub fn batch(&self) -> Option<(u64, u64)> {
+        match *self {
+            Item::Columns { .. } => None,
+            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
+                Some((epoch, batch))
+            }
+        }
+    }
+
+    /// The file of its batch it is.
+    pub fn kind(&self) -> Option<FileKind> {
+        match *self {
+            Item::Columns { .. } => None,
+            Item::Safetensors { .. } => Some(FileKind::Safetensors),
+            Item::Npy { tensor, .. } => Some(FileKind::Npy(tensor)),
+        }
+    }
+}
+
+/// Digits in batch file names: six, or more for an epoch of a million batches or more.
+pub fn name_width(batches: u64) -> usize {
+    batches.saturating_sub(1).to_string().len().max(6)
+}
+
+/// A decimal number as names write it: digits, no leading zero.
+pub fn number(s: &str) -> Option<u64> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
+/// `epoch-N`, and `epoch-N/rank-R-of-W` for a rank view: its path under the mount point.
+pub fn dir_name(b: Batches) -> String {
+    match b {
+        Batches::Epoch(e) => epoch_name(e),
+        Batches::Rank { epoch, rank, world } => {
+            format!("{}/{}", epoch_name(epoch), rank_name(rank, world))
+        }
+    }
+}
+
+pub fn epoch_name(epoch: u64) -> String {
+    format!("epoch-{epoch}")
+}
+
+pub fn parse_epoch(name: &str) -> Option<u64> {
+    name.strip_prefix("epoch-").and_then(number)
+}
+
+pub fn rank_name(rank: u64, world: u64) -> String {
+    format!("rank-{rank}-of-{world}")
+}
+
+/// `rank-R-of-W` with R < W.
+pub fn parse_rank(name: &str) -> Option<(u64, u64)> {
+    name.strip_prefix("rank-")
+        .and_then(|s| s.split_once("-of-"))
+        .and_then(|(r, w)| Some((number(r)?, number(w)?)))
+        .filter(|&(r, w)| r < w)
+}
+
+/// The files of a mount: names and sizes from the tensor view and the batch count alone.
+pub struct Layout {
+    tensors: Vec<Tensor>,
+    /// Digits in a batch file name.
+    width: usize,
+}
+
+impl Layout {
+    pub fn new(tensors: Vec<Tensor>, batches_per_epoch: u64) -> Layout {
+        Layout {
+            tensors,
+            width: name_width(batches_per_epoch),
+        }
+    }
+
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    pub fn tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn tensor_name(&self, t: usize) -> &str {
+        &self.tensors[t].name
+    }
+
+    /// The tensor a `NAME.npy` file name is.
+    pub fn parse_npy(&self, file: &str) -> Option<usize> {
+        let name = file.strip_suffix(".npy")?;
+        self.tensors.iter().position(|t| t.name == name)
+    }
+
+    pub fn npy_name(&self, t: usize) -> String {
+        format!("{}.npy", self.tensor_name(t))
+    }
+
+    /// Batch `i`'s name: its directory's, and its safetensors file's stem.
+    pub fn batch_name(&self, i: u64) -> String {
+        format!("{i:0width$}", width = self.width)
+    }
+
+    /// The batch a name is: exactly `width` digits.
+    pub fn parse_batch(&self, s: &str) -> Option<u64> {
+        let ok = s.len() == self.width && s.bytes().all(|c| c.is_ascii_digit());
+        ok.then(|| s.parse().ok()).flatten()
+    }
+
+    pub fn file_name(&self, i: u64, kind: FileKind) -> String {
+        match kind {
+            FileKind::Safetensors => format!("{}.safetensors", self.batch_name(i)),
+            FileKind::Npy(t) => format!("{}/{}", self.batch_name(i), self.npy_name(t)),
+        }
+    }
+
+    /// Where the cache keeps an item, relative to its directory of columns or of batches.
+    pub fn item_path(&self, item: Item) -> PathBuf {
+        match item {
+            Item::Columns { rg } => PathBuf::from(format!("rg-{rg:06}.cols")),
+            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
+                let kind = item.kind().expect("a batch file");
+                PathBuf::from(epoch_name(epoch)).join(self.file_name(batch, kind))
+            }
+        }
+    }
+
+    /// The item a cached columns file name is.
+    pub fn parse_columns_name(name: &str) -> Option<Item> {
+        let rg = name
+            .strip_prefix("rg-")?
+            .strip_suffix(".cols")?
+            .parse()
+            .ok()?;
+        Some(Item::Columns { rg })
+    }
+
+    /// The batch file a path below an epoch's directory names (`NNNNNN.safetensors`, or
+    /// `NNNNNN/NAME.npy` as `dir` and `name`), if any.
+    pub fn parse_batch_file(&self, epoch: u64, dir: Option<&str>, name: &str) -> Option<Item> {
+        match dir {
+            None => {
+                let batch = self.parse_batch(name.strip_suffix(".safetensors")?)?;
+                Some(Item::Safetensors { epoch, batch })
+            }
+            Some(dir) => Some(Item::Npy {
+                epoch,
+                batch: self.parse_batch(dir)?,
+                tensor: self.parse_npy(name)?,
+            }),
+        }
+    }
+
+    /// Every tensor's layout in a batch of `rows` rows, in file order.
+    pub fn layouts(&self, rows: u64) -> Vec<TensorLayout<'_>> {
+        self.tensors
+            .iter()
+            .map(|t| TensorLayout {
+                name: &t.name,
+                dtype: t.dtype,
+                shape: t.shape(rows),
+            })
+            .collect()
+    }
+
+    /// The header of a file of `rows` rows: a batch file, or a directory's one-open file
+    /// (`Npy` of every row of the tensor, `Safetensors` of every tensor).
+    pub fn header(&self, kind: FileKind, rows: u64) -> Vec<u8> {
+        match kind {
+            FileKind::Safetensors => format::safetensors_header(&self.layouts(rows)),
+            FileKind::Npy(t) => {
+                let tensor = &self.tensors[t];
+                format::npy_header(tensor.dtype, &tensor.shape(rows))
+            }
+        }
+    }
+
+    /// The tensors a file holds, in order.
+    pub fn tensors_of(&self, kind: FileKind) -> std::ops::Range<usize> {
+        match kind {
+            FileKind::Safetensors => 0..self.tensors(),
+            FileKind::Npy(t) => t..t + 1,
+        }
+    }
+
+    /// Bytes of one row of tensor `t`.
+    pub fn row_bytes(&self, t: usize) -> u64 {
+        self.tensors[t].row_bytes() as u64
+    }
+
+    /// The exact size of a file of `rows` rows, known before any of its data exists.
+    pub fn size(&self, kind: FileKind, rows: u64) -> u64 {
+        let header = match kind {
+            FileKind::Safetensors => self.header(kind, rows).len(),
+            FileKind::Npy(t) => {
+                let tensor = &self.tensors[t];
+                format::npy_header_len(tensor.dtype, &tensor.shape(rows))
+            }
+        };
+        let data: u64 = self
+            .tensors_of(kind)
+            .map(|t| rows * self.row_bytes(t))
+            .sum();
+        header as u64 + data
+    }
+
+    /// A batch file's bytes: its header, then its tensors' data.
+    pub fn parts<'a>(
+        &self,
+        kind: FileKind,
+        header: &'a [u8],
+        tensors: &'a [Vec<u8>],
+    ) -> Vec<&'a [u8]> {
+        std::iter::once(header)
+            .chain(self.tensors_of(kind).map(|t| tensors[t].as_slice()))
+            .collect()
+    }
+}
+
+/// `size` bytes at `offset` of the concatenation of `parts`.
+pub fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size as usize);
+    let (mut start, end) = (offset as usize, offset as usize + size as usize);
+    let mut base = 0usize;
+    for p in parts {
+        let p_end = base + p.len();
+        if start < p_end && start < end {
+            let to = end.min(p_end);
+            out.extend_from_slice(&p[start - base..to - base]);
+            start = to;
+        }
+        base = p_end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_canonical_numbers() {
+        assert_eq!(number("0"), Some(0));
+        assert_eq!(number("17"), Some(17));
+        assert_eq!(number("017"), None);
+        assert_eq!(number(""), None);
+        assert_eq!(number("1x"), None);
+        assert_eq!(parse_epoch("epoch-12"), Some(12));
+        assert_eq!(parse_epoch("epoch-012"), None);
+        assert_eq!(parse_rank("rank-1-of-4"), Some((1, 4)));
+        assert_eq!(parse_rank("rank-4-of-4"), None);
+        assert_eq!(
+            dir_name(Batches::Rank {
+                epoch: 3,
+                rank: 1,
+                world: 2
+            }),
+            "epoch-3/rank-1-of-2"
+        );
+        assert_eq!(name_width(10), 6);
+        assert_eq!(name_width(1_000_001), 7);
+    }
+
+    #[test]
+    fn slices_cross_parts() {
+        let parts: [&[u8]; 3] = [b"abc", b"", b"defg"];
+        assert_eq!(slice(&parts, 0, 100), b"abcdefg");
+        assert_eq!(slice(&parts, 2, 3), b"cde");
+        assert_eq!(slice(&parts, 6, 10), b"g");
+        assert_eq!(slice(&parts, 7, 10), b"");
+        assert_eq!(slice(&parts, 50, 10), b"");
+    }
+}

@@ -1,0 +1,155 @@
+//! Materialising batch files into the local cache, where readers open them (by passthrough)
+//! and GPUDirect readers find them by path: each file once however many readers and
+//! prefetches want it.
+
+use crate::builder::{Builder, Memo, Weighted};
+use crate::cache::DiskCache;
+use crate::eviction::Eviction;
+use crate::layout::{FileKind, Item, Layout};
+use crate::plan::Plan;
+use crate::readers::Readers;
+use crate::stats::Stats;
+use anyhow::Result;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What materialising a batch file gave: its path in the cache, or nothing when the cache
+/// could not take it (the file is then served from memory).
+pub struct Materialized(pub Option<PathBuf>);
+
+impl Weighted for Materialized {
+    fn weight(&self) -> usize {
+        // Never kept by the memo: it only makes concurrent materialisations of a file one.
+        usize::MAX
+    }
+}
+
+pub struct Materializer {
+    builder: Arc<Builder>,
+    layout: Arc<Layout>,
+    cache: Arc<DiskCache>,
+    eviction: Arc<Eviction>,
+    readers: Arc<Readers>,
+    materializing: Memo<Item, Materialized>,
+}
+
+impl Materializer {
+    pub fn new(
+        builder: Arc<Builder>,
+        layout: Arc<Layout>,
+        cache: Arc<DiskCache>,
+        eviction: Arc<Eviction>,
+        readers: Arc<Readers>,
+    ) -> Materializer {
+        Materializer {
+            builder,
+            layout,
+            cache,
+            eviction,
+            readers,
+            materializing: Memo::new(0),
+        }
+    }
+
+    pub fn builder(&self) -> &Arc<Builder> {
+        &self.builder
+    }
+
+    pub fn plan(&self) -> &Plan {
+        self.builder.plan()
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        self.builder.stats()
+    }
+
+    pub fn cache(&self) -> &DiskCache {
+        &self.cache
+    }
+
+    /// The cache item of file `kind` of batch `batch` of `epoch`. Where epochs repeat
+    /// (`shuffle=none`), every epoch's is epoch 0's: one file, built once, for all of them.
+    pub fn item(&self, kind: FileKind, epoch: u64, batch: u64) -> Item {
+        Item::of(kind, self.plan().same_as(epoch), batch)
+    }
+
+    /// A reader asked for batch `batch` of `epoch`: where the eviction measures from.
+    pub fn reader_at(&self, epoch: u64, batch: u64) {
+        self.readers.at(epoch, batch);
+    }
+
+    pub fn contains(&self, item: Item) -> bool {
+        self.cache.contains(item)
+    }
+
+    /// The batch file `item` if it is materialised already (checked), without waiting: the
+    /// fast path of an open, answered on the FUSE thread.
+    pub fn cached(&self, item: Item) -> Option<File> {
+        let (file, _) = self.cache.open_batch_file(item, self.stats())?;
+        Stats::add(&self.stats().c.batch_file_hits, 1);
+        let (epoch, batch) = item.batch()?;
+        self.readers.at(epoch, batch);
+        Some(file)
+    }
+
+    /// The batch file `item` in the local cache, checked, materialising it first if needed.
+    /// `None`: the cache cannot hold it; serve it from memory.
+    pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+        let (epoch, batch) = item.batch().expect("a batch item");
+        self.readers.at(epoch, batch);
+        let _waits = self.builder.reader_waits();
+        self.materialize_ahead(item).await
+    }
+
+    /// Materialises a batch file a reader will want next; readers' position stays as it is.
+    pub async fn prefetch(&self, item: Item) -> Result<()> {
+        if !self.cache.contains(item) {
+            self.materialize_ahead(item).await?;
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(name = "materialize", level = "debug", skip(self))]
+    async fn materialize_ahead(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+        let cache = self.cache.clone();
+        let (epoch, batch) = item.batch().expect("a batch item");
+        let stats = self.stats().clone();
+        let lookup = cache.clone();
+        let hit = tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;
+        if let Some(hit) = hit {
+            Stats::add(&self.stats().c.batch_file_hits, 1);
+            return Ok(Some(hit));
+        }
+        let made = self
+            .materializing
+            .get_or_build(item, async {
+                Stats::add(&self.stats().c.batch_file_misses, 1);
+                let b = self.builder.batch(epoch, batch).await?;
+                let cache = cache.clone();
+                let stats = self.stats().clone();
+                let distance = self.eviction.distance_fn();
+                let layout = self.layout.clone();
+                let path = self
+                    .builder
+                    .pool()
+                    .run(move || {
+                        let kind = item.kind().expect("a batch file");
+                        let header = b.header(&layout, kind);
+                        let parts = layout.parts(kind, header.as_ref(), &b.tensors);
+                        let stored = cache.store_batch_file(item, &parts, &*distance, &stats);
+                        if stored.is_some() {
+                            Stats::add(&stats.c.batch_files_written, 1);
+                        }
+                        stored.map(|(_, p)| p)
+                    })
+                    .await?;
+                Ok(Arc::new(Materialized(path)))
+            })
+            .await?;
+        Ok(match &made.0 {
+            Some(path) => std::fs::File::open(path).ok().map(|f| (f, path.clone())),
+            None => None,
+        })
+    }
+}

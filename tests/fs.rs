@@ -1,0 +1,366 @@
+//! In-process tests of the filesystem core over object_store's in-memory store: lookup,
+//! readdir, open (materialise), read, the one-open files, eviction and remote faults, with no
+//! FUSE, no root and no Python (after mountpoint-s3's `tests/fs.rs`). The dataset's `id`
+//! column is each row's canonical index, so every batch is checked against the plan alone.
+
+use arrow::array::{Float32Array, Int64Array, RecordBatch};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tensorfs::fs::{Fs, Kind, ROOT_INO};
+use tensorfs::mount::Dataset;
+use tensorfs::options::Options;
+use tensorfs::source::Source;
+use tensorfs::stats::Stats;
+
+/// An in-memory store whose reads fail while `failing` is set, as a server that went away.
+#[derive(Debug)]
+struct Flaky {
+    inner: InMemory,
+    failing: AtomicBool,
+}
+
+impl std::fmt::Display for Flaky {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Flaky({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Flaky {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "Flaky",
+                source: "connection reset by peer".into(),
+            });
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A Parquet file of rows `start..start + rows`: `id` (the canonical row) and `x = id / 2`.
+fn parquet(start: i64, rows: i64, rg_size: usize) -> Bytes {
+    let ids: Vec<i64> = (start..start + rows).collect();
+    let xs: Vec<f32> = ids.iter().map(|&i| i as f32 / 2.0).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(ids)) as _),
+        ("x", Arc::new(Float32Array::from(xs)) as _),
+    ])
+    .unwrap();
+    let mut out = Vec::new();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rg_size))
+        .build();
+    let mut w = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    Bytes::from(out)
+}
+
+/// Two files, 300 + 220 rows, row groups of 64.
+async fn store() -> Arc<Flaky> {
+    let store = Arc::new(Flaky {
+        inner: InMemory::new(),
+        failing: AtomicBool::new(false),
+    });
+    store
+        .put(&Path::from("data/a.parquet"), parquet(0, 300, 64).into())
+        .await
+        .unwrap();
+    store
+        .put(&Path::from("data/b.parquet"), parquet(300, 220, 64).into())
+        .await
+        .unwrap();
+    store
+}
+
+struct Mounted {
+    fs: Fs,
+    dataset: Dataset,
+    _cache: tempfile::TempDir,
+}
+
+async fn mount(store: Arc<Flaky>, options: &str) -> Mounted {
+    let cache = tempfile::tempdir().unwrap();
+    let opts = Options::parse(&[
+        options.to_string(),
+        format!("cache_dir={}", cache.path().display()),
+    ])
+    .unwrap();
+    let stats = Arc::new(Stats::default());
+    let url = url::Url::parse("memory:///data").unwrap();
+    let source = Source::over(
+        store,
+        &url,
+        Path::from("data"),
+        "memory:///data",
+        None,
+        stats.clone(),
+    )
+    .await
+    .unwrap();
+    let dataset = Dataset::over(Arc::new(source), &opts, stats).await.unwrap();
+    dataset.check().unwrap();
+    let fs = dataset
+        .filesystem(&opts, tokio::runtime::Handle::current())
+        .unwrap();
+    Mounted {
+        fs,
+        dataset,
+        _cache: cache,
+    }
+}
+
+fn ino(fs: &Fs, path: &str) -> u64 {
+    path.split('/').fold(ROOT_INO, |parent, name| {
+        fs.lookup(parent, name)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .ino
+    })
+}
+
+fn names(fs: &Fs, path: &str) -> Vec<String> {
+    let dir = if path.is_empty() {
+        ROOT_INO
+    } else {
+        ino(fs, path)
+    };
+    fs.readdir(dir, 0, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n != "." && n != "..")
+        .collect()
+}
+
+async fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let ino = ino(fs, path);
+    let size = fs.getattr(ino).unwrap().size;
+    let mut out = Vec::new();
+    while (out.len() as u64) < size {
+        let chunk = fs.read(ino, out.len() as u64, 100_000).await.unwrap();
+        assert!(!chunk.is_empty(), "{path}: short at {}", out.len());
+        out.extend(chunk);
+    }
+    assert_eq!(
+        fs.read(ino, size, 10).await.unwrap(),
+        b"",
+        "{path}: data past its size"
+    );
+    out
+}
+
+/// The tensor `name` of a safetensors file, as raw bytes.
+fn tensor<'a>(file: &'a [u8], name: &str) -> &'a [u8] {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    let offsets = &header[name]["data_offsets"];
+    let (a, b) = (offsets[0].as_u64().unwrap(), offsets[1].as_u64().unwrap());
+    &file[8 + n + a as usize..8 + n + b as usize]
+}
+
+fn ids(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Batch `i` of `epoch`'s ids, as the plan says.
+fn planned(d: &Dataset, epoch: u64, i: u64) -> Vec<i64> {
+    let plan = &d.plan;
+    plan.batch_rows(&plan.epoch(epoch), i)
+        .into_iter()
+        .map(|r| r as i64)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tree_lists_epochs_batches_and_one_open_files() {
+    let m = mount(store().await, "batch_size=100,epochs=2,world_size=2").await;
+    let root = names(&m.fs, "");
+    for want in ["dataset.json", ".tensorfs", "gds", "epoch-0", "epoch-1"] {
+        assert!(root.contains(&want.to_string()), "{root:?}");
+    }
+    let epoch = names(&m.fs, "epoch-0");
+    // 520 rows: 6 batches (the last of 20 rows), each a file and a directory, the one-open
+    // files, and the rank views.
+    assert_eq!(epoch.len(), 6 * 2 + 2 + 2, "{epoch:?}");
+    assert!(epoch.contains(&"000005.safetensors".to_string()));
+    assert!(epoch.contains(&"all.safetensors".to_string()));
+    assert_eq!(names(&m.fs, "epoch-0/000003"), ["id.npy", "x.npy"]);
+    assert_eq!(names(&m.fs, "epoch-0/all"), ["id.npy", "x.npy"]);
+    assert_eq!(names(&m.fs, "epoch-1/rank-1-of-2").len(), 3 * 2 + 2);
+    // Any epoch resolves by name; a batch past the end does not.
+    assert!(m.fs.lookup(ROOT_INO, "epoch-99").is_ok());
+    let e0 = ino(&m.fs, "epoch-0");
+    assert_eq!(
+        m.fs.lookup(e0, "000006.safetensors").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(
+        m.fs.lookup(e0, "06.safetensors").unwrap_err().errno(),
+        libc::ENOENT
+    );
+    let gds = ino(&m.fs, "gds/epoch-0/000001.safetensors");
+    assert_eq!(m.fs.getattr(gds).unwrap().kind, Kind::Symlink);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_read_and_opened_are_the_plans_rows() {
+    let m = mount(
+        store().await,
+        "batch_size=100,epochs=2,shuffle=window,shuffle_window=2",
+    )
+    .await;
+    for epoch in 0..2 {
+        let mut seen = Vec::new();
+        for i in 0..6 {
+            let path = format!("epoch-{epoch}/{i:06}.safetensors");
+            let bytes = read_all(&m.fs, &path).await;
+            let got = ids(tensor(&bytes, "id"));
+            assert_eq!(got, planned(&m.dataset, epoch, i), "{path}");
+            // Opened: materialised on the cache, byte for byte what reads give.
+            let (file, _) = m.fs.materialize(ino(&m.fs, &path)).await.unwrap().unwrap();
+            assert_eq!(std::fs::read(file_path(&file)).unwrap(), bytes, "{path}");
+            let npy = read_all(&m.fs, &format!("epoch-{epoch}/{i:06}/id.npy")).await;
+            assert_eq!(&npy[4096..], tensor(&bytes, "id"));
+            seen.extend(got);
+        }
+        seen.sort();
+        assert_eq!(seen, (0..520).collect::<Vec<_>>(), "epoch {epoch}");
+    }
+    // The one-open files are the batches back to back.
+    let all = read_all(&m.fs, "epoch-1/all/id.npy").await;
+    let want: Vec<i64> = (0..6).flat_map(|i| planned(&m.dataset, 1, i)).collect();
+    assert_eq!(ids(&all[4096..]), want);
+    let all = read_all(&m.fs, "epoch-1/all.safetensors").await;
+    assert_eq!(ids(tensor(&all, "id")), want);
+}
+
+fn file_path(f: &std::fs::File) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_smaller_than_the_epoch_stays_within_its_size_and_serves_the_right_bytes() {
+    let m = mount(
+        store().await,
+        "batch_size=50,epochs=3,cache_size=24K,prefetch=2",
+    )
+    .await;
+    let cache = m.dataset.stats.clone();
+    for epoch in 0..3 {
+        for i in 0..11 {
+            let path = format!("epoch-{epoch}/{i:06}.safetensors");
+            m.fs.materialize(ino(&m.fs, &path)).await.unwrap();
+            let bytes = read_all(&m.fs, &path).await;
+            assert_eq!(
+                ids(tensor(&bytes, "id")),
+                planned(&m.dataset, epoch, i),
+                "{path}"
+            );
+            let json = cache.to_json();
+            let (used, cap) = (
+                json["cache_bytes"].as_u64(),
+                json["cache_capacity"].as_u64(),
+            );
+            assert!(used <= cap, "{path}: cache at {used:?} of {cap:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_fault_is_eio_for_that_read_and_the_mount_goes_on() {
+    let store = store().await;
+    let m = mount(store.clone(), "batch_size=100,shuffle=none,prefetch=0").await;
+    store.failing.store(true, Ordering::SeqCst);
+    let i = ino(&m.fs, "epoch-0/000002.safetensors");
+    let e = m.fs.read(i, 0, 4096).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("connection reset"), "{e}");
+    assert_eq!(m.fs.materialize(i).await.unwrap_err().errno(), libc::EIO);
+    store.failing.store(false, Ordering::SeqCst);
+    let bytes = read_all(&m.fs, "epoch-0/000002.safetensors").await;
+    assert_eq!(ids(tensor(&bytes, "id")), (200..300).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_replaced_under_the_mount_is_never_served() {
+    let store = store().await;
+    let m = mount(store.clone(), "batch_size=100,shuffle=none,prefetch=0").await;
+    store
+        .put(
+            &Path::from("data/b.parquet"),
+            parquet(10_000, 220, 64).into(),
+        )
+        .await
+        .unwrap();
+    // Batch 4 is rows 400..500, all from b.
+    let e =
+        m.fs.read(ino(&m.fs, "epoch-0/000004.safetensors"), 0, 4096)
+            .await
+            .unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("changed under the mount"), "{e}");
+    // What a is still serves.
+    let bytes = read_all(&m.fs, "epoch-0/000001.safetensors").await;
+    assert_eq!(ids(tensor(&bytes, "id")), (100..200).collect::<Vec<_>>());
+}
