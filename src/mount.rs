@@ -496,12 +496,8 @@ fn open_for_mount(
 /// How the kernel is asked to mount: read-only, the source as the device name (absolute for a
 /// local path, as `findmnt` shows it), type `fuse.tensorfs`.
 fn fuse_config(source: &str, opts: &Options) -> Config {
-    let fsname = match std::fs::canonicalize(source) {
-        Ok(abs) if !source.contains("://") => abs.display().to_string(),
-        _ => source.to_string(),
-    };
     let mut mount_options = vec![
-        MountOption::FSName(fsname),
+        MountOption::FSName(device_name(source)),
         MountOption::Subtype("tensorfs".into()),
         MountOption::RO,
         MountOption::NoDev,
@@ -525,6 +521,100 @@ fn fuse_config(source: &str, opts: &Options) -> Config {
     config
 }
 
+/// The device name a mount shows (`findmnt`'s SOURCE): the source, absolute for a local path.
+fn device_name(source: &str) -> String {
+    match std::fs::canonicalize(source) {
+        Ok(abs) if !source.contains("://") => abs.display().to_string(),
+        _ => source.to_string(),
+    }
+}
+
+/// Mounts by mount(2) with the type `fuse.tensorfs` (fuser's own mount calls every filesystem
+/// plain `fuse`), returning the `/dev/fuse` descriptor the session serves. `None` where the
+/// process may not call mount(2) (not root): fuser then mounts through fusermount3.
+fn mount_typed(mountpoint: &Path, source: &str, opts: &Options) -> Result<Option<OwnedFd>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .context("/dev/fuse cannot be opened")?;
+    let root_mode = std::fs::metadata(mountpoint)?.mode();
+    // SAFETY: getuid and getgid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data = format!(
+        "fd={},rootmode={root_mode:o},user_id={uid},group_id={gid},default_permissions",
+        dev.as_raw_fd()
+    );
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let c = |s: &[u8]| std::ffi::CString::new(s).context("a name holds a NUL byte");
+    let (src, target) = (
+        c(device_name(source).as_bytes())?,
+        c(mountpoint.as_os_str().as_bytes())?,
+    );
+    let (fstype, data) = (c(b"fuse.tensorfs")?, c(data.as_bytes())?);
+    let flags = libc::MS_NODEV | libc::MS_NOSUID | libc::MS_RDONLY;
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        return Ok(Some(OwnedFd::from(dev)));
+    }
+    match std::io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::EPERM) => Ok(None),
+        e => Err(anyhow!("cannot mount on '{}': {e}", mountpoint.display())),
+    }
+}
+
+/// The FUSE session on `mountpoint`: mounted here with its own type where this process may,
+/// else by fuser (through fusermount3, as `auto_unmount` always is).
+fn session(
+    adapter: FuseAdapter,
+    mountpoint: &Path,
+    source: &str,
+    opts: &Options,
+) -> Result<fuser::Session<FuseAdapter>> {
+    let config = fuse_config(source, opts);
+    if !opts.auto_unmount
+        && let Some(fd) = mount_typed(mountpoint, source, opts)?
+    {
+        let acl = config.acl;
+        return fuser::Session::from_fd(adapter, fd, acl, config).map_err(|e| {
+            let _ = detach(mountpoint);
+            anyhow!("cannot mount on '{}': {e}", mountpoint.display())
+        });
+    }
+    fuser::Session::new(adapter, mountpoint, &config)
+        .map_err(|e| anyhow!("cannot mount on '{}': {e}", mountpoint.display()))
+}
+
+/// Unmounts `mountpoint`: at once where nothing is open, else detached (the session ends with
+/// the last close).
+fn unmount(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    // SAFETY: c is a valid C string naming our own mount point.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    tracing::info!(
+        "unmount: {}; detaching the mount instead",
+        std::io::Error::last_os_error()
+    );
+    detach(mountpoint)
+}
+
 /// SIGTERM and SIGINT unmount cleanly; the session then ends by itself. With files still
 /// open, the mount is detached instead, and the session ends with the last close.
 fn unmount_on_signal(
@@ -546,11 +636,18 @@ fn unmount_on_signal(
             _ = int.recv() => {}
         }
         tracing::info!("signal received: unmounting");
-        if let Err(e) = unmounter.unmount() {
-            tracing::info!("unmount: {e}; detaching the mount instead");
-            if let Err(e) = detach(&detach_path) {
-                tracing::error!("detaching the mount failed: {e}");
+        // A session fuser mounted is unmounted by fuser (through fusermount3 where it must);
+        // one mounted here, by umount2.
+        let done = match unmounter.unmount() {
+            Ok(()) if fuse_mounted_on(&detach_path) => unmount(&detach_path),
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::info!("unmount: {e}; detaching the mount instead");
+                detach(&detach_path)
             }
+        };
+        if let Err(e) = done {
+            tracing::error!("unmounting failed: {e}");
         }
     });
 }
@@ -562,9 +659,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
         let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
         let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
-        let session = fuser::Session::new(adapter, mountpoint, &fuse_config(source, opts))
-            .map_err(|e| anyhow!("cannot mount on '{}': {e}", mountpoint.display()))?;
-        Ok((dataset, session))
+        Ok((dataset, session(adapter, mountpoint, source, opts)?))
     });
     let (dataset, mut session) = match mounted {
         Ok(m) => m,

@@ -2,6 +2,9 @@
 names holding separators are named with backslash escapes, in options and in every printed hint
 (§4), so a hint can be pasted back as it is."""
 
+import os
+import subprocess
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,3 +70,23 @@ def test_column_names_with_separators(mounter, tmp_path):
     # cast= takes an escaped name too.
     m2 = mounter(data, "shuffle=none", "batch_size=32", f"columns={hint}", "cast=c\\,d:float64")
     assert [t["dtype"] for t in m2.dataset()["tensors"]] == ["int64", "float64", "int16"]
+
+
+def test_the_mount_shows_its_type_and_an_absolute_source(mounter, shuf_ds):
+    """findmnt and /proc/mounts show `fuse.tensorfs` and the source as an absolute path, even for
+    a relative source."""
+    mp = mounter.mountpoint()
+    rel = os.path.relpath(shuf_ds.path, mp.parent)
+    proc = subprocess.run(
+        [str(tfs.BIN), "mount", rel, str(mp), "-o", f"cache_dir={mp.parent / 'c'}"],
+        cwd=mp.parent, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    try:
+        fields = [line.split() for line in open("/proc/mounts") if line.split()[1] == str(mp)]
+        assert len(fields) == 1, fields
+        device, _, fstype = fields[0][:3]
+        assert fstype == "fuse.tensorfs"
+        assert device == os.path.realpath(shuf_ds.path)
+    finally:
+        tfs.unmount(mp)
