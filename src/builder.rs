@@ -260,7 +260,8 @@ impl Builder {
                     .collect();
                 transform::gather(&view, &picks)
             })
-            .await?;
+            .await
+            .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))?;
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(Arc::new(Batch {
             rows: n,
@@ -382,6 +383,7 @@ impl Builder {
             false => None,
         };
         let _permit = self.workers.acquire().await?;
+        let name = self.source.files[file].name.clone();
         self.pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
@@ -405,7 +407,8 @@ impl Builder {
                 }
                 Ok(Columns::owned(t.rows, t.tensors))
             })
-            .await?
+            .await
+            .with_context(|| format!("file '{name}' row group {rg}"))?
     }
 
     /// Bytes of row groups and built batches held in the daemon's memory.

@@ -98,10 +98,6 @@ impl DType {
             DType::F64 => "F64",
         }
     }
-
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::F32 | DType::F64)
-    }
 }
 
 impl fmt::Display for DType {

@@ -15,6 +15,7 @@ pub mod client;
 pub mod dtype;
 pub mod error;
 pub mod eviction;
+pub mod footer;
 pub mod format;
 pub mod fs;
 pub mod fuse;
@@ -36,13 +37,21 @@ thread_local! {
     static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f`, turning a panic into `None`: for third-party decoders that may panic on malformed
-/// input. The panic is logged at debug level only; the caller reports the error.
-pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Option<T> {
+/// Runs `f`, turning a panic into an error carrying the panic's message: for third-party
+/// decoders that may panic on malformed input. The panic is logged at debug level only; the
+/// caller reports the error.
+pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     CATCHING.with(|c| c.set(true));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     CATCHING.with(|c| c.set(false));
-    result.ok()
+    result.map_err(|payload| {
+        let text = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        text.replace('\n', " ")
+    })
 }
 
 /// Installs the panic hook: a panic inside [`catch_panic`] is the caller's to report; any other

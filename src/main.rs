@@ -175,11 +175,14 @@ fn main() -> ExitCode {
                         "{}",
                         serde_json::to_string_pretty(&dataset.dataset_json(&opts))?
                     );
-                } else {
-                    print_view(&dataset, &opts);
+                    dataset.check()?;
+                    return Ok(true);
                 }
-                dataset.check()?;
-                Ok(true)
+                print_view(&dataset, &opts);
+                match dataset.view.refusal("listed above") {
+                    Some(line) => Err(anyhow::anyhow!(line)),
+                    None => Ok(true),
+                }
             };
             match run() {
                 Ok(_) => ExitCode::SUCCESS,
@@ -259,7 +262,9 @@ fn print_view(d: &Dataset, opts: &Options) {
             shape.join(", ")
         );
     }
-    if !d.view.problems.is_empty() {
+    // One problem is the error line itself; several are listed here, and the error line
+    // names the first.
+    if d.view.problems.len() > 1 {
         println!("refused");
         for p in &d.view.problems {
             println!("  - {p}");

@@ -61,7 +61,7 @@ impl Dataset {
     }
 
     pub fn check(&self) -> Result<()> {
-        match self.view.refusal() {
+        match self.view.refusal("`tensorfs inspect` lists them") {
             Some(line) => Err(anyhow!(line)),
             None => Ok(()),
         }
@@ -481,9 +481,9 @@ fn open_for_mount(
     create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
-    let d = crate::catch_panic(open).unwrap_or_else(|| {
+    let d = crate::catch_panic(open).unwrap_or_else(|panic| {
         Err(anyhow!(
-            "source '{source}': a file is malformed beyond what the Parquet reader can report"
+            "source '{source}': a file is malformed beyond what the Parquet reader can report ({panic})"
         ))
     })?;
     d.check()?;

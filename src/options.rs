@@ -168,6 +168,65 @@ impl Default for Options {
     }
 }
 
+/// Every option tensorfs itself takes (object_store keys and mount(8)'s generic ones aside).
+const KNOWN: &[&str] = &[
+    "batch_size",
+    "drop_last",
+    "columns",
+    "seed",
+    "shuffle",
+    "shuffle_window",
+    "epochs",
+    "world_size",
+    "partitions",
+    "cast",
+    "stack",
+    "pad",
+    "nulls",
+    "cache_dir",
+    "cache_size",
+    "prefetch",
+    "memory_limit",
+    "threads",
+    "passthrough",
+    "allow_other",
+    "auto_unmount",
+    "nonempty",
+    "log",
+];
+
+/// Edits (insertions, deletions, substitutions) between two names.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn unknown(key: &str) -> OptionError {
+    let near = KNOWN
+        .iter()
+        .map(|k| (distance(key, k), *k))
+        .filter(|&(d, k)| d <= 2.max(k.len() / 4))
+        .min();
+    match near {
+        Some((_, k)) => OptionError(format!(
+            "unknown mount option '{key}' (did you mean '{k}'? docs/options.md lists them all)"
+        )),
+        None => OptionError(format!(
+            "unknown mount option '{key}' (docs/options.md lists them all)"
+        )),
+    }
+}
+
 fn bad(key: &str, value: &str, why: impl std::fmt::Display) -> OptionError {
     OptionError(format!("bad mount option {key}={value}: {why}"))
 }
@@ -329,7 +388,7 @@ impl Options {
             _ => {}
         }
         let Some(value) = value else {
-            return Err(OptionError(format!("unknown mount option '{key}'")));
+            return Err(unknown(key));
         };
         match key {
             "batch_size" => self.batch_size = positive(key, value)?,
@@ -422,7 +481,7 @@ impl Options {
             _ if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
                 self.store.push((key.into(), value.into()));
             }
-            _ => return Err(OptionError(format!("unknown mount option '{key}'"))),
+            _ => return Err(unknown(key)),
         }
         Ok(())
     }
@@ -683,6 +742,9 @@ mod tests {
         assert!(err(&["batch_size=abc"]).contains("batch_size"));
         assert!(err(&["shuffle=foo"]).contains("shuffle=foo"));
         assert!(err(&["frobnicate=1"]).contains("'frobnicate'"));
+        assert!(err(&["batchsize=8"]).contains("did you mean 'batch_size'"));
+        assert!(err(&["partition=8"]).contains("did you mean 'partitions'"));
+        assert!(!err(&["frobnicate=1"]).contains("did you mean"));
         assert!(err(&["verbose"]).contains("'verbose'"));
         assert!(err(&["cast=a:float128"]).contains("float128"));
         assert!(err(&["cast=a"]).contains("cast=a"));

@@ -120,11 +120,7 @@ impl Pool {
     ) -> Result<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move || {
-            if let Some(v) = crate::catch_panic(f) {
-                let _ = tx.send(v);
-            } else {
-                tracing::error!("a transform worker's job panicked");
-            }
+            let _ = tx.send(crate::catch_panic(f));
         });
         self.jobs
             .lock()
@@ -132,7 +128,8 @@ impl Pool {
             .send(job)
             .map_err(|_| anyhow!("the transform workers have stopped"))?;
         rx.await
-            .map_err(|_| anyhow!("a transform job failed (see the log)"))
+            .map_err(|_| anyhow!("the transform workers have stopped"))?
+            .map_err(|panic| anyhow!("a decoder failed: {panic}"))
     }
 
     /// A reader waits for a build until the guard is dropped: the workers leave `SCHED_IDLE`
@@ -175,7 +172,11 @@ mod tests {
     async fn jobs_run_and_panics_are_errors() {
         let pool = Pool::new(2).unwrap();
         assert_eq!(pool.run(|| 6 * 7).await.unwrap(), 42);
-        assert!(pool.run(|| -> u8 { panic!("boom") }).await.is_err());
+        let e = pool.run(|| -> u8 { panic!("boom at row 7") }).await;
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "a decoder failed: boom at row 7"
+        );
         // The worker survives its job's panic.
         assert_eq!(pool.run(|| 1).await.unwrap(), 1);
         assert_eq!(pool.run(|| 2).await.unwrap(), 2);

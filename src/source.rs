@@ -45,6 +45,12 @@ pub struct SourceFile {
     pub size: u64,
     pub e_tag: Option<String>,
     pub metadata: ArrowReaderMetadata,
+    /// Bytes of the footer, metadata, length and magic: where the last column chunk ends at
+    /// the latest.
+    footer_len: u64,
+    /// The metadata with column chunks padded (see [`footer::padded`]), once a row group failed
+    /// to decode as the footer says; `None` inside when padding changes nothing.
+    padded: std::sync::OnceLock<Option<ArrowReaderMetadata>>,
 }
 
 impl SourceFile {
@@ -230,15 +236,14 @@ impl Source {
                         version.as_bytes(),
                     ]);
                     let kept = footers.map(|dir| dir.join(format!("{}.footer", hex(&id[..16]))));
-                    let metadata =
-                        load_metadata(&reader, kept.as_deref(), &id)
-                            .await
-                            .map_err(|e| {
-                                anyhow!(
-                                    "file '{name}' is not a readable Parquet file: {}",
-                                    crate::describe(&e)
-                                )
-                            })?;
+                    let (metadata, footer_len) = load_metadata(&reader, kept.as_deref(), &id)
+                        .await
+                        .map_err(|e| {
+                            anyhow!(
+                                "file '{name}' is not a readable Parquet file: {}",
+                                crate::describe(&e)
+                            )
+                        })?;
                     Ok::<_, anyhow::Error>(SourceFile {
                         name,
                         id,
@@ -246,6 +251,8 @@ impl Source {
                         size: meta.size,
                         e_tag: meta.e_tag,
                         metadata,
+                        footer_len,
+                        padded: std::sync::OnceLock::new(),
                     })
                 }
             })
@@ -267,13 +274,17 @@ impl Source {
         prefix: &Path,
         source: &str,
     ) -> Result<Vec<(String, ObjectMeta)>> {
-        if prefix.as_ref().ends_with(".parquet") {
+        // One object named by the source is the dataset, whatever its name says (a file that
+        // is not Parquet is then refused by its footer, naming it); else the source is a prefix.
+        if !prefix.as_ref().is_empty() {
             match store.head(prefix).await {
                 Ok(meta) => {
                     let name = prefix.filename().unwrap_or(prefix.as_ref()).to_string();
                     return Ok(vec![(name, meta)]);
                 }
                 Err(object_store::Error::NotFound { .. }) => {}
+                // A directory of the local store cannot be HEAD: it is listed below.
+                Err(_) if !prefix.as_ref().ends_with(".parquet") => {}
                 Err(e) => bail!("source '{source}' cannot be read: {e}"),
             }
         }
@@ -401,7 +412,8 @@ impl Source {
     }
 
     /// Decodes a fetched row group (CPU only, unless the decoder asks for bytes that were not
-    /// fetched, which are then read).
+    /// fetched, which are then read). Where it fails as the footer says, and padding the column
+    /// chunks (PARQUET-816, see `footer`) changes them, it is decoded once more that way.
     pub async fn decode_row_group(&self, fetched: Fetched) -> Result<RecordBatch> {
         let Fetched {
             file,
@@ -411,12 +423,46 @@ impl Source {
             chunks,
         } = fetched;
         let f = &self.files[file];
+        let first = self
+            .decode_with(file, rg, &roots, mask.clone(), chunks.clone(), &f.metadata)
+            .await;
+        let Err(e) = first else { return first };
+        let padded = f.padded.get_or_init(|| {
+            let md = crate::footer::padded(f.metadata.metadata(), f.size - f.footer_len)?;
+            ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).ok()
+        });
+        let Some(padded) = padded else { return Err(e) };
+        match self
+            .decode_with(file, rg, &roots, mask, chunks, padded)
+            .await
+        {
+            Ok(batch) => {
+                tracing::warn!(
+                    "file '{}' row group {rg}: its footer gives column chunks too short (a bug of old writers, PARQUET-816); read with the chunks padded",
+                    f.name
+                );
+                Ok(batch)
+            }
+            Err(_) => Err(e),
+        }
+    }
+
+    async fn decode_with(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+        mask: ProjectionMask,
+        chunks: Vec<(Range<u64>, Bytes)>,
+        metadata: &ArrowReaderMetadata,
+    ) -> Result<RecordBatch> {
+        let f = &self.files[file];
         let reader = Prefetched {
             chunks,
             inner: self.reader(file),
         };
-        let rows = f.metadata.metadata().row_group(rg).num_rows() as usize;
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, f.metadata.clone())
+        let rows = metadata.metadata().row_group(rg).num_rows() as usize;
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone())
             .with_row_groups(vec![rg])
             .with_projection(mask)
             .with_batch_size(rows.clamp(1, 8192))
@@ -428,9 +474,17 @@ impl Source {
             .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
         let schema = match batches.first() {
             Some(b) => b.schema(),
-            None => Arc::new(f.metadata.schema().project(&roots)?),
+            None => Arc::new(metadata.schema().project(roots)?),
         };
-        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+        let batch = arrow::compute::concat_batches(&schema, &batches)?;
+        if batch.num_rows() != rows {
+            bail!(
+                "file '{}' row group {rg}: {} rows decoded where its footer says {rows}",
+                f.name,
+                batch.num_rows()
+            );
+        }
+        Ok(batch)
     }
 }
 
@@ -447,7 +501,7 @@ async fn load_metadata(
     reader: &ObjectReader,
     kept: Option<&std::path::Path>,
     id: &[u8; 32],
-) -> Result<ArrowReaderMetadata> {
+) -> Result<(ArrowReaderMetadata, u64)> {
     let footer = match kept.and_then(|p| kept::read_blob(p, id)) {
         Some(b) => Bytes::from(b),
         None => {
@@ -460,7 +514,7 @@ async fn load_metadata(
             footer
         }
     };
-    decode_footer(&footer)
+    Ok((decode_footer(&footer)?, footer.len() as u64))
 }
 
 /// Decodes a footer (metadata, length, magic) into the Arrow view of the file. Malformed input
@@ -471,13 +525,13 @@ pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
     }
     let metadata = footer[..footer.len() - 8].to_vec();
     let decoded = crate::catch_panic(move || -> Result<ArrowReaderMetadata> {
-        let metadata = ParquetMetaDataReader::decode_metadata(&metadata)?;
+        let metadata = crate::footer::decode(&metadata)?;
         Ok(ArrowReaderMetadata::try_new(
             Arc::new(metadata),
             ArrowReaderOptions::new(),
         )?)
     });
-    decoded.unwrap_or_else(|| Err(anyhow!("the footer is malformed")))
+    decoded.unwrap_or_else(|panic| Err(anyhow!("the footer is malformed ({panic})")))
 }
 
 /// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).

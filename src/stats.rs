@@ -53,7 +53,6 @@ counters!(
     passthrough_opens,
     daemon_reads,
     daemon_read_bytes,
-    memory_bytes,
 );
 
 /// Stall times by power-of-two microseconds: bucket `b` counts stalls below 2^b µs.

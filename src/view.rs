@@ -10,10 +10,9 @@ use crate::plan::Plan;
 use crate::source::Source;
 use anyhow::Result;
 use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::datatypes::{DataType, Schema, TimeUnit};
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemKind {
@@ -72,7 +71,6 @@ impl Tensor {
 
 #[derive(Debug)]
 pub struct View {
-    pub schema: Arc<Schema>,
     pub items: Vec<Item>,
     pub tensors: Vec<Tensor>,
     /// The Arrow field indices to read, ascending (the order of a projected batch's columns).
@@ -89,15 +87,12 @@ impl View {
             .expect("field is projected")
     }
 
-    /// The one line a refused mount prints.
-    pub fn refusal(&self) -> Option<String> {
+    /// The one line a refused mount prints; `listed`: where the other problems are shown.
+    pub fn refusal(&self, listed: &str) -> Option<String> {
         let first = self.problems.first()?;
         Some(match self.problems.len() {
             1 => first.clone(),
-            n => format!(
-                "{first} (and {} more: `tensorfs inspect` lists them)",
-                n - 1
-            ),
+            n => format!("{first} (and {} more: {listed})", n - 1),
         })
     }
 }
@@ -322,119 +317,232 @@ async fn column_has_nulls(source: &Source, field: usize, is_list: bool) -> Resul
     }
 }
 
-/// Builds the view of `source` under `opts`. Refusals are collected in `problems`; an error
-/// is returned only when the source cannot be read.
-pub async fn build(source: &Source, opts: &Options) -> Result<View> {
-    let schema = source.files[0].metadata.schema().clone();
-    let mut problems = Vec::new();
-    if let Some(p) = check_schemas(source) {
-        problems.push(p);
+/// An Arrow type as refusals name it: short, in the words of the Parquet/Arrow user.
+fn type_name(dt: &DataType) -> String {
+    match dt {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "string".into(),
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => "binary".into(),
+        DataType::FixedSizeBinary(n) => format!("fixed-size binary of {n} bytes"),
+        DataType::Decimal32(p, s)
+        | DataType::Decimal64(p, s)
+        | DataType::Decimal128(p, s)
+        | DataType::Decimal256(p, s) => format!("decimal({p}, {s})"),
+        DataType::Struct(_) => "struct".into(),
+        DataType::Map(..) => "map".into(),
+        DataType::Null => "null".into(),
+        DataType::Dictionary(_, v) => format!("dictionary of {}", type_name(v)),
+        DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => {
+            format!("list of {}", type_name(f.data_type()))
+        }
+        DataType::FixedSizeList(f, n) => format!("list of {n} {}", type_name(f.data_type())),
+        DataType::Timestamp(u, _) => format!("timestamp[{}]", unit_name(u)),
+        other => other.to_string().to_lowercase(),
     }
-    let index: HashMap<&str, usize> = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| (f.name().as_str(), i))
-        .collect();
-    let all: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+}
 
-    // The selected columns, in order.
-    let selected: Vec<usize> = match &opts.columns {
-        Some(cols) => {
-            let mut out = Vec::new();
-            for c in cols {
-                match index.get(c.as_str()) {
-                    Some(&i) if out.contains(&i) => {
-                        problems.push(format!("mount option columns= names column '{c}' twice"))
+/// The dataset's columns as the options select them.
+struct Columns<'a> {
+    schema: &'a Schema,
+    index: HashMap<&'a str, usize>,
+    /// The selected columns, in order.
+    selected: Vec<usize>,
+    mapped: HashMap<usize, Option<Mapped>>,
+}
+
+impl<'a> Columns<'a> {
+    fn select(schema: &'a Schema, opts: &Options, problems: &mut Vec<String>) -> Columns<'a> {
+        let index: HashMap<&str, usize> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name().as_str(), i))
+            .collect();
+        let selected: Vec<usize> = match &opts.columns {
+            Some(cols) => {
+                let mut out = Vec::new();
+                for c in cols {
+                    match index.get(c.as_str()) {
+                        Some(&i) if out.contains(&i) => problems.push(format!(
+                            "mount option columns= names column '{c}' twice"
+                        )),
+                        Some(&i) => out.push(i),
+                        None => problems.push(format!(
+                            "mount option columns= names column '{c}', which the dataset does not have (it has: {})",
+                            all_names(schema)
+                        )),
                     }
-                    Some(&i) => out.push(i),
-                    None => problems.push(format!(
-                        "mount option columns= names column '{c}', which the dataset does not have (it has: {})",
-                        all.join(", ")
-                    )),
                 }
+                out
             }
-            out
+            None => (0..schema.fields().len()).collect(),
+        };
+        let mapped = selected
+            .iter()
+            .map(|&i| (i, map_type(schema.field(i).data_type())))
+            .collect();
+        Columns {
+            schema,
+            index,
+            selected,
+            mapped,
         }
-        None => (0..schema.fields().len()).collect(),
-    };
+    }
 
-    let mapped: HashMap<usize, Option<Mapped>> = selected
-        .iter()
-        .map(|&i| (i, map_type(schema.field(i).data_type())))
-        .collect();
-    let supported: Vec<&str> = selected
-        .iter()
-        .filter(|&i| match &mapped[i] {
-            Some(Mapped::Fixed { .. }) => true,
-            Some(Mapped::List { .. }) => {
-                opts.pads.iter().any(|(c, _)| c == schema.field(*i).name())
+    fn name(&self, i: usize) -> &'a str {
+        self.schema.field(i).name().as_str()
+    }
+
+    fn is_list(&self, i: usize) -> bool {
+        matches!(self.mapped[&i], Some(Mapped::List { .. }))
+    }
+
+    /// Selected columns that can be served with the options given: fixed-shape ones, and
+    /// variable-length lists that `pad=` names.
+    fn servable(&self, opts: &Options) -> Vec<usize> {
+        self.selected
+            .iter()
+            .copied()
+            .filter(|&i| match &self.mapped[&i] {
+                Some(Mapped::Fixed { .. }) => true,
+                Some(Mapped::List { .. }) => opts.pads.iter().any(|(c, _)| c == self.name(i)),
+                None => false,
+            })
+            .collect()
+    }
+}
+
+fn all_names(schema: &Schema) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    names.join(", ")
+}
+
+/// The hint a refusal ends with: options that leave the refused column out and serve every
+/// other column that can be, pasteable as they are (names escaped, `nulls=zero` where a kept
+/// column has nulls).
+struct Hint<'a> {
+    cols: &'a Columns<'a>,
+    servable: Vec<usize>,
+    /// The file where each servable column has nulls, if it has any.
+    nulls: HashMap<usize, Option<String>>,
+    nulls_error: bool,
+    padded: Vec<&'a str>,
+}
+
+impl<'a> Hint<'a> {
+    async fn new(source: &Source, cols: &'a Columns<'a>, opts: &'a Options) -> Result<Hint<'a>> {
+        let servable = cols.servable(opts);
+        let mut nulls = HashMap::new();
+        for &i in &cols.selected {
+            if cols.mapped[&i].is_some() {
+                nulls.insert(i, column_has_nulls(source, i, cols.is_list(i)).await?);
             }
-            None => false,
+        }
+        Ok(Hint {
+            cols,
+            servable,
+            nulls,
+            nulls_error: opts.nulls == Nulls::Error,
+            padded: opts.pads.iter().map(|(c, _)| c.as_str()).collect(),
         })
-        .map(|&i| schema.field(i).name().as_str())
-        .collect();
-    // The hint a refusal ends with: the columns= that leaves the refused column out.
-    let leave_out = |refused: &str, pronoun: &str| {
-        let keep: Vec<String> = supported
-            .iter()
-            .filter(|c| **c != refused)
-            .map(|c| crate::options::escape(c))
-            .collect();
-        let lists: Vec<String> = selected
-            .iter()
-            .filter(|&i| matches!(mapped[i], Some(Mapped::List { .. })))
-            .map(|&i| schema.field(i).name().as_str())
-            .filter(|c| *c != refused && !opts.pads.iter().any(|(p, _)| p == c))
-            .map(crate::options::escape)
-            .collect();
-        if keep.is_empty() && lists.is_empty() {
-            "no other column of the dataset can be served".to_string()
-        } else if keep.is_empty() {
-            let pads: Vec<String> = lists.iter().map(|c| format!("pad={c}:L")).collect();
-            format!(
-                "leave {pronoun} out with columns={} and give the variable-length lists a length L with {}",
-                lists.join(":"),
-                pads.join(",")
-            )
-        } else {
-            format!("leave {pronoun} out with columns={}", keep.join(":"))
-        }
-    };
+    }
 
-    // Unsupported types, all in one line.
-    let unsupported: Vec<String> = selected
+    fn leave_out(&self, refused: &str, pronoun: &str) -> String {
+        let keep: Vec<usize> = self
+            .servable
+            .iter()
+            .copied()
+            .filter(|&i| self.cols.name(i) != refused)
+            .collect();
+        let lists: Vec<&str> = self
+            .cols
+            .selected
+            .iter()
+            .filter(|&&i| self.cols.is_list(i))
+            .map(|&i| self.cols.name(i))
+            .filter(|c| *c != refused && !self.padded.contains(c))
+            .collect();
+        let zero = self.nulls_error && keep.iter().any(|i| self.nulls[i].is_some());
+        let names = |v: &mut dyn Iterator<Item = &str>| -> String {
+            v.map(crate::options::escape).collect::<Vec<_>>().join(":")
+        };
+        if !keep.is_empty() {
+            let columns = names(&mut keep.iter().map(|&i| self.cols.name(i)));
+            let zero = if zero { ",nulls=zero" } else { "" };
+            return format!("leave {pronoun} out with columns={columns}{zero}");
+        }
+        if lists.is_empty() {
+            return "no other column of the dataset can be served".into();
+        }
+        let mut pads: Vec<String> = lists
+            .iter()
+            .map(|c| format!("pad={}:L", crate::options::escape(c)))
+            .collect();
+        let list_nulls = lists.iter().any(|c| {
+            self.cols
+                .index
+                .get(c)
+                .is_some_and(|i| self.nulls.get(i).is_some_and(Option::is_some))
+        });
+        if self.nulls_error && list_nulls {
+            pads.push("nulls=zero".into());
+        }
+        format!(
+            "leave {pronoun} out with columns={} and give the variable-length lists a length L (longer ones are cut) with {}",
+            names(&mut lists.iter().copied()),
+            pads.join(",")
+        )
+    }
+}
+
+impl Hint<'_> {
+    /// `, or` and the hint, where there is another column to serve.
+    fn or_leave_out(&self, refused: &str, pronoun: &str) -> String {
+        match self.leave_out(refused, pronoun) {
+            h if h.starts_with("no other") => String::new(),
+            h => format!(", or {h}"),
+        }
+    }
+}
+
+/// Selected columns of types with no tensor mapping, all in one line.
+fn unsupported_types(cols: &Columns, hint: &Hint) -> Option<String> {
+    let unsupported: Vec<String> = cols
+        .selected
         .iter()
-        .filter(|i| mapped[i].is_none())
+        .filter(|i| cols.mapped[i].is_none())
         .map(|&i| {
             format!(
                 "'{}' ({})",
-                schema.field(i).name(),
-                schema.field(i).data_type()
+                cols.name(i),
+                type_name(cols.schema.field(i).data_type())
             )
         })
         .collect();
-    if !unsupported.is_empty() {
-        let (what, it) = if unsupported.len() == 1 {
-            ("column", "it")
-        } else {
-            ("columns", "them")
-        };
-        problems.push(format!(
-            "{what} {} {} no tensor mapping (strings, structs, maps and decimals are not served); {}",
-            unsupported.join(", "),
-            if unsupported.len() == 1 { "has" } else { "have" },
-            leave_out("", it)
-        ));
+    if unsupported.is_empty() {
+        return None;
     }
+    let (what, verb, it) = match unsupported.len() {
+        1 => ("column", "has", "it"),
+        _ => ("columns", "have", "them"),
+    };
+    Some(format!(
+        "{what} {} {verb} no tensor mapping (strings, structs, maps and decimals are not served); {}",
+        unsupported.join(", "),
+        hint.leave_out("", it)
+    ))
+}
 
-    let pads: HashMap<&str, usize> = opts.pads.iter().map(|(c, l)| (c.as_str(), *l)).collect();
-    let casts: HashMap<&str, DType> = opts.casts.iter().map(|(c, d)| (c.as_str(), *d)).collect();
+/// Checks `stack=` and `pad=` against the columns; returns each stacked column's stack.
+fn check_stacks_and_pads(
+    cols: &Columns,
+    opts: &Options,
+    problems: &mut Vec<String>,
+) -> HashMap<usize, usize> {
     let mut stack_of: HashMap<usize, usize> = HashMap::new();
-    for (si, (name, cols)) in opts.stacks.iter().enumerate() {
-        for c in cols {
-            match index.get(c.as_str()) {
-                Some(&i) if selected.contains(&i) => {
+    for (si, (name, members)) in opts.stacks.iter().enumerate() {
+        for c in members {
+            match cols.index.get(c.as_str()) {
+                Some(&i) if cols.selected.contains(&i) => {
                     stack_of.insert(i, si);
                 }
                 Some(_) => problems.push(format!(
@@ -442,71 +550,101 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
                 )),
                 None => problems.push(format!(
                     "mount option stack={name}: the dataset has no column '{c}' (it has: {})",
-                    all.join(", ")
+                    all_names(cols.schema)
                 )),
             }
         }
     }
     for (c, _) in &opts.pads {
-        match index.get(c.as_str()).filter(|i| selected.contains(i)) {
+        match cols
+            .index
+            .get(c.as_str())
+            .filter(|i| cols.selected.contains(i))
+        {
             None => problems.push(format!("mount option pad={c}: no column '{c}' is served")),
-            Some(i) if !matches!(mapped[i], Some(Mapped::List { .. })) => problems.push(format!(
+            Some(&i) if !cols.is_list(i) => problems.push(format!(
                 "mount option pad={c}: column '{c}' is not a variable-length list ({})",
-                schema.field(*i).data_type()
+                type_name(cols.schema.field(i).data_type())
             )),
             Some(_) => {}
         }
     }
+    stack_of
+}
 
+/// The item of stack `si`, if its members can form one.
+fn stack_item(
+    cols: &Columns,
+    opts: &Options,
+    si: usize,
+    casts: &HashMap<&str, DType>,
+    problems: &mut Vec<String>,
+) -> Option<Item> {
+    let (sname, members) = &opts.stacks[si];
+    let mut fields = Vec::new();
+    let mut dtypes: Vec<(String, DType)> = Vec::new();
+    for c in members {
+        let Some(&fi) = cols.index.get(c.as_str()) else {
+            continue;
+        };
+        match cols.mapped.get(&fi) {
+            Some(Some(Mapped::Fixed { elem, inner, .. })) if inner.is_empty() => {
+                fields.push(fi);
+                dtypes.push((c.clone(), casts.get(c.as_str()).copied().unwrap_or(*elem)));
+            }
+            Some(Some(_)) => problems.push(format!(
+                "mount option stack={sname}: column '{c}' is not a scalar column ({})",
+                type_name(cols.schema.field(fi).data_type())
+            )),
+            _ => {}
+        }
+    }
+    if fields.len() != members.len() {
+        return None;
+    }
+    if let Some((c, d)) = dtypes.iter().find(|(_, d)| *d != dtypes[0].1) {
+        problems.push(format!(
+            "mount option stack={sname}: columns '{}' ({}) and '{c}' ({d}) have different dtypes; make them one with cast=, e.g. cast={}:{}",
+            dtypes[0].0,
+            dtypes[0].1,
+            crate::options::escape(c),
+            dtypes[0].1
+        ));
+        return None;
+    }
+    let source_dtype = dtypes[0].1;
+    Some(Item {
+        name: sname.clone(),
+        kind: ItemKind::Stack { fields },
+        source_dtype,
+        dtype: casts.get(sname.as_str()).copied().unwrap_or(source_dtype),
+        inner: vec![members.len()],
+        mask: false,
+        unit: None,
+    })
+}
+
+/// The items the selected columns give: columns, stacks, padded lists.
+fn items(
+    cols: &Columns,
+    opts: &Options,
+    stack_of: &HashMap<usize, usize>,
+    hint: &Hint,
+    problems: &mut Vec<String>,
+) -> Vec<Item> {
+    let pads: HashMap<&str, usize> = opts.pads.iter().map(|(c, l)| (c.as_str(), *l)).collect();
+    let casts: HashMap<&str, DType> = opts.casts.iter().map(|(c, d)| (c.as_str(), *d)).collect();
     let mut items: Vec<Item> = Vec::new();
     let mut stacks_done: HashSet<usize> = HashSet::new();
-    for &i in &selected {
-        let field: &Field = schema.field(i);
-        let name = field.name().as_str();
-        let Some(m) = &mapped[&i] else { continue };
+    for &i in &cols.selected {
+        let name = cols.name(i);
+        let Some(m) = &cols.mapped[&i] else { continue };
         if let Some(&si) = stack_of.get(&i) {
-            if !stacks_done.insert(si) {
-                continue;
+            if stacks_done.insert(si)
+                && let Some(item) = stack_item(cols, opts, si, &casts, problems)
+            {
+                items.push(item);
             }
-            let (sname, cols) = &opts.stacks[si];
-            let mut fields = Vec::new();
-            let mut dtypes: Vec<(String, DType)> = Vec::new();
-            for c in cols {
-                let Some(&fi) = index.get(c.as_str()) else {
-                    continue;
-                };
-                match mapped.get(&fi) {
-                    Some(Some(Mapped::Fixed { elem, inner, .. })) if inner.is_empty() => {
-                        fields.push(fi);
-                        dtypes.push((c.clone(), casts.get(c.as_str()).copied().unwrap_or(*elem)));
-                    }
-                    Some(Some(_)) => problems.push(format!(
-                        "mount option stack={sname}: column '{c}' is not a scalar column ({})",
-                        schema.field(fi).data_type()
-                    )),
-                    _ => {}
-                }
-            }
-            if fields.len() != cols.len() {
-                continue;
-            }
-            if let Some((c, d)) = dtypes.iter().find(|(_, d)| *d != dtypes[0].1) {
-                problems.push(format!(
-                    "mount option stack={sname}: columns '{}' ({}) and '{c}' ({d}) have different dtypes; make them one with cast=, e.g. cast={c}:{}",
-                    dtypes[0].0, dtypes[0].1, dtypes[0].1
-                ));
-                continue;
-            }
-            let source_dtype = dtypes[0].1;
-            items.push(Item {
-                name: sname.clone(),
-                kind: ItemKind::Stack { fields },
-                source_dtype,
-                dtype: casts.get(sname.as_str()).copied().unwrap_or(source_dtype),
-                inner: vec![cols.len()],
-                mask: false,
-                unit: None,
-            });
             continue;
         }
         let (kind, elem, inner, unit) = match m {
@@ -517,10 +655,10 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
                 Some(&len) => (ItemKind::Pad { field: i, len }, *elem, vec![len], *unit),
                 None => {
                     problems.push(format!(
-                        "column '{name}' is a variable-length list ({}); give it a fixed length with pad={}:L, or {}",
-                        field.data_type(),
+                        "column '{name}' is a variable-length list ({}); give it a fixed length with pad={}:L (longer lists are cut){}",
+                        type_name(cols.schema.field(i).data_type()),
                         crate::options::escape(name),
-                        leave_out(name, "it")
+                        hint.or_leave_out(name, "it")
                     ));
                     continue;
                 }
@@ -536,40 +674,54 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
             unit,
         });
     }
-
     for (c, _) in &opts.casts {
         let known = items.iter().any(|it| it.name == *c)
-            || opts.stacks.iter().any(|(_, cols)| cols.contains(c));
+            || opts.stacks.iter().any(|(_, members)| members.contains(c));
         if !known {
             problems.push(format!(
                 "mount option cast={c}: no column or stack '{c}' is served"
             ));
         }
     }
+    items
+}
 
-    // Nulls, from the statistics (and from the data where those cannot tell).
-    for item in &mut items {
-        let fields: Vec<usize> = match &item.kind {
+impl Item {
+    fn fields(&self) -> Vec<usize> {
+        match &self.kind {
             ItemKind::Column { field } | ItemKind::Pad { field, .. } => vec![*field],
             ItemKind::Stack { fields } => fields.clone(),
-        };
-        let is_list = matches!(item.kind, ItemKind::Pad { .. });
-        for f in fields {
-            if let Some(file) = column_has_nulls(source, f, is_list).await? {
-                let col = schema.field(f).name();
-                match opts.nulls {
-                    Nulls::Zero => item.mask = true,
-                    Nulls::Error => problems.push(format!(
-                        "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor, or {}",
-                        item.name,
-                        leave_out(col, "it")
-                    )),
-                }
-                break;
-            }
         }
     }
+}
 
+/// Nulls, found from the statistics (and from the data where those cannot tell): a mask with
+/// `nulls=zero`, else a refusal.
+fn mark_nulls(items: &mut [Item], cols: &Columns, hint: &Hint, problems: &mut Vec<String>) {
+    for item in items {
+        let with_nulls = item
+            .fields()
+            .into_iter()
+            .find_map(|f| Some((f, hint.nulls.get(&f)?.clone()?)));
+        let Some((f, file)) = with_nulls else {
+            continue;
+        };
+        if !hint.nulls_error {
+            item.mask = true;
+            continue;
+        }
+        let col = cols.name(f);
+        let others = hint.or_leave_out(col, "it");
+        problems.push(format!(
+            "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor{others}",
+            item.name,
+        ));
+    }
+}
+
+/// The tensors the items give: each item's data, `NAME.len` for a padded list, `NAME.mask`
+/// where nulls are zero-filled.
+fn tensors_of(items: &[Item]) -> Vec<Tensor> {
     let mut tensors = Vec::new();
     for (ii, item) in items.iter().enumerate() {
         let mut push = |name: String, dtype, inner: Vec<usize>, part, unit| {
@@ -608,13 +760,18 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
             );
         }
     }
+    tensors
+}
+
+/// Every tensor must be a distinct, valid file name.
+fn check_tensor_names(tensors: &[Tensor], hint: &Hint, problems: &mut Vec<String>) {
     let mut names = HashSet::new();
-    for t in &tensors {
+    for t in tensors {
         if !valid_file_name(&t.name) {
             problems.push(format!(
-                "tensor '{}' cannot be a file name; rename it with stack= or {}",
+                "tensor '{}' cannot be a file name; rename it with stack={}",
                 t.name,
-                leave_out(&t.name, "its column")
+                hint.or_leave_out(&t.name, "its column")
             ));
         } else if !names.insert(t.name.as_str()) {
             problems.push(format!(
@@ -623,19 +780,26 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
             ));
         }
     }
+}
+
+/// Builds the view of `source` under `opts`. Refusals are collected in `problems`; an error
+/// is returned only when the source cannot be read.
+pub async fn build(source: &Source, opts: &Options) -> Result<View> {
+    let schema = source.files[0].metadata.schema().clone();
+    let mut problems: Vec<String> = check_schemas(source).into_iter().collect();
+    let cols = Columns::select(&schema, opts, &mut problems);
+    let hint = Hint::new(source, &cols, opts).await?;
+    problems.extend(unsupported_types(&cols, &hint));
+    let stack_of = check_stacks_and_pads(&cols, opts, &mut problems);
+    let mut items = items(&cols, opts, &stack_of, &hint, &mut problems);
+    mark_nulls(&mut items, &cols, &hint, &mut problems);
+    let tensors = tensors_of(&items);
+    check_tensor_names(&tensors, &hint, &mut problems);
     if items.is_empty() && problems.is_empty() {
         problems.push("the dataset has no columns to serve".into());
     }
-
-    let roots: BTreeSet<usize> = items
-        .iter()
-        .flat_map(|it| match &it.kind {
-            ItemKind::Column { field } | ItemKind::Pad { field, .. } => vec![*field],
-            ItemKind::Stack { fields } => fields.clone(),
-        })
-        .collect();
+    let roots: BTreeSet<usize> = items.iter().flat_map(Item::fields).collect();
     Ok(View {
-        schema,
         items,
         tensors,
         roots: roots.into_iter().collect(),
