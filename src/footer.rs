@@ -140,6 +140,51 @@ pub fn padded(md: &ParquetMetaData, footer_start: u64) -> Option<ParquetMetaData
     changed.then(|| md.clone().into_builder().set_row_groups(row_groups).build())
 }
 
+/// The value of `key` in a footer's key-value metadata, as bytes: the parquet crate wants them
+/// UTF-8, and Petastorm stores a pickle there. `metadata`: the footer without length and magic.
+pub fn key_value(metadata: &[u8], key: &str) -> Result<Option<Vec<u8>>> {
+    let mut r = Reader {
+        b: metadata,
+        pos: 0,
+    };
+    let mut last = 0;
+    while let Some((id, t)) = r.field_header(&mut last)? {
+        if id != 5 || t != LIST {
+            r.skip(t, 0)?;
+            continue;
+        }
+        let (n, et) = r.list_header()?;
+        for _ in 0..n {
+            if et != STRUCT {
+                r.skip_element(et, 0)?;
+                continue;
+            }
+            let (mut k, mut v, mut last_kv) = (None, None, 0);
+            while let Some((fid, ft)) = r.field_header(&mut last_kv)? {
+                if ft == BINARY && (fid == 1 || fid == 2) {
+                    let len = r.varint()? as usize;
+                    let bytes =
+                        r.b.get(r.pos..r.pos + len)
+                            .ok_or_else(|| anyhow::anyhow!("the footer ends inside a value"))?;
+                    r.pos += len;
+                    if fid == 1 {
+                        k = Some(bytes);
+                    } else {
+                        v = Some(bytes);
+                    }
+                } else {
+                    r.skip(ft, 0)?;
+                }
+            }
+            if k == Some(key.as_bytes()) {
+                return Ok(v.map(<[u8]>::to_vec));
+            }
+        }
+        return Ok(None);
+    }
+    Ok(None)
+}
+
 // Thrift compact protocol, as much as re-encoding a footer without some fields needs.
 
 const BOOL_TRUE: u8 = 1;

@@ -24,6 +24,7 @@ pub mod layout;
 pub mod materialize;
 pub mod mount;
 pub mod options;
+pub mod petastorm;
 pub mod plan;
 pub mod pool;
 pub mod prefetch;

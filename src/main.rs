@@ -202,6 +202,13 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.row_groups()
     );
     println!("fingerprint  {}", d.source.fingerprint());
+    if let Some(u) = &d.source.unischema {
+        println!(
+            "petastorm    Unischema '{}' ({} fields, from _common_metadata)",
+            u.name,
+            u.fields.len()
+        );
+    }
     println!(
         "batches      {} per epoch of {} rows (last: {} rows), shuffle={}",
         d.plan.batches(),
@@ -255,6 +262,13 @@ fn print_view(d: &Dataset, opts: &Options) {
             .map(|s| s.to_string())
             .collect();
         let unit = t.unit.map(|u| format!("  unit {u}")).unwrap_or_default();
+        let codec = match &d.view.items[t.item].kind {
+            tensorfs::view::ItemKind::Cell { spec, .. } if t.part == tensorfs::view::Part::Data => {
+                format!("  from {} cells", spec.codec.name())
+            }
+            _ => String::new(),
+        };
+        let unit = format!("{unit}{codec}");
         println!(
             "  {:width$}  {:8} [{}]{unit}",
             t.name,

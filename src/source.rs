@@ -66,6 +66,8 @@ impl SourceFile {
 pub struct Source {
     /// The source as the user named it, for messages.
     pub display: String,
+    /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
+    pub unischema: Option<crate::petastorm::Unischema>,
     store: Arc<dyn ObjectStore>,
     stats: Arc<Stats>,
     /// Where footers and other facts about the objects are kept between mounts.
@@ -216,6 +218,7 @@ impl Source {
         stats: Arc<Stats>,
     ) -> Result<Source> {
         let objects = Self::list(&store, &prefix, source).await?;
+        let single_file = objects.len() == 1 && objects[0].1.location == prefix;
         let files = futures::stream::iter(objects)
             .map(|(name, meta)| {
                 let reader = ObjectReader::new(
@@ -259,8 +262,13 @@ impl Source {
             .buffered(METADATA_CONCURRENCY)
             .try_collect()
             .await?;
+        let unischema = match single_file {
+            true => None,
+            false => read_unischema(&store, &prefix, &stats).await?,
+        };
         Ok(Source {
             display: source.to_string(),
+            unischema,
             store,
             stats,
             kept: footers.map(Into::into),
@@ -486,6 +494,40 @@ impl Source {
         }
         Ok(batch)
     }
+}
+
+/// The Unischema in `_common_metadata` under `prefix`, where Petastorm wrote one.
+async fn read_unischema(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    stats: &Stats,
+) -> Result<Option<crate::petastorm::Unischema>> {
+    use crate::petastorm::{COMMON_METADATA, UNISCHEMA_KEY, parse_unischema};
+    let path = prefix.clone().join(COMMON_METADATA);
+    let bytes = match store.get(&path).await {
+        Ok(r) => r.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => bail!("'{path}' cannot be read: {e}"),
+    };
+    Stats::add(&stats.c.remote_requests, 1);
+    Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
+    let n = bytes.len();
+    if n < 12 || &bytes[n - 4..] != b"PAR1" {
+        bail!("'{path}' is not a Parquet metadata file");
+    }
+    let len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    let metadata = bytes
+        .get(n.saturating_sub(8 + len)..n - 8)
+        .filter(|m| m.len() == len)
+        .ok_or_else(|| anyhow!("'{path}': its footer is longer than the file"))?;
+    let Some(pickle) = crate::footer::key_value(metadata, UNISCHEMA_KEY)
+        .with_context(|| format!("'{path}' is not a readable Parquet metadata file"))?
+    else {
+        return Ok(None);
+    };
+    let unischema = parse_unischema(&pickle)
+        .with_context(|| format!("the Petastorm Unischema in '{path}' cannot be read"))?;
+    Ok(Some(unischema))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -5,7 +5,7 @@
 use crate::cache::{ColumnBuf, LoadedColumns};
 use crate::dtype::DType;
 use crate::view::{ItemKind, Part, View};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
 use half::f16;
@@ -104,6 +104,11 @@ fn flatten(array: &dyn Array) -> Result<Flat> {
         DataType::Dictionary(_, values) => {
             let decoded = arrow::compute::cast(array, values)?;
             flatten(decoded.as_ref())
+        }
+        // Served as days, as pyarrow reads a date64 column back (see `view::map_type`).
+        DataType::Date64 => {
+            let days = arrow::compute::cast(array, &DataType::Date32)?;
+            flatten(days.as_ref())
         }
         DataType::FixedSizeList(_, n) => {
             let n = *n as usize;
@@ -274,6 +279,45 @@ fn pad<O: OffsetSizeTrait>(array: &dyn Array, len: usize, dtype: DType) -> Resul
     Ok(out)
 }
 
+/// A column of Petastorm cells decoded row by row into the field's dtype and shape; null cells
+/// are zeros (and invalid in the mask). A cell that disagrees with the Unischema fails the row
+/// group, naming the field and the row.
+fn decode_cells(
+    array: &dyn Array,
+    spec: &crate::petastorm::Field,
+    item: &crate::view::Item,
+) -> Result<(Vec<u8>, Option<Vec<bool>>)> {
+    let row_bytes = item.inner.iter().product::<usize>() * item.source_dtype.size();
+    let elems = item.inner.iter().product::<usize>();
+    let cell = |r: usize| -> Option<&[u8]> {
+        if array.is_null(r) {
+            return None;
+        }
+        Some(match array.data_type() {
+            DataType::LargeBinary => array.as_binary::<i64>().value(r),
+            DataType::BinaryView => array.as_binary_view().value(r),
+            _ => array.as_binary::<i32>().value(r),
+        })
+    };
+    let mut data = Vec::with_capacity(array.len() * row_bytes);
+    let mut valid: Option<Vec<bool>> = None;
+    for r in 0..array.len() {
+        match cell(r) {
+            Some(bytes) => {
+                let decoded = crate::petastorm::decode_cell(spec, spec.codec, bytes)
+                    .with_context(|| format!("field '{}' row {r}", spec.name))?;
+                data.extend_from_slice(&decoded);
+            }
+            None => {
+                data.resize(data.len() + row_bytes, 0);
+                let v = valid.get_or_insert_with(|| vec![true; array.len() * elems]);
+                v[r * elems..(r + 1) * elems].fill(false);
+            }
+        }
+    }
+    Ok((data, valid))
+}
+
 /// Transforms one row group, projected to `view.roots`, into the view's tensor columns.
 pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Transformed> {
     let rows = batch.num_rows();
@@ -316,6 +360,15 @@ pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Trans
                         }
                     }
                 }
+                (cast(data, item.source_dtype, item.dtype), None, mask)
+            }
+            ItemKind::Cell { field, spec } => {
+                let (data, valid) = decode_cells(column(*field), spec, item)?;
+                if valid.is_some() && !item.mask {
+                    return Err(null_error());
+                }
+                let elems = data.len() / item.source_dtype.size();
+                let mask = mask_bytes(&valid, elems);
                 (cast(data, item.source_dtype, item.dtype), None, mask)
             }
             ItemKind::Pad { field, len } => {

@@ -22,6 +22,11 @@ pub enum ItemKind {
     Stack { fields: Vec<usize> },
     /// A variable-length list column zero-padded (or cut) to `len`.
     Pad { field: usize, len: usize },
+    /// A column of cells a Petastorm codec encoded (`.npy`, zip, PNG, JPEG), decoded.
+    Cell {
+        field: usize,
+        spec: crate::petastorm::Field,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -110,6 +115,56 @@ enum Mapped {
         elem: DType,
         unit: Option<&'static str>,
     },
+    /// Cells of a Petastorm field, `[inner]` of `elem` each.
+    Cell {
+        elem: DType,
+        inner: Vec<usize>,
+        spec: crate::petastorm::Field,
+    },
+    /// A Petastorm field that cannot be served, and why.
+    Refused(String),
+}
+
+/// How a column maps, under its Petastorm Unischema field where the dataset has one: encoded
+/// cells become tensors of the field's dtype and shape; a scalar keeps its column's mapping
+/// (and is served in the field's dtype, see [`items`]).
+fn map_column(
+    field: &arrow::datatypes::Field,
+    unischema: Option<&crate::petastorm::Unischema>,
+) -> Option<Mapped> {
+    let spec = unischema.and_then(|u| u.field(field.name()));
+    let Some(spec) = spec.filter(|s| s.codec.is_cell()) else {
+        return map_type(field.data_type());
+    };
+    let binary = matches!(
+        field.data_type(),
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+    );
+    let what = format!(
+        "field '{}' ({} {} {})",
+        spec.name,
+        spec.codec.name(),
+        spec.numpy,
+        spec.shape_text()
+    );
+    Some(match (binary, spec.dtype, spec.fixed_shape()) {
+        (false, ..) => Mapped::Refused(format!(
+            "{what} is stored as {}, not as encoded cells",
+            type_name(field.data_type())
+        )),
+        (_, None, _) => Mapped::Refused(format!(
+            "{what} has the dtype {}, which has no tensor mapping",
+            spec.numpy
+        )),
+        (_, _, None) => Mapped::Refused(format!(
+            "{what} has a variable shape in its Unischema (None is not a fixed size)"
+        )),
+        (true, Some(elem), Some(inner)) => Mapped::Cell {
+            elem,
+            inner,
+            spec: spec.clone(),
+        },
+    })
 }
 
 fn unit_name(u: &TimeUnit) -> &'static str {
@@ -150,7 +205,8 @@ fn map_type(dt: &DataType) -> Option<Mapped> {
         DataType::Float32 => scalar(DType::F32),
         DataType::Float64 => scalar(DType::F64),
         DataType::Date32 => timed(DType::I32, "D"),
-        DataType::Date64 => timed(DType::I64, "ms"),
+        // Parquet stores dates as days; pyarrow reads a date64 column back as date32 days.
+        DataType::Date64 => timed(DType::I32, "D"),
         DataType::Timestamp(u, _) => timed(DType::I64, unit_name(u)),
         DataType::Time32(u) => timed(DType::I32, unit_name(u)),
         DataType::Time64(u) => timed(DType::I64, unit_name(u)),
@@ -171,7 +227,7 @@ fn map_type(dt: &DataType) -> Option<Mapped> {
                     unit,
                 })
             }
-            Mapped::List { .. } => None,
+            _ => None,
         },
         DataType::List(f) | DataType::LargeList(f) => match map_type(f.data_type())? {
             Mapped::Fixed { elem, inner, unit } if inner.is_empty() => {
@@ -250,6 +306,10 @@ fn null_stats(source: &Source, field: usize, is_list: bool) -> NullStats {
             .collect();
         for rg in 0..md.num_row_groups() {
             let chunk = md.row_group(rg);
+            if chunk.num_rows() == 0 {
+                // No rows, no nulls: nothing to read (its chunks may have no pages at all).
+                continue;
+            }
             let counts: Vec<Option<u64>> = leaves
                 .iter()
                 .map(|&l| {
@@ -343,6 +403,7 @@ fn type_name(dt: &DataType) -> String {
 /// The dataset's columns as the options select them.
 struct Columns<'a> {
     schema: &'a Schema,
+    unischema: Option<&'a crate::petastorm::Unischema>,
     index: HashMap<&'a str, usize>,
     /// The selected columns, in order.
     selected: Vec<usize>,
@@ -350,7 +411,12 @@ struct Columns<'a> {
 }
 
 impl<'a> Columns<'a> {
-    fn select(schema: &'a Schema, opts: &Options, problems: &mut Vec<String>) -> Columns<'a> {
+    fn select(
+        schema: &'a Schema,
+        unischema: Option<&'a crate::petastorm::Unischema>,
+        opts: &Options,
+        problems: &mut Vec<String>,
+    ) -> Columns<'a> {
         let index: HashMap<&str, usize> = schema
             .fields()
             .iter()
@@ -378,10 +444,11 @@ impl<'a> Columns<'a> {
         };
         let mapped = selected
             .iter()
-            .map(|&i| (i, map_type(schema.field(i).data_type())))
+            .map(|&i| (i, map_column(schema.field(i), unischema)))
             .collect();
         Columns {
             schema,
+            unischema,
             index,
             selected,
             mapped,
@@ -403,9 +470,9 @@ impl<'a> Columns<'a> {
             .iter()
             .copied()
             .filter(|&i| match &self.mapped[&i] {
-                Some(Mapped::Fixed { .. }) => true,
+                Some(Mapped::Fixed { .. } | Mapped::Cell { .. }) => true,
                 Some(Mapped::List { .. }) => opts.pads.iter().any(|(c, _)| c == self.name(i)),
-                None => false,
+                Some(Mapped::Refused(_)) | None => false,
             })
             .collect()
     }
@@ -495,6 +562,23 @@ impl<'a> Hint<'a> {
 }
 
 impl Hint<'_> {
+    /// `, or` and the columns= that leaves out every column with nulls, where one is left.
+    fn or_leave_out_nulls(&self) -> String {
+        let keep: Vec<String> = self
+            .servable
+            .iter()
+            .filter(|i| self.nulls.get(i).is_none_or(Option::is_none))
+            .map(|&i| crate::options::escape(self.cols.name(i)))
+            .collect();
+        match keep.is_empty() {
+            true => String::new(),
+            false => format!(
+                ", or leave the columns with nulls out with columns={}",
+                keep.join(":")
+            ),
+        }
+    }
+
     /// `, or` and the hint, where there is another column to serve.
     fn or_leave_out(&self, refused: &str, pronoun: &str) -> String {
         match self.leave_out(refused, pronoun) {
@@ -502,6 +586,19 @@ impl Hint<'_> {
             h => format!(", or {h}"),
         }
     }
+}
+
+/// Petastorm fields that cannot be served, one line each.
+fn refused_fields(cols: &Columns, hint: &Hint) -> Vec<String> {
+    cols.selected
+        .iter()
+        .filter_map(|i| match &cols.mapped[i] {
+            Some(Mapped::Refused(why)) => {
+                Some(format!("{why}; {}", hint.leave_out(cols.name(*i), "it")))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Selected columns of types with no tensor mapping, all in one line.
@@ -651,6 +748,16 @@ fn items(
             Mapped::Fixed { elem, inner, unit } => {
                 (ItemKind::Column { field: i }, *elem, inner.clone(), *unit)
             }
+            Mapped::Cell { elem, inner, spec } => (
+                ItemKind::Cell {
+                    field: i,
+                    spec: spec.clone(),
+                },
+                *elem,
+                inner.clone(),
+                None,
+            ),
+            Mapped::Refused(_) => continue,
             Mapped::List { elem, unit } => match pads.get(name) {
                 Some(&len) => (ItemKind::Pad { field: i, len }, *elem, vec![len], *unit),
                 None => {
@@ -664,11 +771,17 @@ fn items(
                 }
             },
         };
+        // A Petastorm scalar is served in its Unischema's dtype, as make_reader returns it.
+        let unischema_dtype = cols
+            .unischema
+            .and_then(|u| u.field(name))
+            .filter(|f| f.codec == crate::petastorm::Codec::Scalar)
+            .and_then(|f| f.dtype);
         items.push(Item {
             name: name.to_string(),
             kind,
             source_dtype: elem,
-            dtype: casts.get(name).copied().unwrap_or(elem),
+            dtype: casts.get(name).copied().or(unischema_dtype).unwrap_or(elem),
             inner,
             mask: false,
             unit,
@@ -689,7 +802,11 @@ fn items(
 impl Item {
     fn fields(&self) -> Vec<usize> {
         match &self.kind {
-            ItemKind::Column { field } | ItemKind::Pad { field, .. } => vec![*field],
+            ItemKind::Column { field }
+            | ItemKind::Pad { field, .. }
+            | ItemKind::Cell { field, .. } => {
+                vec![*field]
+            }
             ItemKind::Stack { fields } => fields.clone(),
         }
     }
@@ -711,7 +828,7 @@ fn mark_nulls(items: &mut [Item], cols: &Columns, hint: &Hint, problems: &mut Ve
             continue;
         }
         let col = cols.name(f);
-        let others = hint.or_leave_out(col, "it");
+        let others = hint.or_leave_out_nulls();
         problems.push(format!(
             "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor{others}",
             item.name,
@@ -787,9 +904,10 @@ fn check_tensor_names(tensors: &[Tensor], hint: &Hint, problems: &mut Vec<String
 pub async fn build(source: &Source, opts: &Options) -> Result<View> {
     let schema = source.files[0].metadata.schema().clone();
     let mut problems: Vec<String> = check_schemas(source).into_iter().collect();
-    let cols = Columns::select(&schema, opts, &mut problems);
+    let cols = Columns::select(&schema, source.unischema.as_ref(), opts, &mut problems);
     let hint = Hint::new(source, &cols, opts).await?;
     problems.extend(unsupported_types(&cols, &hint));
+    problems.extend(refused_fields(&cols, &hint));
     let stack_of = check_stacks_and_pads(&cols, opts, &mut problems);
     let mut items = items(&cols, opts, &stack_of, &hint, &mut problems);
     mark_nulls(&mut items, &cols, &hint, &mut problems);
@@ -863,6 +981,16 @@ pub fn dataset_json(
         "leftover_rows": plan.leftover_rows(),
         "leftover_batches": batches - plan.single_partition_batches().min(batches),
         "tensors": tensors,
+        "petastorm": source.unischema.as_ref().map(|u| json!({
+            "unischema": u.name,
+            "fields": u.fields.iter().map(|f| json!({
+                "name": f.name,
+                "dtype": f.numpy,
+                "shape": f.shape,
+                "codec": f.codec.name(),
+                "nullable": f.nullable,
+            })).collect::<Vec<_>>(),
+        })),
         "files": files,
         "options": opts.to_json(),
     })

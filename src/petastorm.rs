@@ -1,0 +1,804 @@
+//! Datasets written by Petastorm: the Unischema its `materialize_dataset` stores in the
+//! dataset's `_common_metadata`, read without running it, and the cells its codecs wrote,
+//! decoded into tensors equal to what Petastorm's `make_reader` returns.
+//!
+//! The Unischema is a Python pickle. It is never executed: a small stack machine knows the
+//! opcodes that build strings, numbers, tuples, dicts and objects, and records an object as its
+//! class name, arguments and state. Only classes of Petastorm's own modules, `collections`,
+//! NumPy's scalar types and pyspark's types may appear; anything else refuses the dataset.
+//!
+//! Cells: `NdarrayCodec` is one `.npy` file; `CompressedNdarrayCodec` a zip holding `arr.npy`;
+//! `CompressedImageCodec` a PNG or JPEG that OpenCV wrote from RGB pixels (Petastorm swaps them
+//! to BGR for OpenCV, which stores them as RGB; `make_reader` swaps OpenCV's BGR back), so a
+//! standard decoder's RGB output is what `make_reader` returns. JPEG goes through the system
+//! libjpeg-turbo, the decoder OpenCV uses, so pixels are equal, not merely close.
+
+use crate::dtype::DType;
+use anyhow::{Context, Result, anyhow, bail};
+use std::collections::HashMap;
+
+/// The key of `_common_metadata`'s key-value metadata that holds the pickled Unischema.
+pub const UNISCHEMA_KEY: &str = "dataset-toolkit.unischema.v1";
+/// The metadata file Petastorm writes beside the data.
+pub const COMMON_METADATA: &str = "_common_metadata";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    /// A plain Parquet column, served in the Unischema's dtype.
+    Scalar,
+    /// One `.npy` per cell.
+    Ndarray,
+    /// A zip of one `.npy` per cell.
+    CompressedNdarray,
+    Png,
+    Jpeg,
+}
+
+impl Codec {
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Scalar => "ScalarCodec",
+            Codec::Ndarray => "NdarrayCodec",
+            Codec::CompressedNdarray => "CompressedNdarrayCodec",
+            Codec::Png => "CompressedImageCodec(png)",
+            Codec::Jpeg => "CompressedImageCodec(jpeg)",
+        }
+    }
+
+    /// Whether the column holds encoded cells (binary) rather than values.
+    pub fn is_cell(self) -> bool {
+        self != Codec::Scalar
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    /// NumPy's name of the dtype (`uint8`, `str_`, …).
+    pub numpy: String,
+    /// The dtype, where tensorfs serves it.
+    pub dtype: Option<DType>,
+    /// `None` dimensions vary from row to row.
+    pub shape: Vec<Option<usize>>,
+    pub codec: Codec,
+    pub nullable: bool,
+}
+
+impl Field {
+    /// The fixed shape of one row, if the Unischema fixes it.
+    pub fn fixed_shape(&self) -> Option<Vec<usize>> {
+        self.shape.iter().copied().collect()
+    }
+
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self
+            .shape
+            .iter()
+            .map(|d| d.map_or("None".into(), |n| n.to_string()))
+            .collect();
+        match dims.len() {
+            1 => format!("({},)", dims[0]),
+            _ => format!("({})", dims.join(", ")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unischema {
+    pub name: String,
+    pub fields: Vec<Field>,
+}
+
+impl Unischema {
+    pub fn field(&self, name: &str) -> Option<&Field> {
+        self.fields.iter().find(|f| f.name == name)
+    }
+}
+
+fn numpy_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "bool_" | "bool" => DType::Bool,
+        "int8" => DType::I8,
+        "int16" => DType::I16,
+        "int32" => DType::I32,
+        "int64" => DType::I64,
+        "uint8" => DType::U8,
+        "uint16" => DType::U16,
+        "uint32" => DType::U32,
+        "uint64" => DType::U64,
+        "float16" => DType::F16,
+        "float32" => DType::F32,
+        "float64" => DType::F64,
+        _ => return None,
+    })
+}
+
+// The pickle machine ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    Str(String),
+    Tuple(Vec<Value>),
+    List(Vec<Value>),
+    Dict(Vec<(Value, Value)>),
+    /// A class or function named by module and name (never looked up).
+    Global(String, String),
+    /// An object: its class, the arguments it was made with, its state and its items (an
+    /// OrderedDict's).
+    Object {
+        class: Box<Value>,
+        args: Vec<Value>,
+        state: Box<Value>,
+        items: Vec<(Value, Value)>,
+    },
+    Mark,
+}
+
+/// Classes a Unischema may name; no other global is accepted.
+fn allowed_global(module: &str, name: &str) -> bool {
+    match module {
+        "petastorm.unischema" => matches!(name, "Unischema" | "UnischemaField"),
+        "petastorm.codecs" => matches!(
+            name,
+            "ScalarCodec" | "NdarrayCodec" | "CompressedNdarrayCodec" | "CompressedImageCodec"
+        ),
+        "collections" => name == "OrderedDict",
+        "numpy" | "numpy.core.multiarray" => true,
+        "pyspark.sql.types" => name.ends_with("Type"),
+        "copy_reg" | "copyreg" => name == "_reconstructor",
+        "__builtin__" | "builtins" => name == "object",
+        _ => false,
+    }
+}
+
+struct Machine<'a> {
+    b: &'a [u8],
+    pos: usize,
+    stack: Vec<Value>,
+    memo: HashMap<u32, Value>,
+}
+
+impl Machine<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len());
+        let end = end.ok_or_else(|| anyhow!("the pickle ends inside an opcode"))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn le(&mut self, n: usize) -> Result<u64> {
+        Ok(self
+            .take(n)?
+            .iter()
+            .rev()
+            .fold(0u64, |acc, &b| (acc << 8) | b as u64))
+    }
+
+    fn text(&mut self, n: usize) -> Result<String> {
+        Ok(String::from_utf8(self.take(n)?.to_vec())?)
+    }
+
+    fn line(&mut self) -> Result<String> {
+        let rest = &self.b[self.pos..];
+        let n = rest
+            .iter()
+            .position(|&c| c == b'\n')
+            .ok_or_else(|| anyhow!("the pickle ends inside a line"))?;
+        let s = String::from_utf8(rest[..n].to_vec())?;
+        self.pos += n + 1;
+        Ok(s)
+    }
+
+    fn pop(&mut self) -> Result<Value> {
+        self.stack
+            .pop()
+            .ok_or_else(|| anyhow!("the pickle pops an empty stack"))
+    }
+
+    /// The values above the topmost mark, which is removed.
+    fn pop_mark(&mut self) -> Result<Vec<Value>> {
+        let at = self
+            .stack
+            .iter()
+            .rposition(|v| *v == Value::Mark)
+            .ok_or_else(|| anyhow!("the pickle has no mark"))?;
+        let items = self.stack.split_off(at + 1);
+        self.stack.pop();
+        Ok(items)
+    }
+
+    fn top(&mut self) -> Result<&mut Value> {
+        self.stack
+            .last_mut()
+            .ok_or_else(|| anyhow!("the pickle's stack is empty"))
+    }
+
+    fn global(&mut self, module: String, name: String) -> Result<()> {
+        if !allowed_global(&module, &name) {
+            bail!("the Unischema pickle names {module}.{name}, which tensorfs does not read");
+        }
+        self.stack.push(Value::Global(module, name));
+        Ok(())
+    }
+
+    fn set_items(&mut self, pairs: Vec<(Value, Value)>) -> Result<()> {
+        match self.top()? {
+            Value::Dict(d) => d.extend(pairs),
+            Value::Object { items, .. } => items.extend(pairs),
+            _ => bail!("the pickle sets items of something that is not a dict"),
+        }
+        Ok(())
+    }
+
+    fn run(mut self) -> Result<Value> {
+        loop {
+            let op = self.u8()?;
+            match op {
+                0x80 => {
+                    self.u8()?;
+                }
+                0x95 => {
+                    self.take(8)?;
+                }
+                b'.' => return self.pop(),
+                b'(' => self.stack.push(Value::Mark),
+                b'N' => self.stack.push(Value::None),
+                0x88 => self.stack.push(Value::Bool(true)),
+                0x89 => self.stack.push(Value::Bool(false)),
+                b'K' => {
+                    let v = self.u8()? as i64;
+                    self.stack.push(Value::Int(v));
+                }
+                b'M' => {
+                    let v = self.le(2)? as i64;
+                    self.stack.push(Value::Int(v));
+                }
+                b'J' => {
+                    let v = self.le(4)? as u32 as i32 as i64;
+                    self.stack.push(Value::Int(v));
+                }
+                b'I' => {
+                    let line = self.line()?;
+                    let v = match line.as_str() {
+                        "00" => Value::Bool(false),
+                        "01" => Value::Bool(true),
+                        s => Value::Int(s.parse()?),
+                    };
+                    self.stack.push(v);
+                }
+                0x8c => {
+                    let n = self.u8()? as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s));
+                }
+                b'X' => {
+                    let n = self.le(4)? as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s));
+                }
+                0x8d => {
+                    let n = self.le(8)? as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s));
+                }
+                b'U' => {
+                    let n = self.u8()? as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s));
+                }
+                b'T' => {
+                    let n = self.le(4)? as usize;
+                    let s = self.text(n)?;
+                    self.stack.push(Value::Str(s));
+                }
+                0x94 => {
+                    let v = self.top()?.clone();
+                    let k = self.memo.len() as u32;
+                    self.memo.insert(k, v);
+                }
+                b'q' | b'r' => {
+                    let k = if op == b'q' {
+                        self.u8()? as u32
+                    } else {
+                        self.le(4)? as u32
+                    };
+                    let v = self.top()?.clone();
+                    self.memo.insert(k, v);
+                }
+                b'p' => {
+                    let k: u32 = self.line()?.parse()?;
+                    let v = self.top()?.clone();
+                    self.memo.insert(k, v);
+                }
+                b'h' | b'j' | b'g' => {
+                    let k = match op {
+                        b'h' => self.u8()? as u32,
+                        b'j' => self.le(4)? as u32,
+                        _ => self.line()?.parse()?,
+                    };
+                    let v = self
+                        .memo
+                        .get(&k)
+                        .cloned()
+                        .ok_or_else(|| anyhow!("the pickle reads memo {k}, never written"))?;
+                    self.stack.push(v);
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    match (module, name) {
+                        (Value::Str(m), Value::Str(n)) => self.global(m, n)?,
+                        _ => bail!("the pickle names a class by something not a string"),
+                    }
+                }
+                b'c' => {
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    self.global(module, name)?;
+                }
+                b')' => self.stack.push(Value::Tuple(vec![])),
+                b']' => self.stack.push(Value::List(vec![])),
+                b'}' => self.stack.push(Value::Dict(vec![])),
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    if self.stack.len() < n {
+                        bail!("the pickle makes a tuple of missing values");
+                    }
+                    let items = self.stack.split_off(self.stack.len() - n);
+                    self.stack.push(Value::Tuple(items));
+                }
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(Value::Tuple(items));
+                }
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(Value::List(items));
+                }
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    let pairs = pairs(items)?;
+                    self.stack.push(Value::Dict(pairs));
+                }
+                b'a' => {
+                    let v = self.pop()?;
+                    match self.top()? {
+                        Value::List(l) => l.push(v),
+                        _ => bail!("the pickle appends to something that is not a list"),
+                    }
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    match self.top()? {
+                        Value::List(l) => l.extend(items),
+                        _ => bail!("the pickle appends to something that is not a list"),
+                    }
+                }
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    self.set_items(vec![(k, v)])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    let pairs = pairs(items)?;
+                    self.set_items(pairs)?;
+                }
+                0x81 | b'R' => {
+                    let args = match self.pop()? {
+                        Value::Tuple(a) => a,
+                        _ => bail!("the pickle calls a class with arguments not a tuple"),
+                    };
+                    let class = self.pop()?;
+                    if !matches!(class, Value::Global(..)) {
+                        bail!("the pickle calls something that is not a class");
+                    }
+                    self.stack.push(Value::Object {
+                        class: Box::new(class),
+                        args,
+                        state: Box::new(Value::None),
+                        items: vec![],
+                    });
+                }
+                b'b' => {
+                    let new = self.pop()?;
+                    match self.top()? {
+                        Value::Object { state, .. } => **state = new,
+                        _ => bail!("the pickle sets the state of something that is not an object"),
+                    }
+                }
+                _ => bail!(
+                    "the Unischema pickle uses opcode 0x{op:02x} at byte {}, which tensorfs does not read",
+                    self.pos - 1
+                ),
+            }
+        }
+    }
+}
+
+fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>> {
+    if !items.len().is_multiple_of(2) {
+        bail!("the pickle sets a key without a value");
+    }
+    let mut it = items.into_iter();
+    let mut out = Vec::new();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+fn class_name(v: &Value) -> Option<(&str, &str)> {
+    match v {
+        Value::Object { class, .. } => match class.as_ref() {
+            Value::Global(m, n) => Some((m.as_str(), n.as_str())),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A key of an object's state dict.
+fn state_get<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
+    let Value::Object { state, .. } = v else {
+        return None;
+    };
+    match state.as_ref() {
+        Value::Dict(d) => d
+            .iter()
+            .find(|(k, _)| *k == Value::Str(key.into()))
+            .map(|(_, v)| v),
+        // (state, slotstate) as BUILD may get it.
+        Value::Tuple(t) if !t.is_empty() => {
+            let Value::Dict(d) = &t[0] else { return None };
+            d.iter()
+                .find(|(k, _)| *k == Value::Str(key.into()))
+                .map(|(_, v)| v)
+        }
+        _ => None,
+    }
+}
+
+fn parse_field(v: &Value) -> Result<Field> {
+    if class_name(v) != Some(("petastorm.unischema", "UnischemaField")) {
+        bail!("a Unischema field is not a UnischemaField");
+    }
+    let Value::Object { args, .. } = v else {
+        unreachable!()
+    };
+    let [name, dtype, shape, codec, rest @ ..] = args.as_slice() else {
+        bail!("a UnischemaField has {} values, not 5", args.len());
+    };
+    let Value::Str(name) = name else {
+        bail!("a UnischemaField's name is not a string");
+    };
+    let numpy = match dtype {
+        Value::Global(_, n) => n.clone(),
+        Value::Object { args, .. } => match args.first() {
+            // numpy.dtype('float32', …)
+            Some(Value::Str(s)) => s.clone(),
+            _ => bail!("field '{name}': its dtype is not a NumPy type"),
+        },
+        _ => bail!("field '{name}': its dtype is not a NumPy type"),
+    };
+    let shape = match shape {
+        Value::Tuple(dims) => dims
+            .iter()
+            .map(|d| match d {
+                Value::Int(n) if *n >= 0 => Ok(Some(*n as usize)),
+                Value::None => Ok(None),
+                _ => bail!("field '{name}': its shape holds something not a size"),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => bail!("field '{name}': its shape is not a tuple"),
+    };
+    let codec = match class_name(codec) {
+        Some(("petastorm.codecs", "ScalarCodec")) => Codec::Scalar,
+        Some(("petastorm.codecs", "NdarrayCodec")) => Codec::Ndarray,
+        Some(("petastorm.codecs", "CompressedNdarrayCodec")) => Codec::CompressedNdarray,
+        Some(("petastorm.codecs", "CompressedImageCodec")) => {
+            match state_get(codec, "_image_codec") {
+                Some(Value::Str(s)) if s.trim_start_matches('.') == "png" => Codec::Png,
+                Some(Value::Str(s)) if matches!(s.trim_start_matches('.'), "jpeg" | "jpg") => {
+                    Codec::Jpeg
+                }
+                _ => bail!("field '{name}': an image codec of a format tensorfs does not read"),
+            }
+        }
+        // No codec: a NumPy scalar, as make_reader returns it.
+        None if *codec == Value::None => Codec::Scalar,
+        _ => bail!("field '{name}': a codec tensorfs does not read"),
+    };
+    let nullable = matches!(rest.first(), Some(Value::Bool(true)));
+    Ok(Field {
+        name: name.clone(),
+        dtype: numpy_dtype(&numpy),
+        numpy,
+        shape,
+        codec,
+        nullable,
+    })
+}
+
+/// The Unischema a pickle holds.
+pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
+    let root = Machine {
+        b: pickle,
+        pos: 0,
+        stack: vec![],
+        memo: HashMap::new(),
+    }
+    .run()?;
+    if class_name(&root) != Some(("petastorm.unischema", "Unischema")) {
+        bail!("the stored schema is not a Petastorm Unischema");
+    }
+    let name = match state_get(&root, "_name") {
+        Some(Value::Str(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let fields = match state_get(&root, "_fields") {
+        Some(Value::Object { items, .. }) => items,
+        Some(Value::Dict(d)) => d,
+        _ => bail!("the Unischema has no fields"),
+    };
+    let fields = fields
+        .iter()
+        .map(|(_, v)| parse_field(v))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Unischema { name, fields })
+}
+
+// Cells ----------------------------------------------------------------------------------------
+
+/// A decoded cell: its dtype, shape and little-endian C-order bytes.
+pub struct Cell {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+/// A `.npy` file's array.
+pub fn decode_npy(b: &[u8]) -> Result<Cell> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        bail!("not a .npy cell");
+    }
+    let (header_len, at) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes(b[8..12].try_into()?) as usize, 12),
+        v => bail!(".npy version {v} is not read"),
+    };
+    let header = std::str::from_utf8(
+        b.get(at..at + header_len)
+            .ok_or_else(|| anyhow!("a .npy header runs past the cell"))?,
+    )?;
+    let descr = quoted_after(header, "'descr'").ok_or_else(|| anyhow!("no descr in a .npy"))?;
+    let fortran = header
+        .split("'fortran_order'")
+        .nth(1)
+        .is_some_and(|s| s.trim_start_matches([':', ' ']).starts_with("True"));
+    let shape_text = header
+        .split("'shape'")
+        .nth(1)
+        .and_then(|s| s.split_once('(').map(|(_, r)| r))
+        .and_then(|s| s.split_once(')').map(|(l, _)| l))
+        .ok_or_else(|| anyhow!("no shape in a .npy"))?;
+    let shape: Vec<usize> = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<usize>())
+        .collect::<std::result::Result<_, _>>()?;
+    let (order, kind) = descr.split_at(1);
+    let dtype = match kind {
+        "b1" => DType::Bool,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        _ => bail!("a .npy of dtype '{descr}', which has no tensor mapping"),
+    };
+    let n: usize = shape.iter().product();
+    let size = dtype.size();
+    let data = b
+        .get(at + header_len..at + header_len + n * size)
+        .ok_or_else(|| anyhow!("a .npy cell is shorter than its shape"))?;
+    let mut data = data.to_vec();
+    if order == ">" && size > 1 {
+        for e in data.chunks_exact_mut(size) {
+            e.reverse();
+        }
+    }
+    if fortran && shape.len() > 1 {
+        data = fortran_to_c(&data, &shape, size);
+    }
+    Ok(Cell { dtype, shape, data })
+}
+
+fn quoted_after<'h>(header: &'h str, key: &str) -> Option<&'h str> {
+    let rest = header.split(key).nth(1)?;
+    let rest = rest.split_once('\'')?.1;
+    Some(rest.split_once('\'')?.0)
+}
+
+/// Reorders column-major elements into row-major order.
+fn fortran_to_c(data: &[u8], shape: &[usize], size: usize) -> Vec<u8> {
+    let n: usize = shape.iter().product();
+    let mut out = vec![0; data.len()];
+    let mut idx = vec![0usize; shape.len()];
+    for c in 0..n {
+        // idx: the C-order multi-index of element c; its Fortran offset is sum idx[k] * stride_f[k].
+        let mut f = 0;
+        let mut stride = 1;
+        for (k, &d) in shape.iter().enumerate() {
+            f += idx[k] * stride;
+            stride *= d;
+        }
+        out[c * size..(c + 1) * size].copy_from_slice(&data[f * size..(f + 1) * size]);
+        for k in (0..shape.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < shape[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    out
+}
+
+/// An `.npz` cell's `arr` member (or its only member).
+pub fn decode_npz(b: &[u8]) -> Result<Cell> {
+    use std::io::Read;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(b)).context("not a zip cell")?;
+    let index = zip.index_for_name("arr.npy").unwrap_or(0);
+    let mut member = zip.by_index(index).context("the zip cell has no member")?;
+    let mut npy = Vec::with_capacity(member.size() as usize);
+    member.read_to_end(&mut npy)?;
+    decode_npy(&npy)
+}
+
+/// A PNG cell: 8-bit gray `[H, W]` or RGB `[H, W, 3]` (RGBA `[H, W, 4]`), as OpenCV's
+/// `IMREAD_UNCHANGED` and Petastorm's channel swap give it.
+pub fn decode_png(b: &[u8]) -> Result<Cell> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(b));
+    decoder.set_transformations(png::Transformations::EXPAND);
+    let mut reader = decoder.read_info().context("not a PNG cell")?;
+    let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
+    let info = reader
+        .next_frame(&mut buf)
+        .context("a PNG cell cannot be decoded")?;
+    buf.truncate(info.buffer_size());
+    let (h, w) = (info.height as usize, info.width as usize);
+    let (channels, dtype) = match (info.color_type, info.bit_depth) {
+        (png::ColorType::Grayscale, png::BitDepth::Eight) => (1, DType::U8),
+        (png::ColorType::Rgb, png::BitDepth::Eight) => (3, DType::U8),
+        (png::ColorType::Rgba, png::BitDepth::Eight) => (4, DType::U8),
+        (png::ColorType::Grayscale, png::BitDepth::Sixteen) => (1, DType::U16),
+        (png::ColorType::Rgb, png::BitDepth::Sixteen) => (3, DType::U16),
+        (c, d) => bail!("a PNG cell of {c:?} at {d:?} bits, which has no tensor mapping"),
+    };
+    if dtype == DType::U16 {
+        // PNG stores samples big-endian; tensors are little-endian.
+        for e in buf.chunks_exact_mut(2) {
+            e.swap(0, 1);
+        }
+    }
+    let shape = if channels == 1 {
+        vec![h, w]
+    } else {
+        vec![h, w, channels]
+    };
+    Ok(Cell {
+        dtype,
+        shape,
+        data: buf,
+    })
+}
+
+/// A JPEG cell, decoded by libjpeg-turbo: gray `[H, W]` or RGB `[H, W, 3]`.
+pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
+    let header = turbojpeg::read_header(b).context("not a JPEG cell")?;
+    let (format, channels) = match header.colorspace {
+        turbojpeg::Colorspace::Gray => (turbojpeg::PixelFormat::GRAY, 1),
+        _ => (turbojpeg::PixelFormat::RGB, 3),
+    };
+    let image = turbojpeg::decompress(b, format).context("a JPEG cell cannot be decoded")?;
+    let (h, w) = (image.height, image.width);
+    let row = w * channels;
+    let data = if image.pitch == row {
+        image.pixels
+    } else {
+        image
+            .pixels
+            .chunks(image.pitch)
+            .flat_map(|r| r[..row].iter().copied())
+            .collect()
+    };
+    let shape = if channels == 1 {
+        vec![h, w]
+    } else {
+        vec![h, w, channels]
+    };
+    Ok(Cell {
+        dtype: DType::U8,
+        shape,
+        data,
+    })
+}
+
+/// Decodes a cell of `field` into its tensor's row bytes, checking it against the Unischema.
+pub fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Vec<u8>> {
+    let decoded = match codec {
+        Codec::Ndarray => decode_npy(cell)?,
+        Codec::CompressedNdarray => decode_npz(cell)?,
+        Codec::Png => decode_png(cell)?,
+        Codec::Jpeg => decode_jpeg(cell)?,
+        Codec::Scalar => bail!("a scalar field has no cells"),
+    };
+    let want_shape = field.fixed_shape().unwrap_or_default();
+    if Some(decoded.dtype) != field.dtype || decoded.shape != want_shape {
+        let dims: Vec<String> = decoded.shape.iter().map(|d| d.to_string()).collect();
+        bail!(
+            "the cell is {} ({}) where the Unischema says {} {}",
+            decoded.dtype.name(),
+            dims.join(", "),
+            field.numpy,
+            field.shape_text()
+        );
+    }
+    Ok(decoded.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_cells_decode_in_c_order_little_endian() {
+        // np.save of np.arange(6, dtype='>i2').reshape(2, 3, order='F')
+        let header = "{'descr': '>i2', 'fortran_order': True, 'shape': (2, 3), }";
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let padded = format!("{header:<117}\n");
+        b.extend((padded.len() as u16).to_le_bytes());
+        b.extend(padded.as_bytes());
+        // Fortran order of [[0, 1, 2], [3, 4, 5]]: 0, 3, 1, 4, 2, 5, big-endian.
+        for v in [0i16, 3, 1, 4, 2, 5] {
+            b.extend(v.to_be_bytes());
+        }
+        let cell = decode_npy(&b).unwrap();
+        assert_eq!(cell.dtype, DType::I16);
+        assert_eq!(cell.shape, vec![2, 3]);
+        let got: Vec<i16> = cell
+            .data
+            .chunks(2)
+            .map(|c| i16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        assert_eq!(got, vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn foreign_pickles_are_refused_without_running_them() {
+        // pickle.dumps(os.system) at protocol 4: a global outside the allowed modules.
+        let b = b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94\x8c\x06system\x94\x93\x94.";
+        let e = parse_unischema(b).unwrap_err().to_string();
+        assert!(e.contains("posix.system"), "{e}");
+        assert!(parse_unischema(b"\x80\x04K\x01.").is_err());
+        for n in 0..b.len() {
+            assert!(parse_unischema(&b[..n]).is_err());
+        }
+    }
+}

@@ -1,0 +1,529 @@
+"""Parquet files from the wild: written by fastparquet, polars, duckdb, Spark (parquet-java) and
+pyarrow with unusual options (see wild/make_corpus.py). Each is served exactly as pyarrow reads
+it, or refused at mount time with one clear line whose hint works when pasted back (PRODUCT.md
+sections 4 and 7).
+
+The corpus is generated at session start into a temporary directory. Set TENSORFS_WILD_SPARK=0
+to leave out the Spark entries (they start a JVM: about 10 s).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tfs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "wild"))
+import make_corpus  # noqa: E402
+
+PAD_L = 8  # the L used for every pad= option in the manifest and for pad= hints
+BATCH = 64
+
+ENTRY_NAMES = [e["name"] for e in make_corpus.ENTRIES]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wild")
+    spark = os.environ.get("TENSORFS_WILD_SPARK", "1") != "0"
+    manifest = make_corpus.build(out, spark=spark)
+    entries = {e["name"]: e for e in manifest["entries"]}
+    skipped = {s["name"]: s["reason"] for s in manifest["skipped"]}
+    return out, entries, skipped
+
+
+def get_entry(corpus, name):
+    out, entries, skipped = corpus
+    if name in skipped:
+        pytest.skip(f"{name}: not built: {skipped[name]}")
+    return out / name, entries[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# pyarrow's reading, as tensors
+# ---------------------------------------------------------------------------------------------
+
+# ticks per day of each unit tensorfs or pyarrow may report
+TEMPORAL_UNIT = {"D": 1, "s": 86400, "ms": 86400 * 10**3, "us": 86400 * 10**6, "ns": 86400 * 10**9}
+DAY_UNITS = ("D", "d", "day", "days")
+
+
+def temporal(t: pa.DataType):
+    """(storage numpy dtype, unit) of a temporal type, else None."""
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t):
+        return np.int64, t.unit
+    if pa.types.is_date32(t):
+        return np.int32, "D"
+    if pa.types.is_date64(t):
+        return np.int64, "ms"
+    if pa.types.is_time32(t):
+        return np.int32, t.unit
+    if pa.types.is_time64(t):
+        return np.int64, t.unit
+    return None
+
+
+def np_dtype(t: pa.DataType):
+    if pa.types.is_float16(t):
+        return np.dtype(np.float16)
+    if pa.types.is_boolean(t):
+        return np.dtype(bool)
+    tm = temporal(t)
+    if tm:
+        return np.dtype(tm[0])
+    return np.dtype(t.to_pandas_dtype())
+
+
+def decoded(arr: pa.Array) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    return arr
+
+
+def flat_values(arr: pa.Array):
+    """(values, valid) of a primitive or (nested) FixedSizeList array: values with nulls as 0,
+    valid of the same shape (a null row makes every element of it invalid)."""
+    arr = decoded(arr)
+    t = arr.type
+    n = len(arr)
+    row_valid = np.ones(n, dtype=bool) if arr.null_count == 0 else ~arr.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(t):
+        k = t.list_size
+        child = arr.values.slice(arr.offset * k, n * k)
+        vals, valid = flat_values(child)
+        vals = vals.reshape(n, k, *vals.shape[1:])
+        valid = valid.reshape(n, k, *valid.shape[1:]) & row_valid.reshape(n, *[1] * (valid.ndim))
+        return np.where(valid, vals, np.zeros((), vals.dtype)), valid
+    if pa.types.is_boolean(t):
+        return arr.fill_null(False).to_numpy(zero_copy_only=False).astype(bool), row_valid
+    dt = np_dtype(t)
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or temporal(t)):
+        raise TypeError(f"no tensor mapping for {t}")
+    if arr.null_count == 0:
+        if temporal(t):
+            vals = np.frombuffer(arr.buffers()[1], dtype=dt)[arr.offset : arr.offset + n].copy()
+        else:
+            vals = arr.to_numpy(zero_copy_only=False).astype(dt, copy=False)
+    else:
+        vals = np.frombuffer(arr.buffers()[1], dtype=dt)[arr.offset : arr.offset + n].copy()
+        vals[~row_valid] = 0
+    return vals, row_valid
+
+
+def padded_values(arr: pa.Array, L: int):
+    """(values [n, L, ...], lens [n] int32, valid [n, L, ...]) of a (large) list array, cut to L."""
+    arr = decoded(arr)
+    n = len(arr)
+    lens_full = arr.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = arr.flatten()
+    fv, fvalid = flat_values(flat)
+    out = np.zeros((n, L, *fv.shape[1:]), dtype=fv.dtype)
+    valid = np.zeros((n, L, *fv.shape[1:]), dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(lens_full)[:-1]])
+    lens = np.minimum(lens_full, L).astype(np.int32)
+    for r in range(n):
+        k = lens[r]
+        out[r, :k] = fv[starts[r] : starts[r] + k]
+        valid[r, :k] = fvalid[starts[r] : starts[r] + k]
+    return out, lens, valid
+
+
+def parse_opts(options):
+    pads, cols, nulls_zero = {}, None, False
+    for o in options:
+        k, _, v = o.partition("=")
+        if k == "pad":
+            c, _, L = v.rpartition(":")
+            pads[c] = int(L)
+        elif k == "columns":
+            cols = split_escaped(v)
+        elif k == "nulls":
+            nulls_zero = v == "zero"
+    return pads, cols, nulls_zero
+
+
+def split_escaped(v: str) -> list[str]:
+    """columns=a\\:b:c -> ['a:b', 'c'] (a backslash escapes the next character)."""
+    out, cur, i = [], "", 0
+    while i < len(v):
+        ch = v[i]
+        if ch == "\\" and i + 1 < len(v):
+            cur += v[i + 1]
+            i += 2
+            continue
+        if ch == ":":
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    out.append(cur)
+    return out
+
+
+def read_reference(path: Path, reader: str) -> pa.Table:
+    if reader == "duckdb":  # only where pyarrow cannot read the file (see the manifest's note)
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute("SET TimeZone='UTC'")
+        return con.sql(f"SELECT * FROM read_parquet('{path}')").to_arrow_table()
+    return pq.read_table(path)
+
+
+def reference(src: Path, files: list[str], options: list[str], reader="pyarrow"):
+    """Per column: dict(values, valid, lens, unit, has_nulls, padded), and the expected tensor
+    names, from pyarrow reading each file (in the dataset's lexicographic order)."""
+    pads, cols, nulls_zero = parse_opts(options)
+    tables = [read_reference(src / f, reader) for f in files]
+    names = cols if cols is not None else tables[0].column_names
+    ref, expected_names = {}, []
+    for name in names:
+        t0 = tables[0].schema.field(name).type
+        t0 = t0.value_type if pa.types.is_dictionary(t0) else t0
+        parts = [decoded(t.column(name)) for t in tables]
+        if name in pads:
+            vals, lens, valid = zip(*[padded_values(p, pads[name]) for p in parts]) if parts else ((), (), ())
+            r = dict(values=np.concatenate(vals), lens=np.concatenate(lens), valid=np.concatenate(valid), padded=True)
+            # a null list is length 0; whether null elements need a mask is not fixed: don't demand one
+            r["has_nulls"] = False
+        else:
+            vals, valid = zip(*[flat_values(p) for p in parts])
+            r = dict(values=np.concatenate(vals), valid=np.concatenate(valid), padded=False)
+            r["has_nulls"] = bool((~r["valid"]).any())
+        base = t0.value_type if (name in pads and hasattr(t0, "value_type")) else t0
+        while pa.types.is_fixed_size_list(base) or pa.types.is_list(base) or pa.types.is_large_list(base):
+            base = base.value_type
+        r["unit"] = temporal(base)[1] if temporal(base) else None
+        r["type"] = str(t0)
+        ref[name] = r
+        expected_names.append(name)
+        if name in pads:
+            expected_names.append(name + ".len")
+        if nulls_zero and r["has_nulls"]:
+            expected_names.append(name + ".mask")
+    return ref, expected_names, sum(t.num_rows for t in tables)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the mount
+# ---------------------------------------------------------------------------------------------
+
+
+def read_all(m: tfs.Mount, t: dict, n_batches: int) -> np.ndarray:
+    """The whole column from epoch-0/all/NAME.npy, or the batch files where all/ is missing."""
+    npy = t.get("npy") or t["name"] + ".npy"
+    if os.path.exists(m.p("epoch-0", "all")):
+        paths = [m.p("epoch-0", "all", npy)]
+    else:
+        paths = [m.p("epoch-0", tfs.batch_name(i), npy) for i in range(n_batches)]
+    # read() raises EIO where np.load would only see a short file
+    return np.concatenate([np.load(io.BytesIO(tfs.read_exact(p))) for p in paths])
+
+
+def first_diff(got: np.ndarray, exp: np.ndarray) -> str:
+    g = got.reshape(len(got), -1) if got.ndim else got
+    e = exp.reshape(len(exp), -1) if exp.ndim else exp
+    bad = [i for i in range(min(len(g), len(e))) if g[i].tobytes() != e[i].tobytes()]
+    if not bad:
+        return "(rows equal)"
+    i = bad[0]
+    return f"{len(bad)} rows differ, first at row {i}: got {g[i].tolist()[:8]}, expected {e[i].tolist()[:8]}"
+
+
+def compare(name: str, got: np.ndarray, exp: np.ndarray, problems: list[str]):
+    if got.shape != exp.shape:
+        problems.append(f"{name}: shape {got.shape}, pyarrow {exp.shape}")
+        return
+    if got.dtype != exp.dtype:
+        try:
+            same = bool(np.array_equal(got, exp, equal_nan=got.dtype.kind == "f" and exp.dtype.kind == "f"))
+        except (TypeError, ValueError):
+            same = False
+        common = np.promote_types(got.dtype, exp.dtype)
+        problems.append(f"{name}: dtype {got.dtype}, pyarrow reads {exp.dtype}" + (" (values equal)" if same else f"; {first_diff(got.astype(common), exp.astype(common))}"))
+        return
+    if got.tobytes() != exp.tobytes():
+        problems.append(f"{name}: {first_diff(got, exp)}")
+
+
+def check_served(mounter, src: Path, entry: dict, options: list[str], allow_eio=False):
+    """Mount SRC with OPTIONS and compare every tensor with pyarrow's reading. ALLOW_EIO: a read
+    may fail with EIO instead (for files pyarrow cannot read), with a log line naming the file."""
+    ref, expected_names, rows = reference(src, entry["files"], options, entry.get("ref_reader", "pyarrow"))
+    m = mounter(src, "shuffle=none", f"batch_size={BATCH}", *options)
+    note(entry["name"], f"served with {options}")
+    dj = m.dataset()
+    tensors = dj["tensors"]
+    names = [t["name"] for t in tensors]
+    problems = []
+    if dj["rows"] != rows:
+        problems.append(f"dataset.json rows {dj['rows']}, pyarrow {rows}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        problems.append(f"tensor names repeated in dataset.json: {dup}")
+    missing = [n for n in expected_names if n not in names]
+    if missing:
+        problems.append(f"tensors missing from dataset.json: {missing} (has {names})")
+    base = [n for n in names if n in ref]
+    if base != [n for n in expected_names if n in ref]:
+        problems.append(f"column tensors {base}, expected {[n for n in expected_names if n in ref]}")
+    extra = [n for n in names if n not in expected_names and not (n.endswith(".mask") and n[:-5] in ref)]
+    if extra:
+        problems.append(f"unexpected tensors {extra}")
+    n_batches = dj["batches_per_epoch"]
+    seen, eio = set(), []
+    alls = {}
+    for t in tensors:
+        name = t["name"]
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            got = alls[name] = read_all(m, t, n_batches)
+        except OSError as e:
+            if allow_eio and e.errno == errno.EIO:
+                eio.append(name)
+            else:
+                problems.append(f"{name}: reading failed: {e}")
+            continue
+        if name in ref:
+            r = ref[name]
+            exp = r["values"]
+            unit = t.get("unit")
+            if r["unit"] is not None:
+                if unit is None:
+                    problems.append(f"{name}: {r['type']} but dataset.json gives no unit")
+                elif unit != r["unit"] and not (unit in DAY_UNITS and r["unit"] == "D"):
+                    a, b = TEMPORAL_UNIT.get(unit), TEMPORAL_UNIT.get(r["unit"])
+                    if a and b and a > b:
+                        exp = exp.astype(np.int64) * (a // b)
+                    elif a and b:
+                        exp = exp // (b // a)
+                        if not np.array_equal(exp * (b // a), r["values"]):
+                            problems.append(f"{name}: unit {unit} loses precision of pyarrow's {r['unit']}")
+                    else:
+                        problems.append(f"{name}: unit {unit!r}, pyarrow reads {r['unit']!r}")
+            compare(name, got, exp, problems)
+        elif name.endswith(".len") and name[:-4] in ref and ref[name[:-4]]["padded"]:
+            compare(name, got, ref[name[:-4]]["lens"], problems)
+        elif name.endswith(".mask") and name[:-5] in ref:
+            r = ref[name[:-5]]
+            if got.dtype != np.uint8:
+                problems.append(f"{name}: dtype {got.dtype}, expected uint8")
+            elif r["padded"]:
+                # the contract fixes the mask of real elements only (not of padding)
+                real = np.arange(got.shape[1])[None, :] < r["lens"][:, None] if got.ndim >= 2 else None
+                if real is None or got.shape != r["valid"].shape:
+                    problems.append(f"{name}: shape {got.shape}, expected {r['valid'].shape}")
+                else:
+                    real = real.reshape(real.shape + (1,) * (got.ndim - 2))
+                    bad = np.argwhere(real & (got != r["valid"].astype(np.uint8)))
+                    if len(bad):
+                        problems.append(f"{name}: mask of real list elements wrong, first at {bad[0].tolist()}")
+            else:
+                compare(name, got, r["valid"].astype(np.uint8), problems)
+        else:
+            problems.append(f"{name}: no reference for this tensor")
+    for name, r in ref.items():
+        if r["has_nulls"] and not any(n == name + ".mask" for n in names):
+            problems.append(f"{name}: pyarrow reads nulls but there is no {name}.mask tensor")
+    # batch 0 as safetensors holds the first rows of all/ (the same tensors through the other format)
+    if n_batches and not eio and len(alls) == len(seen):
+        try:
+            st = tfs.load_safetensors(m.p("epoch-0", tfs.batch_name(0) + ".safetensors"))
+            for name, full in alls.items():
+                if name not in st:
+                    problems.append(f"{name}: not in {tfs.batch_name(0)}.safetensors")
+                elif st[name].dtype != full.dtype or st[name].tobytes() != full[:BATCH].tobytes():
+                    problems.append(f"{name}: batch 0 safetensors differs from all/ rows 0..{BATCH}")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"batch 0 safetensors cannot be read: {e!r}")
+    if eio:
+        log = (m.cache / "tensorfs.log").read_text(errors="replace") if (m.cache / "tensorfs.log").exists() else ""
+        named = [ln for ln in log.splitlines() if any(f in ln for f in entry["files"]) and "row group" in ln]
+        if not named:
+            problems.append(f"EIO reading {eio} but no log line names the file and row group")
+        else:
+            note(entry["name"], f"EIO for {eio}; log: {named[0][:300]}")
+    assert not problems, f"{src.name} mounted with {options}:\n  " + "\n  ".join(problems)
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+# ---------------------------------------------------------------------------------------------
+
+
+def hint_options(line: str) -> list[str] | None:
+    """The options a refusal line offers as the way to leave the culprit out: its `columns=...`
+    (which may carry more options after a comma), plus pad=C:8 for each pad=C:L it offers for a
+    column the hint keeps. None when there is no columns= hint."""
+    m = re.search(r"\bwith (columns=.*?)(?: \(and \d+ more.*\))?$", line)
+    if not m:
+        return None
+    hint = m.group(1)
+    opts = split_options(hint)
+    kept = set()
+    for o in opts:
+        if o.startswith("columns="):
+            kept |= set(split_escaped(o[len("columns="):]))
+    for c in re.findall(r"pad=((?:\\.|[^\s\\])+?):L(?=[\s,;]|$)", line):
+        cname = split_escaped(c)
+        if len(cname) == 1 and cname[0] in kept:
+            opts.append(f"pad={c}:{PAD_L}")
+    return opts
+
+
+def split_options(s: str) -> list[str]:
+    """Split an -o string at unescaped commas."""
+    out, cur, i = [], "", 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            cur += s[i : i + 2]
+            i += 2
+            continue
+        if s[i] == ",":
+            out.append(cur)
+            cur = ""
+        else:
+            cur += s[i]
+        i += 1
+    out.append(cur)
+    return [o for o in out if o]
+
+
+def plain_type(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return plain_type(t.value_type)
+    if pa.types.is_fixed_size_list(t):
+        return plain_type(t.value_type)
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t)
+            or pa.types.is_date(t))
+
+
+def plainly_servable(src: Path, entry: dict) -> list[str]:
+    """Columns every file of the entry holds with a plain tensor type and no nulls."""
+    try:
+        tables = [read_reference(src / f, entry.get("ref_reader", "pyarrow")) for f in entry["files"]]
+    except Exception:  # noqa: BLE001  (a file pyarrow cannot read: nothing to demand)
+        return []
+    if not tables:
+        return []
+    out = []
+    for name in tables[0].column_names:
+        if all(name in t.column_names and plain_type(t.schema.field(name).type) and t.column(name).null_count == 0
+               for t in tables):
+            out.append(name)
+    return out
+
+
+def check_refused(mounter, src: Path, entry: dict, proc=None):
+    opts = entry["options"]
+    if proc is None:
+        proc = tfs.run(["inspect", src, *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+    line = tfs.error_line(proc)
+    note(entry["name"], "refused: " + line)
+    names, phrases = entry["refuse"], entry.get("refuse_text", [])
+    bare = line.replace(str(src).lstrip("/"), "<src>").replace(str(src), "<src>")
+    assert any(f"'{n}'" in bare for n in names) or any(p in bare for p in phrases), (
+        f"none of {[f'{n!r}' for n in names] + phrases} in: {line}")
+    hint = hint_options(line)
+    if hint is None:
+        return line
+    # The hint keeps every column that is plainly servable (a number, bool, date or timestamp,
+    # fixed-size lists and dictionaries of those, without nulls) ...
+    kept = set()
+    for o in hint:
+        if o.startswith("columns="):
+            kept |= set(split_escaped(o[len("columns="):]))
+    if kept:
+        plain = plainly_servable(src, entry)
+        lost = [c for c in plain if c not in kept and c not in entry["refuse"]]
+        assert not lost, f"the hint {hint} leaves out servable columns {lost}: {line}"
+    # ... and, pasted back as it is, makes the dataset servable: inspect accepts it ...
+    kept = set()
+    for o in hint:
+        if o.startswith("columns="):
+            kept |= set(split_escaped(o[len("columns="):]))
+    keep = [o for o in opts if not o.startswith("columns=")
+            and not (o.startswith("pad=") and split_escaped(o[4:].rpartition(":")[0])[0] not in kept)]
+    hopts = [*keep, *[o for o in hint if o not in keep]]
+    proc2 = tfs.run(["inspect", src, "-o", ",".join(hopts)], timeout=60)
+    err2 = [x for x in proc2.stderr.splitlines() if x.strip()]
+    assert proc2.returncode == 0, f"refused with: {line}\nbut the hint {hopts} is refused too: {err2[-1] if err2 else proc2.returncode}"
+    # ... and the mount serves the columns it keeps exactly as pyarrow reads them.
+    check_served(mounter, src, entry, hopts)
+    return line
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+# ---------------------------------------------------------------------------------------------
+
+
+def note(name, text):
+    """With TENSORFS_WILD_REPORT=FILE, append how the entry went (served / refused: line)."""
+    path = os.environ.get("TENSORFS_WILD_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"name": name, "how": text}, ensure_ascii=False) + "\n")
+
+
+@pytest.mark.parametrize("name", ENTRY_NAMES)
+def test_wild(corpus, mounter, name):
+    src, entry = get_entry(corpus, name)
+    outcome = entry["outcome"]
+    opts = entry["options"]
+    if outcome == "served":
+        proc = tfs.run(["inspect", src, *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+        err = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert proc.returncode == 0, f"pyarrow reads it, but tensorfs inspect refuses: {err[-1] if err else proc.returncode}"
+        check_served(mounter, src, entry, opts)
+    elif outcome == "refused":
+        check_refused(mounter, src, entry)
+    elif outcome == "either":
+        proc = tfs.run(["inspect", src, *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+        if proc.returncode == 0:
+            check_served(mounter, src, entry, opts)
+        else:
+            check_refused(mounter, src, entry, proc)
+    elif outcome == "served_or_eio":
+        proc = tfs.run(["inspect", src, *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+        err = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert proc.returncode == 0, f"tensorfs inspect refuses: {err[-1] if err else proc.returncode}"
+        check_served(mounter, src, entry, opts, allow_eio=True)
+    elif outcome == "refused_or_eio":
+        proc = tfs.run(["inspect", src, *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+        if proc.returncode != 0:
+            check_refused(mounter, src, entry, proc)
+            return
+        m = mounter(src, "shuffle=none", f"batch_size={BATCH}", *opts)
+        dj = m.dataset()
+        served = []
+        for t in dj["tensors"]:
+            if t["name"] not in entry["refuse"]:
+                continue
+            try:
+                read_all(m, t, dj["batches_per_epoch"])
+                served.append(t["name"])
+            except OSError as e:
+                assert e.errno == errno.EIO, f"{t['name']}: expected EIO, got {e!r}"
+        assert not served, f"nulls served without nulls=zero (no refusal, no EIO): {served}"
+        log = (m.cache / "tensorfs.log").read_text(errors="replace") if (m.cache / "tensorfs.log").exists() else ""
+        assert "data.parquet" in log, "EIO without a log line naming the object"
+    else:
+        raise AssertionError(f"unknown outcome {outcome}")
