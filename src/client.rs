@@ -149,7 +149,7 @@ pub fn warm(
                     }
                     let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
                     bar.set_message(format!(
-                        "{mb:.0} MB, {:.0} MB/s",
+                        "{mb:.1} MB, {:.1} MB/s",
                         mb / started.elapsed().as_secs_f64()
                     ));
                     bar.inc(1);
@@ -157,7 +157,7 @@ pub fn warm(
             });
         }
     });
-    bar.finish();
+    bar.finish_and_clear();
     let failures = failures.into_inner().unwrap();
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
@@ -210,13 +210,13 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             mb_rate("bytes_served")
         ),
         format!(
-            "stalls      {:.0}, {:.3} s in all, p99 {:.1} ms",
+            "waits       {:.0} opens and daemon reads timed, {:.3} s waited in all, p99 {:.1} ms",
             n(v, "stall_count"),
             n(v, "stall_ns") / 1e9,
             n(v, "stall_p99_us") / 1e3
         ),
         format!(
-            "remote      {:.0} requests, {:.1} MB{}",
+            "source      {:.0} requests, {:.1} MB read{}",
             n(v, "remote_requests"),
             mb("remote_bytes"),
             mb_rate("remote_bytes")

@@ -17,6 +17,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount SOURCE (a Parquet file, a prefix of them, or an object-store URL) on MOUNTPOINT.
+    #[command(after_help = MOUNT_OPTIONS)]
     Mount {
         source: String,
         mountpoint: String,
@@ -28,6 +29,7 @@ enum Command {
         foreground: bool,
     },
     /// Materialise batches on the mount's local cache ahead of a job, with a progress bar.
+    #[command(after_help = "Example: tensorfs warm /mnt/train --epochs 0..2 --rank 3-of-8")]
     Warm {
         mountpoint: std::path::PathBuf,
         /// Epochs to warm: A..B (B excluded), A..=B, or N. Default: the epochs the mount lists.
@@ -61,6 +63,18 @@ enum Command {
         json: bool,
     },
 }
+
+/// What `tensorfs mount --help` lists of `-o`; docs/options.md says everything.
+const MOUNT_OPTIONS: &str = "\
+Mount options (-o, comma-separated; docs/options.md describes each):
+  content  batch_size=N  drop_last  columns=A:B  seed=N  shuffle=none|window|global
+           shuffle_window=K  partitions=P  cast=COL:DTYPE  stack=NAME:C1+C2  pad=COL:L
+           nulls=error|zero
+  runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
+           memory_limit=SIZE  threads=N  passthrough=auto|off  allow_other  auto_unmount
+           nonempty  log=LEVEL
+  store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…
+Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
 
 const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "help"];
 
