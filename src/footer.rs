@@ -26,7 +26,8 @@
 
 use anyhow::{Result, bail};
 use parquet::file::metadata::{
-    FileMetaData, ParquetMetaData, ParquetMetaDataBuilder, ParquetMetaDataReader,
+    ColumnChunkMetaData, FileMetaData, ParquetMetaData, ParquetMetaDataBuilder,
+    ParquetMetaDataReader, RowGroupMetaData,
 };
 
 /// Decodes a footer's metadata (without its length and magic), working around the writer bugs
@@ -65,28 +66,15 @@ fn normalise(md: ParquetMetaData) -> Result<ParquetMetaData> {
         f.schema_descr_ptr(),
         f.column_orders().cloned(),
     );
-    let row_groups = md
-        .row_groups()
-        .iter()
-        .map(|rg| {
-            let columns = rg
-                .columns()
-                .iter()
-                .map(|c| match c.dictionary_page_offset() {
-                    Some(0) => c
-                        .clone()
-                        .into_builder()
-                        .set_dictionary_page_offset(None)
-                        .build(),
-                    _ => Ok(c.clone()),
-                })
-                .collect::<parquet::errors::Result<Vec<_>>>()?;
-            rg.clone()
+    let row_groups = map_columns(&md, |c| match c.dictionary_page_offset() {
+        Some(0) => Some(
+            c.clone()
                 .into_builder()
-                .set_column_metadata(columns)
-                .build()
-        })
-        .collect::<parquet::errors::Result<Vec<_>>>()?;
+                .set_dictionary_page_offset(None)
+                .build(),
+        ),
+        _ => None,
+    })?;
     Ok(ParquetMetaDataBuilder::new(file)
         .set_row_groups(row_groups)
         .build())
@@ -105,38 +93,26 @@ pub fn padded(md: &ParquetMetaData, footer_start: u64) -> Option<ParquetMetaData
     starts.push(footer_start);
     starts.sort_unstable();
     let mut changed = false;
-    let row_groups = md
-        .row_groups()
-        .iter()
-        .map(|rg| {
-            let columns = rg
-                .columns()
-                .iter()
-                .map(|c| {
-                    let (start, len) = c.byte_range();
-                    let next = starts[starts.partition_point(|&s| s <= start)..]
-                        .first()
-                        .copied()
-                        .unwrap_or(footer_start);
-                    let end = next.min(start + len + MAX_DICT_HEADER);
-                    if end <= start + len {
-                        return Ok(c.clone());
-                    }
-                    changed = true;
-                    let extra = (end - start - len) as i64;
-                    c.clone()
-                        .into_builder()
-                        .set_total_compressed_size(c.compressed_size() + extra)
-                        .build()
-                })
-                .collect::<parquet::errors::Result<Vec<_>>>()?;
-            rg.clone()
+    let row_groups = map_columns(md, |c| {
+        let (start, len) = c.byte_range();
+        let next = starts[starts.partition_point(|&s| s <= start)..]
+            .first()
+            .copied()
+            .unwrap_or(footer_start);
+        let end = next.min(start + len + MAX_DICT_HEADER);
+        if end <= start + len {
+            return None;
+        }
+        changed = true;
+        let extra = (end - start - len) as i64;
+        Some(
+            c.clone()
                 .into_builder()
-                .set_column_metadata(columns)
-                .build()
-        })
-        .collect::<parquet::errors::Result<Vec<_>>>()
-        .ok()?;
+                .set_total_compressed_size(c.compressed_size() + extra)
+                .build(),
+        )
+    })
+    .ok()?;
     changed.then(|| md.clone().into_builder().set_row_groups(row_groups).build())
 }
 
@@ -183,6 +159,27 @@ pub fn key_value(metadata: &[u8], key: &str) -> Result<Option<Vec<u8>>> {
         return Ok(None);
     }
     Ok(None)
+}
+
+/// The row groups with each column chunk that `fix` changes (`Some`) replaced.
+fn map_columns(
+    md: &ParquetMetaData,
+    mut fix: impl FnMut(&ColumnChunkMetaData) -> Option<parquet::errors::Result<ColumnChunkMetaData>>,
+) -> parquet::errors::Result<Vec<RowGroupMetaData>> {
+    md.row_groups()
+        .iter()
+        .map(|rg| {
+            let columns = rg
+                .columns()
+                .iter()
+                .map(|c| fix(c).unwrap_or_else(|| Ok(c.clone())))
+                .collect::<parquet::errors::Result<Vec<_>>>()?;
+            rg.clone()
+                .into_builder()
+                .set_column_metadata(columns)
+                .build()
+        })
+        .collect()
 }
 
 // Thrift compact protocol, as much as re-encoding a footer without some fields needs.

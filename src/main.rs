@@ -131,6 +131,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !matches!(cli.command, Command::Mount { .. }) {
+        // A command that prints (inspect, stats) ends quietly when its reader goes away
+        // (`tensorfs inspect … | head`), as other tools do. Not the daemon: a socket closed
+        // under it must be an error, not a signal.
+        // SAFETY: restoring a signal's default disposition has no preconditions.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Mount {
             source,

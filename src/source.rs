@@ -284,7 +284,9 @@ impl Source {
     ) -> Result<Vec<(String, ObjectMeta)>> {
         // One object named by the source is the dataset, whatever its name says (a file that
         // is not Parquet is then refused by its footer, naming it); else the source is a prefix.
-        if !prefix.as_ref().is_empty() {
+        // A source ending in '/' is a prefix: HTTP servers answer HEAD of a directory with its
+        // HTML listing.
+        if !prefix.as_ref().is_empty() && !source.ends_with('/') {
             match store.head(prefix).await {
                 Ok(meta) => {
                     let name = prefix.filename().unwrap_or(prefix.as_ref()).to_string();
@@ -296,17 +298,28 @@ impl Source {
                 Err(e) => bail!("source '{source}' cannot be read: {e}"),
             }
         }
-        let mut objects: Vec<ObjectMeta> = store
+        let listed: Vec<ObjectMeta> = store
             .list(Some(prefix))
-            .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
             .try_collect()
             .await
             .map_err(|e| match e {
                 object_store::Error::NotFound { .. } => {
                     anyhow!("source '{source}' does not exist")
                 }
+                e if source.starts_with("http://") && e.to_string().contains("builder error") => {
+                    anyhow!(
+                        "source '{source}' cannot be listed: plain http:// needs -o client_allow_http=true"
+                    )
+                }
                 e => anyhow!("source '{source}' cannot be listed: {e}"),
             })?;
+        if listed.is_empty() {
+            bail!("source '{source}' does not exist (or holds nothing)");
+        }
+        let mut objects: Vec<ObjectMeta> = listed
+            .into_iter()
+            .filter(|m| m.location.as_ref().ends_with(".parquet"))
+            .collect();
         if objects.is_empty() {
             bail!("source '{source}' holds no *.parquet objects");
         }

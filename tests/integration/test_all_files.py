@@ -2,7 +2,6 @@
 hold the directory's batches back to back, exact sizes before anything is built, readable by
 np.load(mmap_mode="r") and safetensors' lazy slices, and a read builds only what it spans."""
 
-import json
 import mmap
 import os
 
@@ -14,16 +13,6 @@ import tfs
 from tfs import batch_name
 
 BS, N = 256, 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
-
-
-def stats(m: tfs.Mount) -> dict:
-    for _ in range(20):
-        try:
-            with open(m.p(".tensorfs", "stats.json"), "rb") as f:
-                return json.loads(f.read())
-        except json.JSONDecodeError:
-            continue
-    raise AssertionError("stats.json never parsed")
 
 
 def batches(m: tfs.Mount, rel_dir: str, n: int) -> list[dict]:
@@ -64,7 +53,7 @@ def test_all_files_are_the_batches_back_to_back(mounter, shuf_ds, mode):
 
 def test_a_read_builds_only_the_batches_it_spans(mounter, shuf_ds):
     m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "prefetch=0")
-    before = stats(m)["batches_built"]
+    before = tfs.stats(m)["batches_built"]
     fd = os.open(m.p("epoch-0", "all", "id.npy"), os.O_RDONLY | os.O_DIRECT)
     try:
         buf = mmap.mmap(-1, 4096)
@@ -73,7 +62,7 @@ def test_a_read_builds_only_the_batches_it_spans(mounter, shuf_ds):
         assert os.preadv(fd, [buf], off) == 4096
     finally:
         os.close(fd)
-    built = stats(m)["batches_built"] - before
+    built = tfs.stats(m)["batches_built"] - before
     assert 1 <= built <= 2, f"a 4 KiB read built {built} batches"
     want = tfs.load_safetensors(m.p("epoch-0", batch_name(5) + ".safetensors"))["id"]
     assert np.frombuffer(buf, dtype=np.int64)[:BS].tolist() == want.tolist()[:BS]

@@ -3,7 +3,6 @@ partition i mod P, leftover rows in the last batches, rank views of the single-p
 batches only, the same global order for every world_size, and each host fetching only its
 share (counted in row groups decoded and remote bytes, not timed)."""
 
-import json
 import os
 
 import numpy as np
@@ -14,16 +13,6 @@ from tfs import batch_name
 
 BS = 64
 ROWS = 2600  # shuf_ds: 13 row groups of 200 rows
-
-
-def stats(m: tfs.Mount) -> dict:
-    for _ in range(20):
-        try:
-            with open(m.p(".tensorfs", "stats.json"), "rb") as f:
-                return json.loads(f.read())
-        except json.JSONDecodeError:
-            continue
-    raise AssertionError("stats.json never parsed")
 
 
 def ids(m: tfs.Mount, rel_dir: str, i: int) -> np.ndarray:
@@ -92,11 +81,11 @@ def test_each_host_fetches_only_its_share(mounter, shuf_ds):
     opts = ("shuffle=window", f"batch_size={BS}", "partitions=2")
     # Every host reads the files' footers at mount: on a dataset this small they weigh as much
     # as the data, so the share is checked on the bytes fetched after the mount.
-    footers = stats(mounter(shuf_ds.path, *opts))["remote_bytes"]
+    footers = tfs.stats(mounter(shuf_ds.path, *opts))["remote_bytes"]
     whole = mounter(shuf_ds.path, *opts)
     for i in range(whole.dataset()["batches_per_epoch"]):
         tfs.read_exact(whole.p("epoch-0", batch_name(i) + ".safetensors"))
-    one = stats(whole)
+    one = tfs.stats(whole)
     assert one["row_groups_decoded"] == 13
     hosts = []
     for r in range(2):
@@ -108,7 +97,7 @@ def test_each_host_fetches_only_its_share(mounter, shuf_ds):
             got = ids(m, rd, j)
             lo, hi = (0, 1300) if r == 0 else (1300, 2600)
             assert ((got >= lo) & (got < hi)).all()
-        hosts.append(stats(m))
+        hosts.append(tfs.stats(m))
     # Partition 0 is rows 0..1300: row groups 0..6 (row group 6 is split with partition 1).
     assert [h["row_groups_decoded"] for h in hosts] == [7, 7]
     total = sum(h["remote_bytes"] - footers for h in hosts)
@@ -133,7 +122,7 @@ def test_a_resized_job_fetches_nothing_it_has(mounter, shuf_ds, tmp_path):
             h = tfs.sha256(b.p(f"epoch-0/rank-{r}-of-4", batch_name(j) + ".safetensors"))
             # Global batch r + 4j is rank 0 of 2's batch (r + 4j) / 2.
             assert h == first[(r + 4 * j) // 2]
-    s = stats(b)
+    s = tfs.stats(b)
     assert s["row_groups_decoded"] == 0, s
     assert s["batch_files_written"] == 0, s
 
@@ -142,7 +131,7 @@ def test_warm_materialises_one_ranks_share(mounter, shuf_ds):
     m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "partitions=4", "world_size=4", "prefetch=0")
     proc = tfs.run(["warm", m.path, "--epochs", "0", "--rank", "1-of-4", "--rank", "3-of-4"])
     assert proc.returncode == 0, proc.stderr
-    s = stats(m)
+    s = tfs.stats(m)
     assert s["batch_files_written"] == 20, s
     # Partitions 1 and 3: rows 650..1300 and 1950..2600, row groups 3..6 and 9..12.
     assert s["row_groups_decoded"] == 8, s

@@ -497,3 +497,14 @@ def row_group_of(ids: np.ndarray, ds: Dataset, rg_size: int) -> np.ndarray:
         file_start += rows
         rg_base += rgs
     return out
+
+
+def stats(m: "Mount") -> dict:
+    """The mount's counters (.tensorfs/stats.json), a torn read retried."""
+    for _ in range(20):
+        try:
+            with open(m.p(".tensorfs", "stats.json"), "rb") as f:
+                return json.loads(f.read())
+        except json.JSONDecodeError:
+            continue
+    raise AssertionError("stats.json never parsed")
