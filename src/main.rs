@@ -223,12 +223,17 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.row_groups()
     );
     println!("fingerprint  {}", d.source.fingerprint());
-    if let Some(u) = &d.source.unischema {
-        println!(
+    match &d.source.unischema {
+        Some(u) if u.inferred => println!(
+            "petastorm    no Unischema: {} fields read as their first cells show them",
+            u.fields.len()
+        ),
+        Some(u) => println!(
             "petastorm    Unischema '{}' ({} fields, from _common_metadata)",
             u.name,
             u.fields.len()
-        );
+        ),
+        None => {}
     }
     println!(
         "batches      {} per epoch of {} rows (last: {} rows), shuffle={}",

@@ -87,6 +87,9 @@ impl Field {
 pub struct Unischema {
     pub name: String,
     pub fields: Vec<Field>,
+    /// Made from the cells themselves (no Unischema was stored): each field's codec, dtype and
+    /// shape are those of its first cell.
+    pub inferred: bool,
 }
 
 impl Unischema {
@@ -553,7 +556,36 @@ pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
         .iter()
         .map(|(_, v)| parse_field(v))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Unischema { name, fields })
+    Ok(Unischema {
+        name,
+        fields,
+        inferred: false,
+    })
+}
+
+/// A field as its first cell shows it, where the cell is one a Petastorm codec writes (a
+/// `.npy`, a zip of one, a PNG or a JPEG): for datasets without a stored Unischema.
+pub fn infer_field(name: &str, nullable: bool, cell: &[u8]) -> Option<Field> {
+    let (codec, decoded) = if cell.starts_with(b"\x93NUMPY") {
+        (Codec::Ndarray, decode_npy(cell))
+    } else if cell.starts_with(b"PK\x03\x04") {
+        (Codec::CompressedNdarray, decode_npz(cell))
+    } else if cell.starts_with(b"\x89PNG") {
+        (Codec::Png, decode_png(cell))
+    } else if cell.starts_with(b"\xff\xd8\xff") {
+        (Codec::Jpeg, decode_jpeg(cell))
+    } else {
+        return None;
+    };
+    let decoded = decoded.ok()?;
+    Some(Field {
+        name: name.to_string(),
+        numpy: decoded.dtype.name().to_string(),
+        dtype: Some(decoded.dtype),
+        shape: decoded.shape.into_iter().map(Some).collect(),
+        codec,
+        nullable,
+    })
 }
 
 // Cells ----------------------------------------------------------------------------------------

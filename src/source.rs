@@ -266,13 +266,62 @@ impl Source {
             true => None,
             false => read_unischema(&store, &prefix, &stats).await?,
         };
-        Ok(Source {
+        let mut source = Source {
             display: source.to_string(),
             unischema,
             store,
             stats,
             kept: footers.map(Into::into),
             files,
+        };
+        if source.unischema.is_none() {
+            source.unischema = source.infer_unischema().await;
+        }
+        Ok(source)
+    }
+
+    /// Without a stored Unischema, binary columns whose first cell is one a Petastorm codec
+    /// writes (`.npy`, zip, PNG, JPEG) are read as such, with that cell's dtype and shape.
+    async fn infer_unischema(&self) -> Option<crate::petastorm::Unischema> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::DataType;
+        let schema = self.files.first()?.metadata.schema().clone();
+        let binary: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| {
+                matches!(
+                    schema.field(i).data_type(),
+                    DataType::Binary | DataType::LargeBinary
+                )
+            })
+            .collect();
+        if binary.is_empty() {
+            return None;
+        }
+        let (file, rg) = self.files.iter().enumerate().find_map(|(fi, f)| {
+            let md = f.metadata.metadata();
+            (0..md.num_row_groups())
+                .find(|&rg| md.row_group(rg).num_rows() > 0)
+                .map(|rg| (fi, rg))
+        })?;
+        let batch = self.read_row_group(file, rg, &binary).await.ok()?;
+        let fields: Vec<_> = binary
+            .iter()
+            .enumerate()
+            .filter_map(|(c, &i)| {
+                let column = batch.column(c);
+                let row = (0..column.len()).find(|&r| column.is_valid(r))?;
+                let cell = match column.data_type() {
+                    DataType::LargeBinary => column.as_binary::<i64>().value(row),
+                    _ => column.as_binary::<i32>().value(row),
+                };
+                let f = schema.field(i);
+                crate::petastorm::infer_field(f.name(), f.is_nullable(), cell)
+            })
+            .collect();
+        (!fields.is_empty()).then(|| crate::petastorm::Unischema {
+            name: String::new(),
+            fields,
+            inferred: true,
         })
     }
 

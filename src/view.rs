@@ -982,7 +982,9 @@ pub fn dataset_json(
         "leftover_batches": batches - plan.single_partition_batches().min(batches),
         "tensors": tensors,
         "petastorm": source.unischema.as_ref().map(|u| json!({
-            "unischema": u.name,
+            "unischema": (!u.inferred).then_some(&u.name),
+            // Without a stored Unischema, each field is as its first cell shows it.
+            "from": if u.inferred { "cells" } else { "_common_metadata" },
             "fields": u.fields.iter().map(|f| json!({
                 "name": f.name,
                 "dtype": f.numpy,

@@ -114,3 +114,19 @@ def test_a_cell_that_disagrees_with_its_unischema_is_eio_naming_field_and_row(mo
     m.unmount()
     log = (m.cache / "tensorfs.log").read_text()
     assert "field 'png_gray' row 1" in log and "where the Unischema says uint8 (12, 16)" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("name", ["images", "ndarrays"])
+def test_without_a_unischema_the_cells_say_what_they_are(mounter, tmp_path, name):
+    """A dataset whose _common_metadata is gone: each binary field is read as its first cell
+    shows it (.npy, zip, PNG, JPEG), and dataset.json says so."""
+    data = tmp_path / name
+    shutil.copytree(FIXTURES / name, data)
+    (data / "_common_metadata").unlink()
+    m = mounter(data, "shuffle=none", "batch_size=8")
+    dj = m.dataset()
+    assert dj["petastorm"]["from"] == "cells" and dj["petastorm"]["unischema"] is None
+    want = expected(name)
+    got = epoch_by_id(m)
+    for f in (k for k in want if not k.startswith("_")):
+        np.testing.assert_array_equal(got[f], want[f], err_msg=f"{name}.{f} without a Unischema")
