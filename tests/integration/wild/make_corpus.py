@@ -583,6 +583,33 @@ def _(d):
     pq.write_table(pa.table(arrays), d / "data.parquet", row_group_size=40)
 
 
+@entry("pa-wide-1000-columns", "pyarrow", note="1,000 columns of five types, 64 rows: a footer of ~0.5 MB")
+def _(d):
+    rng = np.random.default_rng(92)
+    kinds = [np.float32, np.int16, np.float64, np.int64, np.uint8]
+    arrays = {}
+    for k in range(1000):
+        t = kinds[k % len(kinds)]
+        v = rng.standard_normal(64) * 50 if np.issubdtype(t, np.floating) else rng.integers(0, 100, 64)
+        arrays[f"col_{k:04d}"] = pa.array(v.astype(t))
+    pq.write_table(pa.table(arrays), d / "data.parquet", row_group_size=32)
+
+
+@entry("pa-bloom-filters", "pyarrow", note="bloom filters written beside the column chunks")
+def _(d):
+    t = pa_base(seed=93)
+    pq.write_table(t, d / "data.parquet", row_group_size=RG,
+                   bloom_filter_options={"i32": {"ndv": 100, "fpp": 0.01}, "i64": True})
+
+
+@entry("pa-one-long-row-group", "pyarrow", note="200,000 rows in one row group (pages of 1,024 rows)")
+def _(d):
+    n = 200_000
+    ids = np.arange(n, dtype=np.int64)
+    t = pa.table({"id": ids, "x": (ids % 1000).astype(np.float32), "k": (ids % 7).astype(np.int8)})
+    pq.write_table(t, d / "data.parquet", row_group_size=n, data_page_size=8192)
+
+
 @entry("mixed-nullability", "pyarrow", note="the same columns REQUIRED in one file and OPTIONAL (no nulls) in the next")
 def _(d):
     t = pa_base(seed=91)
