@@ -279,7 +279,10 @@ impl Filesystem for FuseAdapter {
         self.runtime.spawn(task.instrument(span.clone()));
     }
 
-    /// Nothing is ever written, so a close has nothing to flush.
+    /// Nothing is ever written, so a close has nothing to flush. ENOSYS (answered here, not by
+    /// fuser's default, which logs a warning each time) makes the kernel stop sending FLUSH at
+    /// all: answering ok instead cost a round trip on every close (measured: warm reads of
+    /// batch files 25% slower).
     fn flush(
         &self,
         _req: &Request,
@@ -288,7 +291,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
