@@ -36,17 +36,6 @@ def read_stats(m: tfs.Mount) -> bytes:
         return f.read()
 
 
-def stats(m: tfs.Mount) -> dict:
-    """The counters. A torn read of stats.json (see test_stats_json_reads_are_whole) is retried
-    here, so that the other tests check the cache and not that bug."""
-    for _ in range(20):
-        try:
-            return json.loads(read_stats(m))
-        except json.JSONDecodeError:
-            continue
-    return json.loads(read_stats(m))
-
-
 def delta(after: dict, before: dict, key: str) -> int:
     return after[key] - before[key]
 
@@ -184,13 +173,13 @@ def test_warm_remount_reads_nothing_remote(mounter, main_ds):
     n = a.dataset()["batches_per_epoch"]
     rels = epoch_files(a, [0], n)
     first = digests(a, rels)
-    cold = stats(a)
+    cold = tfs.stats(a)
     assert cold["row_groups_decoded"] > 0 and cold["remote_bytes"] > 0, cold
     a.unmount()
 
     b = mounter(main_ds.path, *opts, cache=a.cache)
     second = digests(b, rels)
-    s = stats(b)
+    s = tfs.stats(b)
     print("warm stats:", {k: s[k] for k in ("row_groups_decoded", "remote_bytes", "remote_requests", "batches_built", "batch_file_hits")})
     assert_same(second, first, "warm remount")
     assert s["row_groups_decoded"] == 0, s
@@ -259,13 +248,13 @@ def test_cache_size_is_never_exceeded(mounter, shuf_ds):
         assert_same(got, want[e], f"epoch {e} with cache_size={limit_k}K")
         for _ in range(4):  # a few samples: prefetch may still be writing
             used = data_size_at_most(m.cache, limit)
-            s = stats(m)
+            s = tfs.stats(m)
             assert used <= limit, f"after epoch {e}: {used} bytes under cols-*/batches-* > cache_size {limit}"
             assert s["cache_bytes"] <= s["cache_capacity"], s
             assert s["cache_capacity"] <= limit, s
             time.sleep(0.05)
         print(f"epoch {e}: {used} bytes on disk, cache_bytes={s['cache_bytes']}, evictions={s['cache_evictions']}")
-    assert stats(m)["cache_evictions"] > 0
+    assert tfs.stats(m)["cache_evictions"] > 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,13 +270,13 @@ def test_epochs_in_one_order_share_their_files(mounter, wide_ds):
     n = m.dataset()["batches_per_epoch"]
     rels = {e: epoch_files(m, [e], n) for e in range(3)}
     assert_same(digests(m, rels[0]), digests(ref, rels[0]), "epoch 0")
-    written = stats(m)["batch_files_written"]
-    assert written >= len(rels[0]), stats(m)
+    written = tfs.stats(m)["batch_files_written"]
+    assert written >= len(rels[0]), tfs.stats(m)
     for e in (1, 2):
         assert_same(digests(m, rels[e]), digests(ref, rels[e]), f"epoch {e}")
         first = os.readlink(m.p("gds", rels[0][0]))
         assert os.readlink(m.p("gds", rels[e][0])) == first, f"epoch {e} has files of its own"
-    assert stats(m)["batch_files_written"] == written, f"later epochs wrote files: {stats(m)}"
+    assert tfs.stats(m)["batch_files_written"] == written, f"later epochs wrote files: {tfs.stats(m)}"
     assert not cache_paths(m.cache, "cols-*/*.cols"), "columns kept beside the batch files"
 
 
@@ -309,11 +298,11 @@ def test_eviction_of_repeated_epochs_follows_the_plan(mounter, wide_ds):
     m = mounter(wide_ds.path, *base, f"cache_size={limit_k}K")
     built = []
     for e in range(epochs):
-        before = stats(m)
+        before = tfs.stats(m)
         rels = [f"epoch-{e}/{batch_name(i)}.safetensors" for i in range(n)]
         assert_same(digests(m, rels), digests(ref, rels), f"epoch {e}")
-        built.append(delta(stats(m), before, "batch_files_written"))
-    s = stats(m)
+        built.append(delta(tfs.stats(m), before, "batch_files_written"))
+    s = tfs.stats(m)
     print(f"{n} batch files, {full} B in all, cache_size={limit_k}K: written per epoch {built}; evictions={s['cache_evictions']}")
     assert s["cache_evictions"] > 0, "the cache never evicted: the test did not exercise eviction"
     assert data_size(m.cache) <= limit_k * 1024, s
@@ -352,13 +341,13 @@ def test_eviction_follows_the_plan(mounter, wide_ds):
     m = mounter(wide_ds.path, *base, f"cache_size={limit_k}K")
     decoded, hits = [], []
     for e in range(epochs):
-        before = stats(m)
+        before = tfs.stats(m)
         rels = [f"epoch-{e}/{batch_name(i)}.safetensors" for i in range(n)]
         assert_same(digests(m, rels), digests(ref, rels), f"epoch {e}")
-        after = stats(m)
+        after = tfs.stats(m)
         decoded.append(delta(after, before, "row_groups_decoded"))
         hits.append(delta(after, before, "column_hits"))
-    s = stats(m)
+    s = tfs.stats(m)
     print(f"row groups decoded per epoch: {decoded} of {rgs}; column_hits {hits}; evictions={s['cache_evictions']}")
     assert s["cache_evictions"] > 0, "the cache never evicted: the test did not exercise eviction"
     used = data_size(m.cache)
@@ -400,15 +389,15 @@ def test_faults_while_mounted(mounter, wide_ds):
     for c in cols:  # every cols file: whatever the memory holds, a far epoch meets some of them
         flip_byte(c, c.stat().st_size - 5)
 
-    before = stats(m)
+    before = tfs.stats(m)
     touched = ["epoch-0/000000.safetensors", "epoch-0/000001.safetensors", "epoch-0/000002.safetensors", "epoch-0/000003/emb.npy"]
     assert_same(digests(m, touched), {r: want0[r] for r in touched}, "after corrupting the cache")
-    mid = stats(m)
+    mid = tfs.stats(m)
     assert delta(mid, before, "cache_corrupt_dropped") >= 3, (before, mid)
     # An epoch far from anything prefetched needs every row group's columns.
     rels7 = epoch_files(m, [7], n)
     assert_same(digests(m, rels7), digests(ref, rels7), "epoch 7 after corrupting the cols files")
-    after = stats(m)
+    after = tfs.stats(m)
     print(f"cache_corrupt_dropped +{delta(after, before, 'cache_corrupt_dropped')}, "
           f"row_groups_decoded +{delta(after, mid, 'row_groups_decoded')}, column_hits +{delta(after, mid, 'column_hits')}")
     assert delta(after, mid, "row_groups_decoded") > 0, "epoch 7 decoded nothing: the cols files were not needed"
@@ -442,11 +431,11 @@ def test_faults_between_mounts(mounter, shuf_ds):
     cols[6].unlink()
 
     b = mounter(shuf_ds.path, *base, cache=a.cache)
-    before = stats(b)
+    before = tfs.stats(b)
     assert_same(digests(b, rels0), want0, "remount over a corrupted cache")
     rels9 = epoch_files(b, [9])
     assert_same(digests(b, rels9), digests(ref, rels9), "epoch 9 from corrupted cols")
-    s = stats(b)
+    s = tfs.stats(b)
     print(f"cache_corrupt_dropped={s['cache_corrupt_dropped']} (before reads: {before['cache_corrupt_dropped']}), "
           f"row_groups_decoded={s['row_groups_decoded']}")
     # flipped + truncated batch files and three damaged cols files, at least.
@@ -536,7 +525,7 @@ def test_full_disk_serves_from_memory(mounter, shuf_ds, tmp_path):
     try:
         m = mounter(shuf_ds.path, *base, "cache_size=100M", cache=small / "cache")
         assert_same(digests(m, rels), want, "on a full disk")
-        s = stats(m)
+        s = tfs.stats(m)
         print({k: s[k] for k in ("cache_write_failures", "cache_bytes", "cache_capacity", "cache_evictions")})
         assert s["cache_write_failures"] > 0, f"{s}\n{log_tail(m.cache)}"
         assert m.dataset()["batch_size"] == BS
@@ -559,9 +548,9 @@ def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
     m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}")
     rel = "epoch-0/000004.safetensors"
     first = tfs.read_exact(m.p(rel))
-    s1 = stats(m)
+    s1 = tfs.stats(m)
     second = tfs.read_exact(m.p(rel))
-    s2 = stats(m)
+    s2 = tfs.stats(m)
     assert second == first
     if s2["passthrough_opens"] == 0:
         pytest.skip(f"the kernel did not take FUSE passthrough (opens={s2['opens']}, passthrough_opens=0)")
@@ -570,7 +559,7 @@ def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
 
     off = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "passthrough=off")
     assert tfs.read_exact(off.p(rel)) == first
-    so = stats(off)
+    so = tfs.stats(off)
     assert so["daemon_reads"] > 0 and so["daemon_read_bytes"] >= len(first), so
     assert so["passthrough_opens"] == 0, so
 

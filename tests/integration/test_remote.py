@@ -166,21 +166,6 @@ def s3_opts(endpoint: str, secret: str = SECRET) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def stats(m: tfs.Mount) -> dict:
-    """The mount's live counters (a file whose size changes: read whole, not by its stat size)."""
-    with open(m.p(".tensorfs", "stats.json"), "rb") as f:
-        return json.loads(f.read())
-
-
-def file_name(entry: dict) -> str:
-    return entry["path"].rstrip("/").rsplit("/", 1)[-1]
-
-
-def hashes(m: tfs.Mount, rel_dirs, n_batches: int) -> dict[str, str]:
-    """sha256 of every batch file (safetensors and npy) of N_BATCHES in each of REL_DIRS."""
-    return {rel: tfs.sha256(m.p(rel)) for d in rel_dirs for rel in tfs.all_files(m, d, n_batches)}
-
-
 def log_text(m: tfs.Mount) -> str:
     p = m.cache / "tensorfs.log"
     return p.read_text(errors="replace") if p.exists() else ""
@@ -368,18 +353,18 @@ def test_same_bytes_as_local_directory(mounter, remote, case):
     lj, rj = local.dataset(), m.dataset()
     for k in ("rows", "batch_size", "batches_per_epoch", "last_batch_rows", "tensors", "drop_last"):
         assert rj.get(k) == lj.get(k), f"dataset.json {k}: {rj.get(k)!r} from s3, {lj.get(k)!r} from file://"
-    assert [file_name(f) for f in rj["files"]] == [f for f, _, _ in ds.files]
+    assert [tfs.file_name(f) for f in rj["files"]] == [f for f, _, _ in ds.files]
     assert [(f["rows"], f["row_groups"], f["size"]) for f in rj["files"]] == [
         (rows, rgs, (ds.path / f).stat().st_size) for f, rows, rgs in ds.files
     ]
 
     n = rj["batches_per_epoch"]
-    want = hashes(local, dirs, n)
-    got = hashes(m, dirs, n)
+    want = tfs.batch_hashes(local, dirs, n)
+    got = tfs.batch_hashes(m, dirs, n)
     assert sorted(got) == sorted(want)
     bad = [rel for rel in want if got[rel] != want[rel]]
     assert not bad, f"{len(bad)} of {len(want)} files differ from the file:// mount, e.g. {bad[:5]}"
-    st = stats(m)
+    st = tfs.stats(m)
     assert st["remote_requests"] > 0 and st["remote_bytes"] > 0, st
 
 
@@ -389,10 +374,10 @@ def test_single_object_source(mounter, remote):
     m = mounter(f"s3://{BUCKET}/main/part-001.parquet", *opts, *s3_opts(remote.s3.url))
     dj = m.dataset()
     assert dj["rows"] == 900
-    assert [file_name(f) for f in dj["files"]] == ["part-001.parquet"]
+    assert [tfs.file_name(f) for f in dj["files"]] == ["part-001.parquet"]
     got = tfs.load_safetensors(m.p("epoch-0", "000002.safetensors"))
     tfs.assert_array(got["id"], remote.main.ref["id"][1100 + 800 : 2000], "id")
-    assert hashes(m, ["epoch-0"], 3) == hashes(local, ["epoch-0"], 3)
+    assert tfs.batch_hashes(m, ["epoch-0"], 3) == tfs.batch_hashes(local, ["epoch-0"], 3)
 
 
 def test_environment_variables_configure_the_store(remote):
@@ -426,12 +411,12 @@ def test_projection_fetches_only_the_columns_needed(mounter, remote):
         remote.src("main"), "shuffle=none", f"batch_size={tfs.MAIN_RG}", f"columns={':'.join(cols)}", "prefetch=0",
         *s3_opts(remote.s3.url),
     )
-    after_mount = stats(m)
+    after_mount = tfs.stats(m)
     assert after_mount["remote_requests"] > 0, "a first mount reads the footers"
 
     got = tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))
     tfs.assert_array(got["i64"], ds.ref["i64"][: tfs.MAIN_RG], "i64")
-    after_read = stats(m)
+    after_read = tfs.stats(m)
 
     md = pq.ParquetFile(ds.path / ds.files[0][0]).metadata
     names = [md.schema.column(j).path for j in range(md.num_columns)]
@@ -452,14 +437,14 @@ def test_remount_reuses_kept_footers(mounter, remote):
     """Footers are kept in cache_dir by ETag: a remount of unchanged objects fetches none."""
     opts = ("shuffle=none", "batch_size=500", f"pad=tokens:{PAD}", *s3_opts(remote.s3.url))
     first = mounter(remote.src("main"), *opts)
-    s1 = stats(first)
+    s1 = tfs.stats(first)
     assert s1["remote_requests"] > 0, s1
     fingerprint = first.dataset()["fingerprint"]
     want = tfs.sha256(first.p("epoch-0", "000003.safetensors"))
     first.unmount()
 
     again = mounter(remote.src("main"), *opts, cache=first.cache)
-    s2 = stats(again)
+    s2 = tfs.stats(again)
     assert s2["remote_requests"] == 0, f"a remount with the same cache_dir refetched: {s2}"
     assert s2["remote_bytes"] == 0, s2
     assert again.dataset()["fingerprint"] == fingerprint
@@ -483,7 +468,7 @@ def test_many_small_objects_in_lexicographic_order(mounter, remote, tmp_path):
     dj = m.dataset()
     names = sorted(f"part-{i}.parquet" for i in range(n_files))
     assert names[:4] == ["part-0.parquet", "part-1.parquet", "part-10.parquet", "part-100.parquet"]
-    assert [file_name(f) for f in dj["files"]] == names
+    assert [tfs.file_name(f) for f in dj["files"]] == names
     assert dj["rows"] == n_files * rows
 
     order = [int(n[len("part-") : -len(".parquet")]) for n in names]
@@ -508,7 +493,7 @@ def test_secret_never_shown(mounter, remote):
 
     raw = tfs.read_exact(m.p("dataset.json")).decode()
     assert secret not in raw, "the secret is in dataset.json"
-    assert secret not in json.dumps(stats(m))
+    assert secret not in json.dumps(tfs.stats(m))
     assert (m.cache / "tensorfs.log").exists(), "no CACHE/tensorfs.log"
     assert secret not in log_text(m), "the secret is in CACHE/tensorfs.log"
 
@@ -570,11 +555,11 @@ def test_faults_are_retried(mounter, remote, proxy, mode):
     byte-identical to the file:// mount."""
     local = mounter(f"file://{remote.main.path}", *FAULT_OPTS)
     n = local.dataset()["batches_per_epoch"]
-    want = hashes(local, ["epoch-0"], n)
+    want = tfs.batch_hashes(local, ["epoch-0"], n)
 
     proxy.set(mode, rate=0.25, seed=11)
     m = mounter(remote.src("main"), *FAULT_OPTS, *s3_opts(proxy.url))
-    got = hashes(m, ["epoch-0"], n)
+    got = tfs.batch_hashes(m, ["epoch-0"], n)
     bad = [rel for rel in want if got.get(rel) != want[rel]]
     assert not bad, f"{mode}: {len(bad)} files differ, e.g. {bad[:5]}"
     s = proxy.stats()

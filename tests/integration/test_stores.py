@@ -305,32 +305,18 @@ def store(request) -> Store:
 # --------------------------------------------------------------------------------------------
 
 
-def stats(m: tfs.Mount) -> dict:
-    with open(m.p(".tensorfs", "stats.json"), "rb") as f:
-        return json.loads(f.read())
-
-
-def file_name(entry: dict) -> str:
-    return entry["path"].rstrip("/").rsplit("/", 1)[-1]
-
-
-def hashes(m: tfs.Mount, rel_dirs, n_batches: int) -> dict[str, str]:
-    """sha256 of every batch file (safetensors and npy) of N_BATCHES in each of REL_DIRS."""
-    return {rel: tfs.sha256(m.p(rel)) for d in rel_dirs for rel in tfs.all_files(m, d, n_batches)}
-
-
 def assert_same_as_local(m: tfs.Mount, local: tfs.Mount, dirs=("epoch-0",)):
     lj, rj = local.dataset(), m.dataset()
     for k in ("rows", "batch_size", "batches_per_epoch", "last_batch_rows", "tensors", "drop_last"):
         assert rj.get(k) == lj.get(k), f"dataset.json {k}: {rj.get(k)!r} from {m.source}, {lj.get(k)!r} from file://"
     n = rj["batches_per_epoch"]
     assert n > 1
-    want = hashes(local, dirs, n)
-    got = hashes(m, dirs, n)
+    want = tfs.batch_hashes(local, dirs, n)
+    got = tfs.batch_hashes(m, dirs, n)
     assert sorted(got) == sorted(want)
     bad = [rel for rel in want if got[rel] != want[rel]]
     assert not bad, f"{len(bad)} of {len(want)} files differ from the file:// mount, e.g. {bad[:5]}"
-    st = stats(m)
+    st = tfs.stats(m)
     assert st["remote_requests"] > 0 and st["remote_bytes"] > 0, st
     return rj
 
@@ -411,7 +397,7 @@ def test_same_bytes_as_local_directory(mounter, store, case):
     local = mounter(f"file://{ds.path}", *opts)
     m = mounter(store.src(f"{prefix}/"), *opts, *store.options)
     rj = assert_same_as_local(m, local)
-    assert [file_name(f) for f in rj["files"]] == [f for f, _, _ in ds.files]
+    assert [tfs.file_name(f) for f in rj["files"]] == [f for f, _, _ in ds.files]
     assert [(f["rows"], f["row_groups"], f["size"]) for f in rj["files"]] == [
         (rows, rgs, (ds.path / f).stat().st_size) for f, rows, rgs in ds.files
     ]
@@ -424,9 +410,9 @@ def test_single_object_source(mounter, store):
     m = mounter(store.src("main/part-001.parquet"), *opts, *store.options)
     dj = m.dataset()
     assert dj["rows"] == 900
-    assert [file_name(f) for f in dj["files"]] == ["part-001.parquet"]
+    assert [tfs.file_name(f) for f in dj["files"]] == ["part-001.parquet"]
     n = dj["batches_per_epoch"]
-    assert hashes(m, ["epoch-0"], n) == hashes(local, ["epoch-0"], n)
+    assert tfs.batch_hashes(m, ["epoch-0"], n) == tfs.batch_hashes(local, ["epoch-0"], n)
 
 
 def test_azure_emulator_options_with_the_url_from_the_environment(mounter, azure):
@@ -513,7 +499,7 @@ def test_names_that_need_escaping(mounter, store, tmp_path):
     opts = ("shuffle=none", "batch_size=128")
     local = mounter(f"file://{src}", *opts)
     m = mounter(store.src(urllib.parse.quote(prefix) + "/"), *opts, *store.options)
-    assert [file_name(f) for f in m.dataset()["files"]] == sorted(p.name for p in src.iterdir())
+    assert [tfs.file_name(f) for f in m.dataset()["files"]] == sorted(p.name for p in src.iterdir())
     assert_same_as_local(m, local)
 
 

@@ -508,3 +508,13 @@ def stats(m: "Mount") -> dict:
         except json.JSONDecodeError:
             continue
     raise AssertionError("stats.json never parsed")
+
+
+def file_name(entry: dict) -> str:
+    """The file name of a dataset.json `files` entry."""
+    return entry["path"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def batch_hashes(m: "Mount", rel_dirs, n_batches: int) -> dict[str, str]:
+    """sha256 of every batch file (safetensors and npy) of N_BATCHES in each of REL_DIRS."""
+    return {rel: sha256(m.p(rel)) for d in rel_dirs for rel in all_files(m, d, n_batches)}
