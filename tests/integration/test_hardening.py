@@ -26,7 +26,7 @@ import pytest
 
 import tfs
 from tfs import batch_name
-from test_cache import cache_paths, data_size, flip_byte, log_tail, make_wide, stats
+from test_cache import cache_paths, data_size, flip_byte, log_tail, make_wide
 
 # --------------------------------------------------------------------------------------------
 # Helpers
@@ -186,7 +186,7 @@ def test_64_concurrent_readers_under_eviction_and_memory_limit(mounter, big_ds):
     done.set()
     sam.join(timeout=5)
     hung = sum(t.is_alive() for t in threads)
-    s = stats(m)
+    s = tfs.stats(m)
     reads = sum(len(p) for p in plans)
     print(
         f"{READERS} readers, {reads} reads of {len(pool)} files in {elapsed:.1f} s; decoded dataset {mib(decoded)}, "
@@ -204,7 +204,7 @@ def test_64_concurrent_readers_under_eviction_and_memory_limit(mounter, big_ds):
     # replacement: measure once the counters stand still.
     quiet, last = 0, None
     for _ in range(100):
-        now = stats(m)
+        now = tfs.stats(m)
         now = (now["batch_files_written"], now["cache_evictions"], now["cache_bytes"])
         quiet = quiet + 1 if now == last else 0
         last = now
@@ -212,7 +212,7 @@ def test_64_concurrent_readers_under_eviction_and_memory_limit(mounter, big_ds):
             break
         time.sleep(0.1)
     used = data_size(m.cache)
-    assert used <= limit_k * 1024, f"{used} bytes cached > cache_size {limit_k}K ({stats(m)})"
+    assert used <= limit_k * 1024, f"{used} bytes cached > cache_size {limit_k}K ({tfs.stats(m)})"
     assert peak[1] > 0, "RSS was never sampled"
     assert peak[0] <= idle + MEMORY_LIMIT + RSS_SLACK, (
         f"daemon RSS reached {mib(peak[0])}: over idle {mib(idle)} + memory_limit {mib(MEMORY_LIMIT)} "
@@ -382,7 +382,7 @@ def test_determinism_matrix(mounter, shuf_ds, matrix_ref, combo):
         random.Random(7).shuffle(rels)
     got = read_all(m, rels)
     compare(got, want, combo_id(combo), m.cache)
-    s = stats(m)
+    s = tfs.stats(m)
     print(f"{combo_id(combo)}: {len(got)} files; decoded={s['row_groups_decoded']} "
           f"corrupt_dropped={s['cache_corrupt_dropped']} evictions={s['cache_evictions']}")
     if state == "warm":
