@@ -113,6 +113,11 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         Ok(value)
     }
 
+    /// Whether `key` is held now (its place in the LRU order unchanged).
+    pub fn contains(&self, key: &K) -> bool {
+        self.state.lock().unwrap().cache.contains(key)
+    }
+
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
         self.state.lock().unwrap().bytes
@@ -227,6 +232,11 @@ impl Builder {
             .get_or_build((epoch, i), self.build_batch(epoch, i))
             .await
     }
+    /// Whether batch `i` of `epoch` is built and held in memory.
+    pub fn has_batch(&self, epoch: u64, i: u64) -> bool {
+        self.batches.contains(&(self.plan().same_as(epoch), i))
+    }
+
     #[tracing::instrument(name = "build", level = "debug", skip(self))]
     async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
         // A build holds its row groups from the moment they are decoded until its rows are
@@ -278,8 +288,7 @@ impl Builder {
         let mut needed = Vec::new();
         for &(epoch, i) in batches {
             let order = self.orders.epoch(epoch);
-            for r in self.plan().batch_rows(&order, i) {
-                let g = self.plan().locate(r).0;
+            for g in self.plan().batch_row_groups(&order, i) {
                 if seen.insert(g) {
                     needed.push(g);
                 }

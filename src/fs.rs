@@ -554,7 +554,7 @@ impl Fs {
         if let Some((d, i, kind)) = node.batch_file()
             && let Ok(dir) = self.dir(d)
         {
-            self.prefetcher.accessed(dir, i, kind);
+            self.prefetcher.accessed(dir, i, Some(kind));
         }
     }
 
@@ -651,6 +651,19 @@ impl Fs {
         Ok(data)
     }
 
+    /// `size` bytes at `offset` of file `kind` of `batch`.
+    fn file_bytes(
+        &self,
+        batch: &crate::builder::Batch,
+        kind: FileKind,
+        offset: u64,
+        size: u32,
+    ) -> Vec<u8> {
+        let header = batch.header(&self.layout, kind);
+        let parts = self.layout.parts(kind, header.as_ref(), &batch.tensors);
+        layout::slice(&parts, offset, size)
+    }
+
     /// Reads `size` bytes at `offset`, building what it spans first if it must.
     pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
@@ -663,9 +676,7 @@ impl Fs {
                 let (epoch, g) = b.global(i);
                 self.accessed(node);
                 let batch = self.batch(epoch, g).await?;
-                let header = batch.header(&self.layout, kind);
-                let parts = self.layout.parts(kind, header.as_ref(), &batch.tensors);
-                Ok(layout::slice(&parts, offset, size))
+                Ok(self.file_bytes(&batch, kind, offset, size))
             }
             Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
                 let (_, kind) = node.all_file().expect("a one-open file");
@@ -705,9 +716,7 @@ impl Fs {
                 let j = (at - base) / per_batch;
                 let within = at - base - j * per_batch;
                 let (epoch, g) = b.global(j);
-                if let Ok(dir) = self.dir_id(b, false) {
-                    self.accessed(Node::Safetensors(dir, j));
-                }
+                self.prefetcher.accessed(b, j, None);
                 let batch = self.batch(epoch, g).await?;
                 let data = &batch.tensors[t];
                 let take =

@@ -275,7 +275,8 @@ impl Layout {
 
 /// `size` bytes at `offset` of the concatenation of `parts`.
 pub fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
-    let mut out = Vec::with_capacity(size as usize);
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity((size as usize).min(total.saturating_sub(offset as usize)));
     let (mut start, end) = (offset as usize, offset as usize + size as usize);
     let mut base = 0usize;
     for p in parts {

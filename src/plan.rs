@@ -20,7 +20,6 @@
 
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
-use std::collections::HashMap;
 use std::ops::Range;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -332,23 +331,63 @@ impl Plan {
     /// The canonical rows of batch `i`, in batch order.
     pub fn batch_rows(&self, order: &EpochOrder, i: u64) -> Vec<u64> {
         let first = i * self.opts.batch_size;
-        let mut perms: HashMap<(usize, usize), Permutation> = HashMap::new();
+        // A batch's positions lie in one or two windows of a partition: the last window's
+        // permutation is kept (a hash map of them cost more than the permutations).
+        let mut last: Option<((usize, usize), Permutation)> = None;
         (first..first + self.batch_len(i))
             .map(|pos| {
                 let (p, x) = self.partition_position(pos);
-                self.partition_row(order, p, x, &mut perms)
+                self.partition_row(order, p, x, &mut last)
             })
             .collect()
     }
 
-    /// The canonical row at position `x` of partition `p`'s order; `perms` memoises the window
-    /// permutations a batch meets.
+    /// The row groups batch `i` may draw from, sorted: each shuffle window the batch meets
+    /// counts whole (a superset, computed per window rather than per row, which is what the
+    /// prefetcher needs to decode ahead: the window's other rows are read by the next batches).
+    pub fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
+        let first = i * self.opts.batch_size;
+        let end = first + self.batch_len(i);
+        let leftovers = self.single_partition_batches() * self.opts.batch_size;
+        let mut out = std::collections::BTreeSet::new();
+        let mut pos = first;
+        while pos < end {
+            let (p, x) = self.partition_position(pos);
+            let base_row = self.part_start[p];
+            // Positions x.. of partition p that one look covers.
+            let run = match &order.parts[p] {
+                Order::Canonical => {
+                    let (rg, row) = self.locate(base_row + x);
+                    out.insert(rg);
+                    self.rg_start[rg + 1] - self.rg_start[rg] - row
+                }
+                Order::Global(_) => {
+                    out.extend(self.segments[p].iter().map(|(g, _)| *g));
+                    u64::MAX
+                }
+                Order::Window { segs, windows, .. } => {
+                    let w = windows.partition_point(|&s| s <= x) - 1;
+                    let k = self.opts.window as usize;
+                    let slots = (w * k).min(segs.len())..((w + 1) * k).min(segs.len());
+                    out.extend(segs[slots].iter().map(|&s| self.segments[p][s].0));
+                    windows[w + 1] - x
+                }
+            };
+            // In the leftover batches consecutive positions may change partition: one at a time.
+            let run = if pos >= leftovers { 1 } else { run };
+            pos = pos.saturating_add(run).min(end);
+        }
+        out.into_iter().collect()
+    }
+
+    /// The canonical row at position `x` of partition `p`'s order; `last` keeps the window
+    /// permutation met last.
     fn partition_row(
         &self,
         order: &EpochOrder,
         p: usize,
         x: u64,
-        perms: &mut HashMap<(usize, usize), Permutation>,
+        last: &mut Option<((usize, usize), Permutation)>,
     ) -> u64 {
         let base_row = self.part_start[p];
         match &order.parts[p] {
@@ -364,13 +403,12 @@ impl Plan {
                 // successor does).
                 let w = windows.partition_point(|&s| s <= x) - 1;
                 let base = windows[w];
-                let perm = perms.entry((p, w)).or_insert_with(|| {
+                if last.as_ref().is_none_or(|(key, _)| *key != (p, w)) {
                     let len = windows[w + 1] - base;
-                    Permutation::new(
-                        len,
-                        &mut rng(self.opts.seed, order.epoch, p as u64, w as u64 + 1),
-                    )
-                });
+                    let rng = &mut rng(self.opts.seed, order.epoch, p as u64, w as u64 + 1);
+                    *last = Some(((p, w), Permutation::new(len, rng)));
+                }
+                let (_, perm) = last.as_ref().expect("set above");
                 let shuffled = base + perm.apply(x - base);
                 let slot = start.partition_point(|&s| s <= shuffled) - 1;
                 self.segments[p][segs[slot]].1.start + (shuffled - start[slot])
@@ -720,8 +758,10 @@ mod tests {
                     None => prop_assert!(i >= n * partitions),
                 }
                 // Every row's row group is one the plan says may feed this batch.
+                let may = plan.batch_row_groups(&order, i);
                 for r in rows {
                     let (g, _) = plan.locate(r);
+                    prop_assert!(may.binary_search(&g).is_ok(), "batch {} rg {} not in {:?}", i, g, may);
                     prop_assert!(plan.row_group_batches(&order, g).iter().any(|s| s.from(i).next() == Some(i)), "batch {} rg {}", i, g);
                 }
             }

@@ -1,5 +1,6 @@
 //! The prefetcher: it follows each reader through the plan and keeps the next `prefetch`
-//! batch files materialised ahead of it, across epoch boundaries, within the memory budget.
+//! batches ready ahead of it (their files materialised, or, for a reader of the one-open files,
+//! the batches built in memory), across epoch boundaries, within the memory budget.
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -72,8 +73,9 @@ impl Prefetcher {
         self.materializer.plan()
     }
 
-    /// A reader opened (or read) file `kind` of batch `i` of `dir`: schedule what follows.
-    pub fn accessed(&self, dir: Batches, i: u64, kind: FileKind) {
+    /// A reader opened (or read) file `kind` of batch `i` of `dir` (`None`: read the batch
+    /// through a one-open file, `all.safetensors` or `all/`): schedule what follows.
+    pub fn accessed(&self, dir: Batches, i: u64, kind: Option<FileKind>) {
         if self.depth == 0 {
             return;
         }
@@ -98,8 +100,10 @@ impl Prefetcher {
     }
 
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
-    /// want it. Past the memory budget, readers are served first.
+    /// want it, or builds the batches in memory for a reader of the one-open files.
+    /// Past the memory budget, readers are served first.
     fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
+        let to_disk = self.to_disk(kinds);
         for &(d, j) in files {
             let (epoch, batch) = d.global(j);
             if epoch >= last {
@@ -108,6 +112,10 @@ impl Prefetcher {
             if self.over_budget() {
                 Stats::add(&self.materializer.stats().c.prefetch_deferred, 1);
                 break;
+            }
+            if !to_disk {
+                self.build_batch(epoch, batch);
+                continue;
             }
             for &kind in kinds {
                 let item = self.materializer.item(kind, epoch, batch);
@@ -126,6 +134,35 @@ impl Prefetcher {
                 });
             }
         }
+    }
+
+    /// Whether a reader opening the batch files `kinds` is served from materialised files, or
+    /// from batches in memory (a reader of the one-open files only: they are built from the
+    /// batches, and batch files written for them would be read by nobody).
+    fn to_disk(&self, kinds: &[FileKind]) -> bool {
+        !kinds.is_empty()
+    }
+
+    /// Builds batch `batch` of `epoch` into memory, once however many readers want it.
+    fn build_batch(&self, epoch: u64, batch: u64) {
+        let builder = self.materializer.builder().clone();
+        // Every kind of a batch is served from the one batch: its safetensors item stands
+        // for the batch in the set of what is scheduled.
+        let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
+        if builder.has_batch(epoch, batch) || !self.scheduled.lock().unwrap().insert(item) {
+            return;
+        }
+        let scheduled = self.scheduled.clone();
+        Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
+        self.runtime.spawn(async move {
+            if let Err(e) = builder.batch(epoch, batch).await {
+                tracing::warn!(
+                    "prefetch of epoch {epoch} batch {batch}: {}",
+                    crate::describe(&e)
+                );
+            }
+            scheduled.lock().unwrap().remove(&item);
+        });
     }
 
     /// Each batch between the files being built and the horizon has its row groups asked for
@@ -163,8 +200,12 @@ impl Prefetcher {
         });
     }
 
-    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache.
+    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or the batch is
+    /// in memory, for a reader of the one-open files).
     fn ready(&self, kinds: &[FileKind], (epoch, batch): (u64, u64)) -> bool {
+        if !self.to_disk(kinds) {
+            return self.materializer.builder().has_batch(epoch, batch);
+        }
         kinds.iter().all(|&k| {
             self.materializer
                 .contains(self.materializer.item(k, epoch, batch))
@@ -270,7 +311,7 @@ mod tests {
             let readers = Readers::default();
             let mut asked: Vec<(u64, u64)> = Vec::new();
             for i in 0..n {
-                readers.step(dir, i, FileKind::Safetensors, depth);
+                readers.step(dir, i, Some(FileKind::Safetensors), depth);
                 let walk = ahead(&p, dir, i, horizon);
                 let beyond = &walk[walk.len().min(depth as usize)..];
                 let fresh = readers.not_yet_warmed(dir, beyond);

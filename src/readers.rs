@@ -58,11 +58,12 @@ impl Readers {
         self.state.lock().unwrap().last = (epoch, batch);
     }
 
-    /// A reader of `dir` opened (or read) file `kind` of its batch `i`. It is followed once it
+    /// A reader of `dir` opened (or read) file `kind` of its batch `i` (`None`: it read the
+    /// batch through a one-open file). It is followed once it
     /// reads about in order (within `slack` batches of where it last was: loader workers read
     /// neighbouring batches out of order), or from its first open if that is of the directory's
     /// first batch; random access is not followed.
-    pub fn step(&self, dir: Batches, i: u64, kind: FileKind, slack: u64) -> Step {
+    pub fn step(&self, dir: Batches, i: u64, kind: Option<FileKind>, slack: u64) -> Step {
         let mut state = self.state.lock().unwrap();
         let r = state.dirs.entry(dir).or_default();
         let sequential = match r.seen {
@@ -75,7 +76,7 @@ impl Readers {
         }
         r.seen = true;
         r.at = i;
-        r.kinds.insert(kind);
+        r.kinds.extend(kind);
         Step {
             sequential,
             kinds: r.kinds.iter().copied().collect(),
@@ -125,13 +126,25 @@ mod tests {
     fn a_reader_is_followed_when_it_reads_in_order() {
         let readers = Readers::default();
         let d = Batches::Epoch(0);
-        assert!(!readers.step(d, 5, FileKind::Safetensors, 2).sequential);
-        assert!(readers.step(d, 6, FileKind::Safetensors, 2).sequential);
-        assert!(!readers.step(d, 20, FileKind::Npy(1), 2).sequential);
-        let step = readers.step(d, 21, FileKind::Safetensors, 2);
+        assert!(
+            !readers
+                .step(d, 5, Some(FileKind::Safetensors), 2)
+                .sequential
+        );
+        assert!(
+            readers
+                .step(d, 6, Some(FileKind::Safetensors), 2)
+                .sequential
+        );
+        assert!(!readers.step(d, 20, Some(FileKind::Npy(1)), 2).sequential);
+        let step = readers.step(d, 21, Some(FileKind::Safetensors), 2);
         assert_eq!(step.kinds, vec![FileKind::Safetensors, FileKind::Npy(1)]);
         let other = Batches::Epoch(1);
-        assert!(readers.step(other, 0, FileKind::Safetensors, 2).sequential);
+        assert!(
+            readers
+                .step(other, 0, Some(FileKind::Safetensors), 2)
+                .sequential
+        );
         readers.at(1, 0);
         assert_eq!(readers.now(), (1, 0));
     }
@@ -148,8 +161,8 @@ mod tests {
         let further: Vec<(Batches, u64)> = (4..8).map(|j| (d, j)).collect();
         assert_eq!(readers.not_yet_warmed(d, &further), vec![(0, 6), (0, 7)]);
         // Random access starts the marks again.
-        readers.step(d, 0, FileKind::Safetensors, 2);
-        readers.step(d, 50, FileKind::Safetensors, 2);
+        readers.step(d, 0, Some(FileKind::Safetensors), 2);
+        readers.step(d, 50, Some(FileKind::Safetensors), 2);
         assert_eq!(readers.not_yet_warmed(d, &further).len(), 4);
     }
 }
