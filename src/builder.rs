@@ -407,7 +407,7 @@ impl Builder {
                 if keep {
                     let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
                     let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);
-                    if stored
+                    if stored.is_ok()
                         && map
                         && let Some(l) = cache.load_columns(g, parts.len(), true, &stats)
                     {

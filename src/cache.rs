@@ -18,6 +18,10 @@
 //! cache, and what a crash may leave short or zeroed fails its crc32c, which is checked on the
 //! first use of every item after each start. When the cache is over
 //! `cache_size`, the items needed furthest in the future are evicted first.
+//!
+//! Lookups answer `Option`: a miss (a dropped corrupt item included) is not an error, the
+//! caller builds the item. Stores answer `Result<_, NotStored>`: the reason the cache did not
+//! take an item, which the caller then serves from memory.
 
 use crate::kept::private_dir;
 use crate::layout::{Item, Layout};
@@ -32,6 +36,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Why the cache did not store an item. Never a failure of the read that wanted it: the caller
+/// serves the item from memory instead, and the cache takes items again once it can.
+#[derive(Debug, thiserror::Error)]
+pub enum NotStored {
+    /// Every item it could evict is needed sooner (or pinned) than this one.
+    #[error("the cache is full of items needed sooner")]
+    Full,
+    /// Writing failed (a full disk, a permission); counted and warned of once.
+    #[error("writing to the cache failed: {0:#}")]
+    Write(anyhow::Error),
+}
 
 const VERSION: u32 = 1;
 const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
@@ -394,7 +410,7 @@ impl DiskCache {
         }
     }
 
-    /// Writes a row group's columns; `false` when the cache cannot take them.
+    /// Writes a row group's columns.
     pub fn store_columns(
         &self,
         rg: usize,
@@ -402,12 +418,12 @@ impl DiskCache {
         tensors: &[&[u8]],
         distance: &dyn Fn(Item) -> u64,
         stats: &Stats,
-    ) -> bool {
+    ) -> Result<(), NotStored> {
         let item = Item::Columns { rg };
         let header = columns_header(rows, tensors, &self.identity(item));
         let mut parts: Vec<&[u8]> = vec![&header];
         parts.extend_from_slice(tensors);
-        self.write(item, &parts, None, distance, stats).is_some()
+        self.write(item, &parts, None, distance, stats)
     }
 
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
@@ -447,14 +463,15 @@ impl DiskCache {
         }
     }
 
-    /// Writes a batch file (the concatenation of `parts`) and its meta.
+    /// Writes a batch file (the concatenation of `parts`) and its meta; the file, opened, and
+    /// its path.
     pub fn store_batch_file(
         &self,
         item: Item,
         parts: &[&[u8]],
         distance: &dyn Fn(Item) -> u64,
         stats: &Stats,
-    ) -> Option<(File, PathBuf)> {
+    ) -> Result<(File, PathBuf), NotStored> {
         let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut crc = 0;
         for p in parts {
@@ -463,7 +480,8 @@ impl DiskCache {
         let meta = meta_bytes(len, crc, &self.identity(item));
         self.write(item, parts, Some(&meta), distance, stats)?;
         let path = self.path(item);
-        File::open(&path).ok().map(|f| (f, path))
+        let file = File::open(&path).map_err(|e| NotStored::Write(e.into()))?;
+        Ok((file, path))
     }
 
     fn tmp_file(&self) -> Result<(File, PathBuf)> {
@@ -503,7 +521,7 @@ impl DiskCache {
         meta: Option<&[u8]>,
         distance: &dyn Fn(Item) -> u64,
         stats: &Stats,
-    ) -> Option<()> {
+    ) -> Result<(), NotStored> {
         let bytes =
             parts.iter().map(|p| p.len() as u64).sum::<u64>() + meta.map_or(0, |m| m.len() as u64);
         // Reserve the space first, so that concurrent writers never overshoot the capacity
@@ -512,7 +530,7 @@ impl DiskCache {
             let _one_at_a_time = self.reserving.lock().unwrap();
             self.make_room(bytes, distance, stats);
             if self.used() + bytes > self.capacity {
-                return None;
+                return Err(NotStored::Full);
             }
             self.used.fetch_add(bytes, Ordering::Relaxed);
         }
@@ -547,7 +565,7 @@ impl DiskCache {
                     None => self.count_batch(item, 1),
                 }
                 Stats::set(&stats.c.cache_bytes, self.used());
-                Some(())
+                Ok(())
             }
             Err(e) => {
                 let _ = std::fs::remove_file(&dest);
@@ -570,7 +588,7 @@ impl DiskCache {
                     // Make room for the next writes: the filesystem is smaller than cache_size.
                     self.make_room(self.used() / 2 + bytes, distance, stats);
                 }
-                None
+                Err(NotStored::Write(e))
             }
         }
     }
@@ -800,7 +818,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
-        assert!(c.store_columns(4, 2, &[b"xxxxxxxx", b"yy"], &near, &stats));
+        c.store_columns(4, 2, &[b"xxxxxxxx", b"yy"], &near, &stats)
+            .unwrap();
         let cols = c.load_columns(4, 2, false, &stats).unwrap();
         assert_eq!(
             &c.load_columns(4, 2, true, &stats).unwrap().buf[4096..4104],
@@ -897,7 +916,9 @@ mod tests {
         let n = EVICTION_BATCH_FROM as u64 * 2;
         let item_bytes = {
             let probe = cache(&dir.path().join("probe"), u64::MAX);
-            assert!(probe.store_columns(0, 1, &[&data], &|_| 0, &Stats::default()));
+            probe
+                .store_columns(0, 1, &[&data], &|_| 0, &Stats::default())
+                .unwrap();
             probe.used()
         };
         let c = cache(&dir.path().join("c"), n * item_bytes);
@@ -906,19 +927,21 @@ mod tests {
             _ => u64::MAX,
         };
         for rg in 0..n as usize {
-            assert!(c.store_columns(rg, 1, &[&data], &distance, &stats));
+            c.store_columns(rg, 1, &[&data], &distance, &stats).unwrap();
         }
         let evictions = || stats.c.cache_evictions.load(Ordering::Relaxed);
         assert_eq!(evictions(), 0, "it fits exactly");
         // One more: the furthest items go, a sixty-fourth of the cache beyond the one needed.
-        assert!(c.store_columns(n as usize, 1, &[&data], &distance, &stats));
+        c.store_columns(n as usize, 1, &[&data], &distance, &stats)
+            .unwrap();
         let freed = evictions();
         assert_eq!(freed, 1 + n / 64);
         assert!(!c.contains(Item::Columns { rg: n as usize - 1 }));
         assert!(c.contains(Item::Columns { rg: 0 }));
         // The next writes fit in the room that left: no eviction, so no scan.
         for rg in 0..n / 64 {
-            assert!(c.store_columns(rg as usize + 10_000, 1, &[&data], &distance, &stats));
+            c.store_columns(rg as usize + 10_000, 1, &[&data], &distance, &stats)
+                .unwrap();
         }
         assert_eq!(evictions(), freed);
         assert!(c.used() <= n * item_bytes);
@@ -936,9 +959,9 @@ mod tests {
             _ => u64::MAX,
         };
         for rg in [5, 1, 9] {
-            assert!(c.store_columns(rg, 1, &[&data], &distance, &stats));
+            c.store_columns(rg, 1, &[&data], &distance, &stats).unwrap();
         }
-        assert!(c.store_columns(3, 1, &[&data], &distance, &stats));
+        c.store_columns(3, 1, &[&data], &distance, &stats).unwrap();
         assert!(c.used() <= 4096 * 3 + 200);
         assert!(
             !c.contains(Item::Columns { rg: 9 }),
@@ -946,10 +969,10 @@ mod tests {
         );
         assert!(c.contains(Item::Columns { rg: 1 }) && c.contains(Item::Columns { rg: 3 }));
         // Pinned items stay, however far ahead they are needed.
-        assert!(c.store_columns(5, 1, &[&data], &distance, &stats));
+        c.store_columns(5, 1, &[&data], &distance, &stats).unwrap();
         c.pin(Item::Columns { rg: 5 }, Duration::from_secs(60));
-        assert!(c.store_columns(0, 1, &[&data], &distance, &stats));
-        assert!(c.store_columns(2, 1, &[&data], &distance, &stats));
+        c.store_columns(0, 1, &[&data], &distance, &stats).unwrap();
+        c.store_columns(2, 1, &[&data], &distance, &stats).unwrap();
         assert!(c.used() <= 4096 * 3 + 200);
         assert!(c.contains(Item::Columns { rg: 5 }));
     }

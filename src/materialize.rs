@@ -137,11 +137,16 @@ impl Materializer {
                         let kind = item.kind().expect("a batch file");
                         let header = b.header(&layout, kind);
                         let parts = layout.parts(kind, header.as_ref(), &b.tensors);
-                        let stored = cache.store_batch_file(item, &parts, &*distance, &stats);
-                        if stored.is_some() {
-                            Stats::add(&stats.c.batch_files_written, 1);
+                        match cache.store_batch_file(item, &parts, &*distance, &stats) {
+                            Ok((_, path)) => {
+                                Stats::add(&stats.c.batch_files_written, 1);
+                                Some(path)
+                            }
+                            Err(e) => {
+                                tracing::debug!("{item:?} served from memory: {e}");
+                                None
+                            }
                         }
-                        stored.map(|(_, p)| p)
                     })
                     .await?;
                 Ok(Arc::new(Materialized(path)))
