@@ -530,6 +530,21 @@ impl Fs {
         self.materializer.cached(item)
     }
 
+    /// Counts an answered open of batch file `ino`, which waited `waited`, by passthrough or not.
+    pub fn opened(&self, ino: u64, waited: std::time::Duration, passthrough: bool) {
+        let stats = self.stats();
+        Stats::add(&stats.c.opens, 1);
+        stats.stall(waited);
+        Stats::add(&stats.c.batches_served, 1);
+        Stats::add(
+            &stats.c.bytes_served,
+            self.getattr(ino).map_or(0, |a| a.size),
+        );
+        if passthrough {
+            Stats::add(&stats.c.passthrough_opens, 1);
+        }
+    }
+
     /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered).
     pub fn note_reader(&self, ino: u64) {
         if let Ok(node) = self.node(ino) {

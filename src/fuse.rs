@@ -2,48 +2,24 @@
 //! answered from tokio tasks, so the FUSE threads never wait on a batch build.
 
 use crate::fs::{Attr, Fs, Kind, Openable};
-use crate::stats::Stats;
+use crate::open_files::{Mode, OpenFiles, ReadFrom};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
     ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 use tokio::runtime::Handle as Handle_;
 use tracing::Instrument;
 
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
-
-/// An open file: the backing file it was served from, or the content it was opened with
-/// (stats.json: one snapshot per open, so a read never mixes two), and its passthrough id.
-#[derive(Default)]
-struct Handle {
-    file: Option<Arc<File>>,
-    snapshot: Option<Arc<Vec<u8>>>,
-    backing: Option<Arc<BackingId>>,
-}
-
-/// Open files and the passthrough ids of their inodes (the kernel wants one backing file per
-/// inode at a time, so opens of one inode share it).
-///
-/// The kernel also refuses (EIO) to mix modes on one inode: while it is open by passthrough,
-/// every open must be; while it is open through the page cache, none may be. So an open follows
-/// the mode the inode is in, whatever its own materialisation gave.
-#[derive(Default)]
-struct Handles {
-    open: HashMap<u64, Handle>,
-    backing: HashMap<u64, Weak<BackingId>>,
-    /// Opens served by the daemon, per inode.
-    cached: HashMap<u64, u32>,
-}
 
 pub struct FuseAdapter {
     fs: Arc<Fs>,
@@ -54,8 +30,7 @@ pub struct FuseAdapter {
     /// Whether to try passthrough: asked for, accepted by the kernel at init, and not refused
     /// since.
     passthrough: Arc<AtomicBool>,
-    handles: Arc<Mutex<Handles>>,
-    next_fh: AtomicU64,
+    open_files: Arc<OpenFiles<BackingId>>,
 }
 
 /// The errno of an error of the core, which is logged here, once, as it is replied.
@@ -86,8 +61,7 @@ impl FuseAdapter {
             uid,
             gid,
             passthrough: Arc::new(AtomicBool::new(passthrough)),
-            handles: Arc::default(),
-            next_fh: AtomicU64::new(1),
+            open_files: Arc::default(),
         }
     }
 
@@ -120,7 +94,7 @@ impl FuseAdapter {
 /// What finishing an open needs, shareable with the task that materialises the file.
 struct Opener {
     fs: Arc<Fs>,
-    handles: Arc<Mutex<Handles>>,
+    open_files: Arc<OpenFiles<BackingId>>,
     passthrough: Arc<AtomicBool>,
 }
 
@@ -134,54 +108,22 @@ impl Opener {
         started: std::time::Instant,
         reply: ReplyOpen,
     ) {
-        let stats = self.fs.stats();
-        Stats::add(&stats.c.opens, 1);
-        stats.stall(started.elapsed());
-        Stats::add(&stats.c.batches_served, 1);
-        Stats::add(
-            &stats.c.bytes_served,
-            self.fs.getattr(ino).map_or(0, |a| a.size),
-        );
-        let mut h = self.handles.lock().unwrap();
-        let in_use = h.backing.get(&ino).and_then(Weak::upgrade);
-        let cached = h.cached.get(&ino).copied().unwrap_or(0) > 0;
-        let backing = match (&file, in_use) {
-            (_, Some(id)) => Some(id),
-            (Some(file), None) if !cached && self.passthrough.load(Ordering::Relaxed) => {
-                match reply.open_backing(file.as_ref()) {
-                    Ok(id) => {
-                        let id = Arc::new(id);
-                        h.backing.insert(ino, Arc::downgrade(&id));
-                        Some(id)
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "FUSE passthrough refused ({e}): reads are served by the daemon"
-                        );
-                        self.passthrough.store(false, Ordering::Relaxed);
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        if backing.is_none() {
-            *h.cached.entry(ino).or_default() += 1;
+        let passthrough = self.passthrough.load(Ordering::Relaxed);
+        let (mode, refused) = self
+            .open_files
+            .open_batch(ino, fh, file, passthrough, |f| reply.open_backing(f));
+        if let Some(e) = refused {
+            tracing::warn!("FUSE passthrough refused ({e}): reads are served by the daemon");
+            self.passthrough.store(false, Ordering::Relaxed);
         }
-        let handle = Handle {
-            file,
-            snapshot: None,
-            backing: backing.clone(),
-        };
-        h.open.insert(fh, handle);
-        drop(h);
-        match backing {
-            Some(id) => {
-                Stats::add(&stats.c.passthrough_opens, 1);
+        self.fs
+            .opened(ino, started.elapsed(), matches!(mode, Mode::Passthrough(_)));
+        match mode {
+            Mode::Passthrough(id) => {
                 // The kernel takes no caching flags with passthrough (EIO otherwise).
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
             }
-            None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Mode::Cached => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
         }
     }
 }
@@ -190,7 +132,7 @@ impl FuseAdapter {
     fn opener(&self) -> Opener {
         Opener {
             fs: self.fs.clone(),
-            handles: self.handles.clone(),
+            open_files: self.open_files.clone(),
             passthrough: self.passthrough.clone(),
         }
     }
@@ -239,14 +181,10 @@ impl Filesystem for FuseAdapter {
             Ok(k) => k,
             Err(e) => return reply.error(errno(e, "open")),
         };
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.open_files.next_fh();
         match kind {
             Openable::Live(snapshot) => {
-                let handle = Handle {
-                    snapshot: Some(Arc::new(snapshot)),
-                    ..Handle::default()
-                };
-                self.handles.lock().unwrap().open.insert(fh, handle);
+                self.open_files.open_snapshot(fh, snapshot);
                 return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
             // Their bytes never change: the kernel keeps them cached across opens.
@@ -304,20 +242,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let mut h = self.handles.lock().unwrap();
-        if let Some(closed) = h.open.remove(&fh.0)
-            && closed.backing.is_none()
-            && closed.snapshot.is_none()
-            && let Some(n) = h.cached.get_mut(&ino.0)
-        {
-            *n -= 1;
-            if *n == 0 {
-                h.cached.remove(&ino.0);
-            }
-        }
-        if h.backing.get(&ino.0).is_some_and(|w| w.strong_count() == 0) {
-            h.backing.remove(&ino.0);
-        }
+        self.open_files.release(ino.0, fh.0);
         reply.ok();
     }
 
@@ -333,10 +258,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
-        let (file, snapshot) = match self.handles.lock().unwrap().open.get(&fh.0) {
-            Some(h) => (h.file.clone(), h.snapshot.clone()),
-            None => (None, None),
-        };
+        let ReadFrom { file, snapshot } = self.open_files.read_from(fh.0);
         if let Some(snapshot) = snapshot {
             let start = (offset as usize).min(snapshot.len());
             let end = (start + size as usize).min(snapshot.len());

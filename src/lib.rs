@@ -23,6 +23,7 @@ pub mod kept;
 pub mod layout;
 pub mod materialize;
 pub mod mount;
+pub mod open_files;
 pub mod options;
 pub mod petastorm;
 pub mod plan;

@@ -1,0 +1,225 @@
+"""Machine helpers: dropping the page cache, tensorfs mounts, the loopback S3 server."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from .common import REPO, VENV_PY
+from .dataset import parquet_files
+
+
+class Caches:
+    """Drops the page cache (root only); remembers whether that worked."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.works: bool | None = None
+
+    def drop(self) -> bool:
+        if not self.enabled:
+            return False
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            self.works = True
+        except OSError:
+            self.works = False
+        return self.works
+
+
+def _unescape(s: str) -> str:
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def is_mounted(path: Path) -> bool:
+    want = os.path.join(os.path.realpath(path.parent), path.name)
+    with open("/proc/self/mounts") as f:
+        return any(len(p) >= 2 and _unescape(p[1]) == want for p in (line.split() for line in f))
+
+
+def daemon_pids(mnt: Path) -> list[int]:
+    want = {str(mnt), os.path.join(os.path.realpath(mnt.parent), mnt.name)}
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+        except OSError:
+            continue
+        if any(a.rstrip("/") in want for a in argv):
+            pids.append(int(entry))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def mount_env() -> dict:
+    """The environment for tensorfs daemons: without AWS_* (credentials and endpoint come from
+    the mount options; e.g. AWS_CA_BUNDLE would change the S3 client) and proxies."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AWS_") and k.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    return env
+
+
+class Mount:
+    """A tensorfs mount, daemonised; unmount() waits for the daemon to exit."""
+
+    def __init__(self, binary: Path, source: str, mnt: Path, options: list[str]):
+        self.mnt, self.pids = mnt, []
+        mnt.mkdir(parents=True, exist_ok=True)
+        err = mnt.parent / f"{mnt.name}.mount-stderr"
+        with open(err, "w") as fe:
+            rc = subprocess.run(
+                [str(binary), "mount", source, str(mnt), "-o", ",".join(options)],
+                stdin=subprocess.DEVNULL,
+                stdout=fe,
+                stderr=fe,
+                timeout=300,
+                env=mount_env(),
+            ).returncode
+        if rc != 0 or not is_mounted(mnt):
+            raise RuntimeError(f"tensorfs mount {source} failed (exit {rc}): {err.read_text().strip()[-500:]}")
+        self.pids = daemon_pids(mnt)
+
+    def stats(self) -> dict:
+        with open(self.mnt / ".tensorfs" / "stats.json", "rb") as f:
+            return json.loads(f.read())
+
+    def dataset(self) -> dict:
+        with open(self.mnt / "dataset.json", "rb") as f:
+            return json.loads(f.read())
+
+    def unmount(self) -> None:
+        gc.collect()
+        for cmd in (["umount", str(self.mnt)], ["fusermount3", "-u", str(self.mnt)], ["umount", "-l", str(self.mnt)]):
+            if not is_mounted(self.mnt):
+                break
+            try:
+                subprocess.run(cmd, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            for _ in range(40):
+                if not is_mounted(self.mnt):
+                    break
+                time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in self.pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/", timeout=2) as r:
+                r.read()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} does not answer")
+            time.sleep(0.2)
+
+
+class S3Server:
+    """moto's S3 server on loopback (scripts/s3-server when present), holding the dataset."""
+
+    BUCKET, PREFIX = "bench", "ds"
+
+    def __init__(self, data: Path, scratch: Path):
+        self.proc = None
+        self.pid = None
+        self.url = None
+        script = REPO / "scripts" / "s3-server"
+        logf = scratch / "s3-server.log"
+        if script.exists():
+            r = subprocess.run(
+                [str(VENV_PY), str(script), "--background", "--quiet", "--log", str(logf),
+                 "--bucket", self.BUCKET, "--upload", f"{data}={self.BUCKET}/{self.PREFIX}"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600,
+            )
+            lines = r.stdout.split()
+            if r.returncode != 0 or len(lines) < 2:
+                raise RuntimeError(f"scripts/s3-server failed: {(r.stderr or r.stdout).strip()[-300:]}")
+            self.url, self.pid = lines[0], int(lines[1])
+            self.how = "scripts/s3-server (moto)"
+        else:
+            port = free_port()
+            self.proc = subprocess.Popen(
+                [str(VENV_PY), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdin=subprocess.DEVNULL, stdout=open(logf, "ab"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.url = f"http://127.0.0.1:{port}"
+            wait_http(self.url, 60)
+            self.how = "python -m moto.server"
+            s3 = self.client()
+            s3.create_bucket(Bucket=self.BUCKET)
+            for p in parquet_files(data):
+                s3.upload_file(str(p), self.BUCKET, f"{self.PREFIX}/{p.name}")
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.url, aws_access_key_id="test", aws_secret_access_key="test",
+            region_name="us-east-1", config=Config(s3={"addressing_style": "path"}),
+        )
+
+    @property
+    def source(self) -> str:
+        return f"s3://{self.BUCKET}/{self.PREFIX}/"
+
+    def mount_options(self) -> list[str]:
+        return [f"aws_endpoint={self.url}", "aws_allow_http=true", "aws_access_key_id=test",
+                "aws_secret_access_key=test", "aws_region=us-east-1"]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        elif self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except OSError:
+                pass
+            deadline = time.monotonic() + 20
+            while alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)

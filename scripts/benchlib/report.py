@@ -1,0 +1,189 @@
+"""The results: collected, printed as a table, drawn as a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import MB, log
+from .petastorm_side import pip_install
+
+
+class Results:
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, key, label, rows, nbytes, seconds, note=""):
+        r = {"key": key, "method": label, "rows": rows, "bytes": nbytes, "seconds": seconds,
+             "rows_s": rows / seconds, "mb_s": nbytes / MB / seconds, "note": note}
+        self.rows.append(r)
+        log(f"{label}: {rows} rows, {nbytes / MB:.1f} MB in {seconds:.2f} s = {r['mb_s']:.1f} MB/s")
+        return r
+
+    def unavailable(self, key, label, reason):
+        self.rows.append({"key": key, "method": label, "unavailable": reason})
+        log(f"{label}: unavailable: {reason}")
+
+    ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
+             "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
+             "petastorm_cached"]
+
+    def ordered(self) -> list[dict]:
+        return sorted(self.rows, key=lambda r: self.ORDER.index(r["key"]) if r["key"] in self.ORDER else 99)
+
+    def get(self, key):
+        for r in self.rows:
+            if r["key"] == key and "unavailable" not in r:
+                return r
+        return None
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
+
+
+def report(res: Results, stalls: list, meta: dict, a) -> None:
+    warm, pa_ = res.get("tfs_warm"), res.get("pyarrow")
+    lines = []
+    head = (f"{'method':<50} {'rows/s':>9} {'MB/s':>9} {'x warm':>8} {'x pyarrow':>10}")
+    lines.append(head)
+    lines.append("-" * len(head))
+    for r in res.ordered():
+        if "unavailable" in r:
+            lines.append(f"{r['method']:<50} unavailable: {r['unavailable']}")
+            continue
+        rw = f"{r['mb_s'] / warm['mb_s']:.2f}" if warm else "-"
+        rp = f"{r['mb_s'] / pa_['mb_s']:.2f}" if pa_ else "-"
+        if warm and abs(r["rows_s"] / warm["rows_s"] - r["mb_s"] / warm["mb_s"]) > 0.005:
+            rw += f" (rows {r['rows_s'] / warm['rows_s']:.2f})"
+        lines.append(f"{r['method']:<50} {fmt_rate(r['rows_s']):>9} {r['mb_s']:>9.1f} {rw:>8} {rp:>10}")
+    desc = (f"{meta['rows']} rows ({meta['tensor_mb']:.0f} MB of tensors, {meta['parquet_mb']:.0f} MB of Parquet in "
+            f"{meta['files']} files, {meta['row_group_rows']}-row groups), batch_size {meta['batch_size']} "
+            f"({meta['batches']} batches); {meta['cores']} cores, Linux {meta['kernel']}; "
+            f"page cache dropped before cold runs: {'yes' if meta['page_cache_dropped'] else 'no'}")
+    print()
+    print(desc)
+    print("MB/s: tensor bytes delivered as NumPy arrays. 'x warm', 'x pyarrow': ratio to 'tensorfs warm (page cache)'"
+          " and to 'pyarrow iter_batches+to_numpy, local' (the same for rows/s: every method delivers 272 bytes a row).")
+    print()
+    print("\n".join(lines))
+    for s in stalls:
+        d = s["daemon"]
+        print()
+        print(f"stall experiment ({s['name']}): a consumer needing {s['consumer_mb_s']:.1f} MB/s "
+              f"(half of tensorfs cold {s['cold_mb_s']:.1f} MB/s), prefetch={s['prefetch']}, {s['batches']} batches")
+        print(f"  epoch wall {s['wall_s']:.2f} s; blocked in open+read after the first batch {s['blocked_s'] * 1e3:.1f} ms"
+              f" = {100 * s['blocked_share']:.2f}% of the epoch (open {s['open_s'] * 1e3:.1f} ms, read {s['read_s'] * 1e3:.1f} ms)")
+        print(f"  the same open+reads once materialised take {s['ready_read_s'] * 1e3:.1f} ms: waiting beyond the copy "
+              f"{100 * s['excess_share']:.2f}% of the epoch; per-batch wait p99 {s['p99_wait_ms']:.2f} ms, max {s['max_wait_ms']:.2f} ms")
+        print(f"  daemon: stall_count {d['stall_count']}, stall_ns {d['stall_ns']} ({(d['stall_ns'] or 0) / 1e6:.1f} ms), "
+              f"stall_p99_us {d['stall_p99_us']}, prefetch_scheduled {d['prefetch_scheduled']}, "
+              f"prefetch_deferred {d['prefetch_deferred']}, passthrough_opens {d['passthrough_opens']}")
+        print(f"  batches that waited > 2 ms: {s['slow_batches']} ({s['slow_s'] * 1e3:.0f} ms in all); of them "
+              f"{s['slow_at_row_group_start']} ({s['slow_at_row_group_start_s'] * 1e3:.0f} ms) are the first batch of a row "
+              f"group ({s['row_group_starts']} such batches); worst (batch, ms): {s['worst']}")
+    if meta.get("open_us"):
+        print(f"\nopen+close of a materialised batch file: {meta['open_us']['mount']:.0f} us through the mount, "
+              f"{meta['open_us']['local']:.0f} us for the local copy")
+    for key, label in (("tensorfs_cold_file_stats", "cold, file://"), ("tensorfs_cold_s3_stats", "cold, S3")):
+        st = meta.get(key)
+        if st:
+            print(f"\ntensorfs {label} counters: row_groups_decoded {st.get('row_groups_decoded')}, decode "
+                  f"{(st.get('decode_ns') or 0) / 1e9:.2f} s, remote_requests {st.get('remote_requests')}, remote "
+                  f"{(st.get('remote_bytes') or 0) / MB:.0f} MB, batch_files_written {st.get('batch_files_written')}, "
+                  f"stall_ns {(st.get('stall_ns') or 0) / 1e6:.0f} ms, stall_p99_us {st.get('stall_p99_us')}")
+    pairs = [(f"epoch {e}", res.get(f"tfs_global_e{e}"), res.get(f"tfs_window_e{e}")) for e in (0, 1)]
+    if any(g and w for _, g, w in pairs):
+        print("\nshuffle=global / shuffle=window (MB/s): " + ", ".join(
+            f"{what} {g['mb_s'] / w['mb_s']:.2f}" for what, g, w in pairs if g and w))
+    if meta.get("petastorm"):
+        print(f"\npetastorm: {meta['petastorm']}; it skips FixedSizeList columns, so it read a twin dataset with emb as "
+              f"list<float32> (same values); workers_count={a.petastorm_workers}, batches are row groups")
+    # tensorfs against Petastorm on the same data: cold from S3 against Petastorm from the same
+    # server when that row ran (else, said so, against Petastorm from file://), cold file://
+    # against file://, warm against Petastorm's cached 2nd epoch.
+    pet_s3, pet = res.get("petastorm_s3"), res.get("petastorm")
+    pairs = [
+        ("tfs_cold_s3", "tensorfs cold S3", pet_s3 or pet,
+         "petastorm S3, no cache" if pet_s3 else "petastorm file://, no cache (its S3 row did not run)"),
+        ("tfs_cold", "tensorfs cold file://", pet, "petastorm file://, no cache"),
+        ("tfs_warm", "tensorfs warm", res.get("petastorm_cached"), "petastorm's cached 2nd epoch"),
+    ]
+    vs = [f"  {mine_label} / {theirs_label}: {res.get(mine)['mb_s'] / theirs['mb_s']:.2f}"
+          for mine, mine_label, theirs, theirs_label in pairs if res.get(mine) and theirs]
+    if vs:
+        print("\ntensorfs / petastorm (MB/s):")
+        print("\n".join(vs))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"meta": meta, "results": res.rows, "stall": stalls}, indent=1))
+    if a.png:
+        try:
+            chart(res, stalls, desc, Path(a.png))
+            print(f"\nchart: {a.png}")
+        except Exception as e:
+            print(f"\nchart: not written: {e}")
+
+
+def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        log("installing matplotlib into .venv")
+        err = pip_install(Path(sys.executable), "matplotlib")
+        if err:
+            raise RuntimeError(f"matplotlib: {err}")
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.transforms
+
+    warm, pa_ = res.get("tfs_warm"), res.get("pyarrow")
+    rows = list(reversed(res.ordered()))
+    labels = [r["method"] for r in rows]
+    values = [r.get("mb_s", 0.0) for r in rows]
+    colors = []
+    for r in rows:
+        if "unavailable" in r:
+            colors.append("#cccccc")
+        elif r["key"].startswith("tfs"):
+            colors.append("#d95f02")
+        elif r["key"] in ("npy", "npy_disk", "st_local", "st_local_disk"):
+            colors.append("#7570b3")
+        else:
+            colors.append("#1b9e77")
+    fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 2.6))
+    ax.barh(range(len(rows)), values, color=colors)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(labels, fontsize=9)
+    ax.set_xscale("log")
+    ax.set_xlabel("MB/s of tensor bytes delivered as NumPy arrays (log scale)")
+    top = max(values) if any(values) else 1
+    ax.set_xlim(min(v for v in values if v > 0) / 2 if any(values) else 1, top * 1.5)
+    # The figures in a column right of the plot, so no label runs off the figure.
+    right = matplotlib.transforms.blended_transform_factory(ax.transAxes, ax.transData)
+    for y, r in enumerate(rows):
+        if "unavailable" in r:
+            ax.text(1.02, y, "unavailable: " + r["unavailable"][:60], transform=right, va="center", fontsize=8)
+            continue
+        parts = [f"{r['mb_s']:.0f} MB/s, {fmt_rate(r['rows_s'])} rows/s"]
+        if warm:
+            parts.append(f"{r['mb_s'] / warm['mb_s']:.2f}x warm")
+        if pa_:
+            parts.append(f"{r['mb_s'] / pa_['mb_s']:.2f}x pyarrow")
+        ax.text(1.02, y, "  ".join(parts), transform=right, va="center", fontsize=8)
+    import textwrap
+
+    fig.text(0.01, 0.99, "tensorfs benchmark\n" + textwrap.fill(desc, 150), fontsize=9, va="top")
+    foot = []
+    for s in stalls:
+        foot.append(f"stall ({s['name']}): consumer at {s['consumer_mb_s']:.0f} MB/s (half of cold) blocked "
+                    f"{100 * s['blocked_share']:.2f}% of the epoch in open+read after batch 0 "
+                    f"({100 * s['excess_share']:.2f}% beyond the copy), prefetch={s['prefetch']}; daemon stall_p99 {s['daemon']['stall_p99_us']} us")
+    if foot:
+        fig.text(0.01, 0.01, "\n".join(foot), fontsize=8, va="bottom")
+    h = fig.get_figheight()
+    fig.subplots_adjust(left=0.27, right=0.64, top=1 - 0.75 / h, bottom=(0.75 + 0.16 * len(foot)) / h)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
