@@ -41,11 +41,25 @@ from pathlib import Path
 
 from benchlib.common import MB, REPO, ROW_BYTES, log
 from benchlib.dataset import parquet_files, write_dataset, write_npy_batches
-from benchlib.methods import check_permutation, open_cost_us, read_npy_dirs, read_pyarrow, read_safetensors_files, verify
+from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
+                              read_pyarrow, read_safetensors_files, verify)
 from benchlib.mounts import Caches, Mount, S3Server
 from benchlib.petastorm_side import SIDE_VENV, petastorm_epochs, petastorm_python, petastorm_s3fs, petastorm_worker
 from benchlib.report import Results, report
 from benchlib.stall import stall_experiment
+
+
+def one_open_rows(res: Results, root: Path, local: Path, rows: int, batch_size: int) -> None:
+    """The epoch's all.safetensors and all/NAME.npy through the mount (once read, so warm) and as
+    the same files copied to local disk (page cache), each read the same way: sequential 1 MiB
+    reads of all.safetensors, and batch slices of memory-mapped all/NAME.npy files."""
+    shutil.copyfile(root / "all.safetensors", local / "all.safetensors")
+    shutil.copytree(root / "all", local / "all")
+    for where, key, what in ((local, "all_local", "local"), (root, "tfs_all", "tensorfs warm")):
+        read_file_sequentially(where / "all.safetensors", rows)  # into the page cache
+        res.add(f"{key}_seq", f"{what} all.safetensors, 1 MiB reads", *read_file_sequentially(where / "all.safetensors", rows))
+        read_npy_slices(where / "all", rows, batch_size)
+        res.add(f"{key}_mmap", f"{what} all/*.npy, mmap batch slices", *read_npy_slices(where / "all", rows, batch_size))
 
 
 def run(a) -> int:
@@ -57,7 +71,7 @@ def run(a) -> int:
     if not binary.exists():
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "shuffle", "stall"}
+    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "all", "shuffle", "stall"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -179,6 +193,8 @@ def run(a) -> int:
                 if "npy" not in skip:
                     read_npy_dirs(root, n_batches)  # materialise the .npy files
                     res.add("tfs_warm_npy", "tensorfs warm, .npy files (page cache)", *read_npy_dirs(root, n_batches))
+                if "all" not in skip:
+                    one_open_rows(res, root, st, a.rows, B)
                 m.unmount()
                 mounts.remove(m)
                 if caches.drop():
@@ -326,7 +342,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
-    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,shuffle,stall "
+    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,all,shuffle,stall "
                     "(s3 skips every S3 row, Petastorm's too)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")

@@ -125,6 +125,28 @@ pub fn warm(
             }
         }
     }
+    let started = Instant::now();
+    let (bytes, failures) = open_all(&files, jobs);
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "warmed epochs {}..{} ({} files, {:.1} MB) in {secs:.1} s",
+        epochs.start,
+        epochs.end,
+        files.len() - failures.len(),
+        bytes as f64 / 1e6
+    );
+    if let Some(first) = failures.first() {
+        bail!(
+            "{} files could not be materialised, the first: {first}",
+            failures.len()
+        );
+    }
+    Ok(())
+}
+
+/// Opens every file of `files`, `jobs` at a time, with a progress bar: the bytes opened, and a
+/// line for each file that could not be.
+fn open_all(files: &[PathBuf], jobs: usize) -> (u64, Vec<String>) {
     let bar = ProgressBar::new(files.len() as u64).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} files  {msg}  eta {eta}")
             .expect("a valid template"),
@@ -158,22 +180,7 @@ pub fn warm(
         }
     });
     bar.finish_and_clear();
-    let failures = failures.into_inner().unwrap();
-    let secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "warmed epochs {}..{} ({} files, {:.1} MB) in {secs:.1} s",
-        epochs.start,
-        epochs.end,
-        files.len() - failures.len(),
-        bytes.load(Ordering::Relaxed) as f64 / 1e6
-    );
-    if let Some(first) = failures.first() {
-        bail!(
-            "{} files could not be materialised, the first: {first}",
-            failures.len()
-        );
-    }
-    Ok(())
+    (bytes.into_inner(), failures.into_inner().unwrap())
 }
 
 fn n(v: &Value, k: &str) -> f64 {

@@ -368,6 +368,23 @@ impl Options {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
+        if let Some(done) = self.apply_flag(key, value) {
+            return done;
+        }
+        if is_generic(key) {
+            return Ok(());
+        }
+        let Some(value) = value else {
+            return Err(unknown(key));
+        };
+        if self.apply_content(key, value)? || self.apply_runtime(key, value)? {
+            return Ok(());
+        }
+        Err(unknown(key))
+    }
+
+    /// A flag option (`name`, `name=true`, `name=off`…); `None` if `key` is not one.
+    fn apply_flag(&mut self, key: &str, value: Option<&str>) -> Option<Result<(), OptionError>> {
         let flag = |set: &mut bool| match value {
             None | Some("true") | Some("1") | Some("on") => {
                 *set = true;
@@ -379,17 +396,19 @@ impl Options {
             }
             Some(v) => Err(bad(key, v, "expected no value, true or false")),
         };
-        match key {
-            "drop_last" => return flag(&mut self.drop_last),
-            "allow_other" => return flag(&mut self.allow_other),
-            "auto_unmount" => return flag(&mut self.auto_unmount),
-            "nonempty" => return flag(&mut self.nonempty),
-            _ if is_generic(key) => return Ok(()),
-            _ => {}
-        }
-        let Some(value) = value else {
-            return Err(unknown(key));
+        let set = match key {
+            "drop_last" => &mut self.drop_last,
+            "allow_other" => &mut self.allow_other,
+            "auto_unmount" => &mut self.auto_unmount,
+            "nonempty" => &mut self.nonempty,
+            _ => return None,
         };
+        Some(flag(set))
+    }
+
+    /// An option of what the mount shows (its tensors, their order, the tree); `false` if `key`
+    /// is not one.
+    fn apply_content(&mut self, key: &str, value: &str) -> Result<bool, OptionError> {
         match key {
             "batch_size" => self.batch_size = positive(key, value)?,
             "columns" => {
@@ -443,6 +462,15 @@ impl Options {
                     _ => return Err(bad(key, value, "expected error or zero")),
                 }
             }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// An option of how the mount runs (cache, memory, threads, log, the store's settings);
+    /// `false` if `key` is not one.
+    fn apply_runtime(&mut self, key: &str, value: &str) -> Result<bool, OptionError> {
+        match key {
             "cache_dir" => {
                 if value.is_empty() {
                     return Err(bad(key, value, "expected a directory"));
@@ -481,9 +509,9 @@ impl Options {
             _ if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
                 self.store.push((key.into(), value.into()));
             }
-            _ => return Err(unknown(key)),
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Checks between options.

@@ -135,7 +135,18 @@ macro_rules! cloud_store {
 
 /// The object store for a URL, configured from the environment (`AWS_*`, `GOOGLE_*`,
 /// `AZURE_*`) and from the object_store keys among the mount options.
+/// Installs ring as rustls's crypto provider, once, before the first TLS client is built (the
+/// HTTP client is built without one of its own, see Cargo.toml).
+fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An error means a provider is installed already, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    install_tls_provider();
     let (scheme, path) = ObjectStoreScheme::parse(url)?;
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::Local => {
@@ -818,6 +829,35 @@ impl AsyncFileReader for ObjectReader {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The HTTP client is built without a TLS provider of its own: building an https store
+    /// must find ring installed, and a request must fail as a request (nothing listens on
+    /// port 9 here), not panic.
+    #[tokio::test]
+    async fn https_stores_build_with_the_ring_provider() {
+        for url in ["https://127.0.0.1:9/data/", "s3://bucket/data/"] {
+            let url = Url::parse(url).unwrap();
+            let options = match url.scheme() {
+                "s3" => vec![
+                    (
+                        "aws_endpoint".to_string(),
+                        "https://127.0.0.1:9".to_string(),
+                    ),
+                    ("aws_region".to_string(), "us-east-1".to_string()),
+                    ("aws_skip_signature".to_string(), "true".to_string()),
+                ],
+                _ => vec![],
+            };
+            let (store, prefix) = open_store(&url, &options).expect("the store builds");
+            let listed = tokio::time::timeout(
+                std::time::Duration::from_secs(120),
+                store.list_with_delimiter(Some(&prefix)),
+            )
+            .await
+            .expect("the request ends");
+            assert!(listed.is_err(), "{url}: nothing listens there");
+        }
+    }
 
     /// The footer of a small real file, written by the parquet crate.
     fn real_footer() -> Vec<u8> {

@@ -85,3 +85,36 @@ def read_pyarrow(paths: list, batch_size: int, open_file=None):
             nbytes += sum(a.nbytes for a in arrays.values())
             rows += b.num_rows
     return rows, nbytes, time.perf_counter() - t
+
+
+def read_file_sequentially(path: Path, rows: int, chunk: int = 1 << 20):
+    """One open, then `chunk`-byte reads into one reused buffer to the end (cat, or a loader
+    streaming an epoch file)."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    nbytes = 0
+    t = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            n = os.readv(fd, [view])
+            if n == 0:
+                break
+            nbytes += n
+    finally:
+        os.close(fd)
+    return rows, nbytes, time.perf_counter() - t
+
+
+def read_npy_slices(all_dir: Path, rows: int, batch_size: int):
+    """Each tensor's all/NAME.npy memory-mapped once, then batch after batch sliced out of every
+    map and copied into an array of its own (a map-style Dataset over all/)."""
+    import numpy as np
+
+    arrays = [np.load(all_dir / f"{name}.npy", mmap_mode="r") for name in TENSORS]
+    nbytes = 0
+    t = time.perf_counter()
+    for start in range(0, rows, batch_size):
+        for a in arrays:
+            nbytes += np.array(a[start:start + batch_size]).nbytes
+    return rows, nbytes, time.perf_counter() - t

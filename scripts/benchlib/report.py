@@ -26,6 +26,7 @@ class Results:
         log(f"{label}: unavailable: {reason}")
 
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
+             "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap",
              "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
              "petastorm_cached"]
 
@@ -93,6 +94,16 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
                   f"{(st.get('decode_ns') or 0) / 1e9:.2f} s, remote_requests {st.get('remote_requests')}, remote "
                   f"{(st.get('remote_bytes') or 0) / MB:.0f} MB, batch_files_written {st.get('batch_files_written')}, "
                   f"stall_ns {(st.get('stall_ns') or 0) / 1e6:.0f} ms, stall_p99_us {st.get('stall_p99_us')}")
+    # Each through the mount against the same bytes read the same way from a local file.
+    vs_local = [(label, res.get(mine), res.get(local)) for label, mine, local in (
+        ("warm batch files (.safetensors)", "tfs_warm", "st_local"),
+        ("warm all.safetensors, 1 MiB reads", "tfs_all_seq", "all_local_seq"),
+        ("warm all/*.npy, mmap batch slices", "tfs_all_mmap", "all_local_mmap"),
+        ("shuffled epoch 1, shuffle=window (batch files)", "tfs_window_e1", "st_local"),
+    )]
+    if any(m and l for _, m, l in vs_local):
+        print("\nthrough the mount / the same bytes from a local file (MB/s):")
+        print("\n".join(f"  {label}: {m['mb_s'] / l['mb_s']:.2f}" for label, m, l in vs_local if m and l))
     pairs = [(f"epoch {e}", res.get(f"tfs_global_e{e}"), res.get(f"tfs_window_e{e}")) for e in (0, 1)]
     if any(g and w for _, g, w in pairs):
         print("\nshuffle=global / shuffle=window (MB/s): " + ", ".join(
