@@ -50,6 +50,40 @@ impl Weighted for Batch {
     }
 }
 
+/// Where each row of a batch is: (row group, row in it), in batch order.
+pub struct Picks(Vec<(usize, usize)>);
+
+impl Weighted for Picks {
+    fn weight(&self) -> usize {
+        self.0.len() * std::mem::size_of::<(usize, usize)>()
+    }
+}
+
+/// One tensor of a batch, gathered alone (for a reader of the one-open files, which read one
+/// tensor at a time).
+pub struct TensorRows(pub Vec<u8>);
+
+impl Weighted for TensorRows {
+    fn weight(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A tensor's rows of a batch: from the whole batch where it is built, else gathered alone.
+pub enum TensorOf {
+    Batch(Arc<Batch>, usize),
+    Alone(Arc<TensorRows>),
+}
+
+impl TensorOf {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorOf::Batch(b, t) => &b.tensors[*t],
+            TensorOf::Alone(rows) => &rows.0,
+        }
+    }
+}
+
 impl Weighted for Columns {
     fn weight(&self) -> usize {
         self.bytes()
@@ -113,6 +147,11 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         Ok(value)
     }
 
+    /// The value of `key` if it is held now, without building it.
+    pub fn get(&self, key: &K) -> Option<Arc<V>> {
+        self.state.lock().unwrap().cache.get(key).cloned()
+    }
+
     /// Whether `key` is held now (its place in the LRU order unchanged).
     pub fn contains(&self, key: &K) -> bool {
         self.state.lock().unwrap().cache.contains(key)
@@ -155,6 +194,9 @@ pub struct Builder {
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
     batches: Memo<(u64, u64), Batch>,
+    tensors: Memo<(u64, u64, usize), TensorRows>,
+    /// Each batch's rows, computed once for the gathers of its tensors one by one.
+    picks: Memo<(u64, u64), Picks>,
 }
 
 /// What a builder works from.
@@ -202,7 +244,12 @@ impl Builder {
             pool: Pool::new(limits.threads).context("the transform workers cannot start")?,
             row_groups,
             decoded: Memo::new(half),
-            batches: Memo::new(half),
+            // Built batches are held only until their files are written and opened (a few
+            // times the prefetch depth): holding more kept the allocator on fresh pages,
+            // measured slower than rebuilding from the decoded columns.
+            batches: Memo::new(half / 8),
+            tensors: Memo::new(half / 8),
+            picks: Memo::new(half / 64),
         })
     }
 
@@ -232,52 +279,89 @@ impl Builder {
             .get_or_build((epoch, i), self.build_batch(epoch, i))
             .await
     }
-    /// Whether batch `i` of `epoch` is built and held in memory.
-    pub fn has_batch(&self, epoch: u64, i: u64) -> bool {
-        self.batches.contains(&(self.plan().same_as(epoch), i))
+    /// Tensor `t` of batch `i` of `epoch`: from the batch where it is in memory, else its rows
+    /// alone, gathered on first use.
+    pub async fn tensor(&self, epoch: u64, i: u64, t: usize) -> Result<TensorOf> {
+        let epoch = self.plan().same_as(epoch);
+        if let Some(b) = self.batches.get(&(epoch, i)) {
+            return Ok(TensorOf::Batch(b, t));
+        }
+        let rows = self
+            .tensors
+            .get_or_build((epoch, i, t), async {
+                let tensors = self.gather(epoch, i, Some(t)).await?;
+                Stats::add(&self.stats.c.tensors_gathered, 1);
+                Stats::add(&self.stats.c.batches_built, 1);
+                Ok(Arc::new(TensorRows(
+                    tensors.into_iter().next().unwrap_or_default(),
+                )))
+            })
+            .await?;
+        Ok(TensorOf::Alone(rows))
+    }
+
+    /// Whether tensor `t` of batch `i` of `epoch` is in memory, alone or in its batch.
+    pub fn has_tensor(&self, epoch: u64, i: u64, t: usize) -> bool {
+        let epoch = self.plan().same_as(epoch);
+        self.batches.contains(&(epoch, i)) || self.tensors.contains(&(epoch, i, t))
+    }
+
+    /// Whether batch `i` of `epoch`, or any of its tensors alone, is held in memory.
+    pub fn holds_any_of(&self, epoch: u64, i: u64) -> bool {
+        (0..self.view.tensors.len()).any(|t| self.has_tensor(epoch, i, t))
     }
 
     #[tracing::instrument(name = "build", level = "debug", skip(self))]
     async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        let tensors = self.gather(epoch, i, None).await?;
+        let n = self.plan().batch_len(i);
+        Stats::add(&self.stats.c.batches_built, 1);
+        Ok(Arc::new(Batch {
+            rows: n,
+            tensors,
+            safetensors_header: self.layout.header(FileKind::Safetensors, n),
+        }))
+    }
+
+    /// The rows of batch `i` of `epoch`, gathered from their row groups: every tensor, or
+    /// tensor `only`.
+    async fn gather(&self, epoch: u64, i: u64, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;
-        let order = self.orders.epoch(epoch);
-        let rows: Vec<(usize, usize)> = self
-            .plan()
-            .batch_rows(&order, i)
-            .into_iter()
-            .map(|r| {
-                let (rg, row) = self.plan().locate(r);
-                (rg, row as usize)
+        let picks = self
+            .picks
+            .get_or_build((epoch, i), async {
+                let order = self.orders.epoch(epoch);
+                let plan = self.plan();
+                let rows = plan.batch_rows(&order, i).into_iter().map(|r| {
+                    let (rg, row) = plan.locate(r);
+                    (rg, row as usize)
+                });
+                Ok(Arc::new(Picks(rows.collect())))
             })
-            .collect();
-        let needed: BTreeSet<usize> = rows.iter().map(|&(rg, _)| rg).collect();
+            .await?;
+        let needed: BTreeSet<usize> = picks.0.iter().map(|&(rg, _)| rg).collect();
         let decoded =
             futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g, false))).await?;
         let by_rg: HashMap<usize, Arc<Columns>> = needed.into_iter().zip(decoded).collect();
 
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
-        let n = rows.len() as u64;
-        let header = self.layout.header(FileKind::Safetensors, n);
-        let tensors = self
-            .pool
+        self.pool
             .run(move || {
-                let picks: Vec<(&Columns, usize)> = rows
+                let picks: Vec<(&Columns, usize)> = picks
+                    .0
                     .iter()
                     .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
                     .collect();
-                transform::gather(&view, &picks)
+                match only {
+                    None => transform::gather(&view, &picks),
+                    Some(t) => vec![transform::gather_tensor(&view, t, &picks)],
+                }
             })
             .await
-            .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))?;
-        Stats::add(&self.stats.c.batches_built, 1);
-        Ok(Arc::new(Batch {
-            rows: n,
-            tensors,
-            safetensors_header: header,
-        }))
+            .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))
     }
 
     /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, enoent};
 use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
 use crate::materialize::Materializer;
 use crate::plan::{Batches, Plan};
-use crate::prefetch::Prefetcher;
+use crate::prefetch::{Prefetcher, Read};
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
@@ -569,7 +569,7 @@ impl Fs {
         if let Some((d, i, kind)) = node.batch_file()
             && let Ok(dir) = self.dir(d)
         {
-            self.prefetcher.accessed(dir, i, Some(kind));
+            self.prefetcher.accessed(dir, i, Read::File(kind));
         }
     }
 
@@ -712,6 +712,17 @@ impl Fs {
             .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
     }
 
+    /// Tensor `t` of batch `g` of `epoch`, which a reader waits for.
+    async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::builder::TensorOf> {
+        let builder = self.materializer.builder();
+        self.materializer.reader_at(epoch, g);
+        let _waits = builder.reader_waits();
+        builder
+            .tensor(epoch, g, t)
+            .await
+            .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
+    }
+
     /// Reads `size` bytes at `offset` of directory `d`'s one-open file `kind`: its header,
     /// then each of its tensors' rows of every batch in batch order, built (or taken from
     /// memory) only for the batches the read spans.
@@ -731,9 +742,9 @@ impl Fs {
                 let j = (at - base) / per_batch;
                 let within = at - base - j * per_batch;
                 let (epoch, g) = b.global(j);
-                self.prefetcher.accessed(b, j, None);
-                let batch = self.batch(epoch, g).await?;
-                let data = &batch.tensors[t];
+                self.prefetcher.accessed(b, j, Read::Tensor(t));
+                let tensor = self.tensor(epoch, g, t).await?;
+                let data = tensor.bytes();
                 let take =
                     (end.min(base + len) - at).min((data.len() as u64).saturating_sub(within));
                 if take == 0 {

@@ -1,6 +1,7 @@
 //! The prefetcher: it follows each reader through the plan and keeps the next `prefetch`
 //! batches ready ahead of it (their files materialised, or, for a reader of the one-open files,
-//! the batches built in memory), across epoch boundaries, within the memory budget.
+//! the tensor it reads of them gathered in memory), across epoch boundaries, within the memory
+//! budget.
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -35,6 +36,15 @@ pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64
         out.push((d, j));
     }
     out
+}
+
+/// What a reader read of a batch.
+#[derive(Clone, Copy, Debug)]
+pub enum Read {
+    /// One of its files.
+    File(FileKind),
+    /// Its rows of tensor `t`, through `all.safetensors` or `all/NAME.npy`.
+    Tensor(usize),
 }
 
 pub struct Prefetcher {
@@ -73,12 +83,15 @@ impl Prefetcher {
         self.materializer.plan()
     }
 
-    /// A reader opened (or read) file `kind` of batch `i` of `dir` (`None`: read the batch
-    /// through a one-open file, `all.safetensors` or `all/`): schedule what follows.
-    pub fn accessed(&self, dir: Batches, i: u64, kind: Option<FileKind>) {
+    /// A reader opened (or read) `what` of batch `i` of `dir`: schedule what follows.
+    pub fn accessed(&self, dir: Batches, i: u64, what: Read) {
         if self.depth == 0 {
             return;
         }
+        let kind = match what {
+            Read::File(kind) => Some(kind),
+            Read::Tensor(_) => None,
+        };
         let step = self.readers.step(dir, i, kind, self.depth.max(2));
         if !step.sequential {
             return;
@@ -91,7 +104,7 @@ impl Prefetcher {
         let lead = self.materializer.builder().row_group_lead();
         let walk = ahead(self.plan(), dir, i, self.depth + lead);
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
-        self.build_files(files, &step.kinds, last);
+        self.build_files(files, &step.kinds, what, last);
         self.decode_row_groups(dir, beyond, &step.kinds, last);
     }
 
@@ -100,9 +113,9 @@ impl Prefetcher {
     }
 
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
-    /// want it, or builds the batches in memory for a reader of the one-open files.
+    /// want it, or, for a reader of the one-open files, gathers the tensor it reads of each.
     /// Past the memory budget, readers are served first.
-    fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
+    fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], what: Read, last: u64) {
         let to_disk = self.to_disk(kinds);
         for &(d, j) in files {
             let (epoch, batch) = d.global(j);
@@ -114,7 +127,9 @@ impl Prefetcher {
                 break;
             }
             if !to_disk {
-                self.build_batch(epoch, batch);
+                if let Read::Tensor(t) = what {
+                    self.build_tensor(epoch, batch, t);
+                }
                 continue;
             }
             for &kind in kinds {
@@ -137,27 +152,27 @@ impl Prefetcher {
     }
 
     /// Whether a reader opening the batch files `kinds` is served from materialised files, or
-    /// from batches in memory (a reader of the one-open files only: they are built from the
-    /// batches, and batch files written for them would be read by nobody).
+    /// from memory (a reader of the one-open files only: they are gathered tensor by tensor,
+    /// and batch files written for them would be read by nobody).
     fn to_disk(&self, kinds: &[FileKind]) -> bool {
         !kinds.is_empty()
     }
 
-    /// Builds batch `batch` of `epoch` into memory, once however many readers want it.
-    fn build_batch(&self, epoch: u64, batch: u64) {
+    /// Gathers tensor `t` of batch `batch` of `epoch` into memory, once however many readers
+    /// want it.
+    fn build_tensor(&self, epoch: u64, batch: u64, t: usize) {
         let builder = self.materializer.builder().clone();
-        // Every kind of a batch is served from the one batch: its safetensors item stands
-        // for the batch in the set of what is scheduled.
-        let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
-        if builder.has_batch(epoch, batch) || !self.scheduled.lock().unwrap().insert(item) {
+        // The tensor's .npy item stands for it in the set of what is scheduled.
+        let item = self.materializer.item(FileKind::Npy(t), epoch, batch);
+        if builder.has_tensor(epoch, batch, t) || !self.scheduled.lock().unwrap().insert(item) {
             return;
         }
         let scheduled = self.scheduled.clone();
         Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
         self.runtime.spawn(async move {
-            if let Err(e) = builder.batch(epoch, batch).await {
+            if let Err(e) = builder.tensor(epoch, batch, t).await {
                 tracing::warn!(
-                    "prefetch of epoch {epoch} batch {batch}: {}",
+                    "prefetch of epoch {epoch} batch {batch} tensor {t}: {}",
                     crate::describe(&e)
                 );
             }
@@ -200,11 +215,11 @@ impl Prefetcher {
         });
     }
 
-    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or the batch is
-    /// in memory, for a reader of the one-open files).
+    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or, for a reader
+    /// of the one-open files, some of the batch is in memory).
     fn ready(&self, kinds: &[FileKind], (epoch, batch): (u64, u64)) -> bool {
         if !self.to_disk(kinds) {
-            return self.materializer.builder().has_batch(epoch, batch);
+            return self.materializer.builder().holds_any_of(epoch, batch);
         }
         kinds.iter().all(|&k| {
             self.materializer

@@ -28,7 +28,10 @@ counters!(
     decode_ns,
     pad_truncated,
     // Batches.
+    // Gathers of batch rows: whole batches, and single tensors of them (also counted below).
     batches_built,
+    // A tensor of a batch gathered alone, for a reader of the one-open files.
+    tensors_gathered,
     batch_files_written,
     // The local cache.
     column_hits,

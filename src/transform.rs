@@ -421,18 +421,19 @@ pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Trans
 
 /// Gathers rows (a row group's columns and a row in it) into a batch: one buffer per tensor.
 pub fn gather(view: &View, rows: &[(&Columns, usize)]) -> Vec<Vec<u8>> {
-    view.tensors
-        .iter()
-        .enumerate()
-        .map(|(ti, t)| {
-            let rb = t.row_bytes();
-            let mut out = Vec::with_capacity(rows.len() * rb);
-            for (cols, r) in rows {
-                out.extend_from_slice(&cols.tensor(ti)[r * rb..(r + 1) * rb]);
-            }
-            out
-        })
+    (0..view.tensors.len())
+        .map(|t| gather_tensor(view, t, rows))
         .collect()
+}
+
+/// Tensor `t` of `rows`, in that order.
+pub fn gather_tensor(view: &View, t: usize, rows: &[(&Columns, usize)]) -> Vec<u8> {
+    let rb = view.tensors[t].row_bytes();
+    let mut out = Vec::with_capacity(rows.len() * rb);
+    for (cols, r) in rows {
+        out.extend_from_slice(&cols.tensor(t)[r * rb..(r + 1) * rb]);
+    }
+    out
 }
 
 #[cfg(test)]

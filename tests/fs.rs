@@ -364,3 +364,43 @@ async fn an_object_replaced_under_the_mount_is_never_served() {
     let bytes = read_all(&m.fs, "epoch-0/000001.safetensors").await;
     assert_eq!(ids(tensor(&bytes, "id")), (100..200).collect::<Vec<_>>());
 }
+
+/// A one-open file is read tensor by tensor: each read gathers only the tensor it spans (no
+/// whole batch is built for it), and a middle range builds only its batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_open_files_gather_only_the_tensors_and_batches_they_span() {
+    let m = mount(
+        store().await,
+        "batch_size=100,epochs=2,shuffle=window,prefetch=0",
+    )
+    .await;
+    let stat = |k: &str| m.dataset.stats.to_json()[k].as_u64().unwrap();
+    let all = read_all(&m.fs, "epoch-1/all.safetensors").await;
+    let want: Vec<i64> = (0..6).flat_map(|i| planned(&m.dataset, 1, i)).collect();
+    assert_eq!(ids(tensor(&all, "id")), want);
+    let xs: Vec<f32> = tensor(&all, "x")
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(xs, want.iter().map(|&i| i as f32 / 2.0).collect::<Vec<_>>());
+    // Each tensor of each batch once (6 batches, 2 tensors), and no whole batch.
+    assert_eq!(stat("tensors_gathered"), 12);
+    assert_eq!(
+        stat("batches_built"),
+        12,
+        "no whole batch for a one-open file"
+    );
+
+    // Rows 250..260 of epoch 0's all/id.npy lie in batch 2 alone.
+    let ino = ino(&m.fs, "epoch-0/all/id.npy");
+    let got = m.fs.read(ino, 4096 + 250 * 8, 80).await.unwrap();
+    assert_eq!(ids(&got), planned(&m.dataset, 0, 2)[50..60]);
+    assert_eq!(stat("tensors_gathered"), 13, "tensor id of batch 2 alone");
+    let file = read_all(&m.fs, "epoch-0/000002.safetensors").await;
+    assert_eq!(ids(tensor(&file, "id")), planned(&m.dataset, 0, 2));
+    assert_eq!(
+        stat("batches_built"),
+        14,
+        "the batch file's own build, none other"
+    );
+}
