@@ -40,7 +40,8 @@ import traceback
 from pathlib import Path
 
 from benchlib.common import MB, REPO, ROW_BYTES, log
-from benchlib.dataset import parquet_files, write_dataset, write_npy_batches
+from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, write_dataset, write_npy_batches,
+                              write_small_rows_dataset)
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
                               read_pyarrow, read_safetensors_files, verify)
 from benchlib.mounts import Caches, Mount, S3Server
@@ -62,6 +63,36 @@ def one_open_rows(res: Results, root: Path, local: Path, rows: int, batch_size: 
         res.add(f"{key}_mmap", f"{what} all/*.npy, mmap batch slices", *read_npy_slices(where / "all", rows, batch_size))
 
 
+def small_rows(res: Results, a, binary: Path, scratch: Path, caches: Caches, mounts: list) -> None:
+    """The small-row dataset (80 bytes a row in 16 columns): PyArrow against tensorfs cold and
+    warm, read as batch files, as per-tensor .npy files (the docs' way), and through all/."""
+    data = scratch / "data-small"
+    rows, B = a.small_rows, a.batch_size
+    shutil.rmtree(data, ignore_errors=True)
+    log(f"writing the small-row dataset: {rows} rows of {SMALL_ROW_BYTES} bytes in {len(SMALL_TENSORS)} columns")
+    write_small_rows_dataset(data, rows, a.files, a.row_group_rows)
+    n = -(-rows // B)
+    caches.drop()
+    res.add("small_pyarrow", "small rows: pyarrow iter_batches+to_numpy", *read_pyarrow(parquet_files(data), B))
+    cache = scratch / "cache-small"
+    shutil.rmtree(cache, ignore_errors=True)
+    caches.drop()
+    m = Mount(binary, f"file://{data}", scratch / "mnt-small", [f"batch_size={B}", "shuffle=none", f"cache_dir={cache}"])
+    mounts.append(m)
+    root = m.mnt / "epoch-0"
+    res.add("small_tfs_cold", "small rows: tensorfs cold, batch files", *read_safetensors_files(root, n))
+    res.add("small_tfs_warm", "small rows: tensorfs warm, batch files", *read_safetensors_files(root, n))
+    read_npy_dirs(root, n, SMALL_TENSORS)
+    res.add("small_tfs_npy", "small rows: tensorfs warm, .npy files", *read_npy_dirs(root, n, SMALL_TENSORS))
+    read_npy_slices(root / "all", rows, B, SMALL_TENSORS)
+    res.add("small_tfs_all", "small rows: tensorfs warm, all/*.npy slices",
+            *read_npy_slices(root / "all", rows, B, SMALL_TENSORS))
+    m.unmount()
+    mounts.remove(m)
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(data, ignore_errors=True)
+
+
 def run(a) -> int:
     import numpy as np  # noqa: F401  (fail early if the venv is broken)
     import pyarrow
@@ -71,7 +102,7 @@ def run(a) -> int:
     if not binary.exists():
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "all", "shuffle", "stall"}
+    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -230,6 +261,10 @@ def run(a) -> int:
                 mounts.remove(m)
                 shutil.rmtree(cache, ignore_errors=True)
 
+        # ---- 6c. a small-row dataset -----------------------------------------------------------
+        if "small" not in skip and "tensorfs" not in skip and a.small_rows > 0:
+            small_rows(res, a, binary, scratch, caches, mounts)
+
         # ---- 5. S3 ------------------------------------------------------------------------
         if "s3" not in skip:
             try:
@@ -337,12 +372,14 @@ def main() -> int:
     ap.add_argument("--size", help="dataset size instead of --rows, e.g. 2G (tensor bytes; 272 a row)")
     ap.add_argument("--batch-size", type=int, default=1024, help="rows per batch (default 1024, tensorfs's default)")
     ap.add_argument("--files", type=int, default=4, help="Parquet files (default 4)")
+    ap.add_argument("--small-rows", type=int, default=2_000_000,
+                    help="rows of the small-row dataset (80 bytes a row; default 2000000; 0 skips it)")
     ap.add_argument("--row-group-rows", type=int, default=50_000, help="rows per row group (default 50000)")
     ap.add_argument("--out-dir", help="scratch directory (default: a new temporary directory, removed after)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
-    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,all,shuffle,stall "
+    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,all,shuffle,small,stall "
                     "(s3 skips every S3 row, Petastorm's too)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")

@@ -41,6 +41,30 @@ def write_dataset(out: Path, rows: int, files: int, rg_rows: int, emb_as_list: b
         del table, emb, emb_values
 
 
+# The small-row dataset: 80 tensor bytes a row, in many scalar columns and one small vector.
+SMALL_SCALARS = [f"f{k}" for k in range(10)] + [f"i{k}" for k in range(4)]
+SMALL_TENSORS = ("id", *SMALL_SCALARS, "v")
+SMALL_ROW_BYTES = 8 + 10 * 4 + 4 * 4 + 4 * 4
+
+
+def write_small_rows_dataset(out: Path, rows: int, files: int, rg_rows: int) -> None:
+    """ROWS rows of int64 `id`, float32 `f0`..`f9`, int32 `i0`..`i3` and float32[4] `v`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    per_file = -(-rows // files)
+    for f, start in enumerate(range(0, rows, per_file)):
+        n = min(per_file, rows - start)
+        rng = np.random.default_rng(2000 + f)
+        cols = {"id": np.arange(start, start + n, dtype=np.int64)}
+        cols.update({c: rng.standard_normal(n, dtype=np.float32) for c in SMALL_SCALARS if c[0] == "f"})
+        cols.update({c: rng.integers(0, 1 << 20, n, dtype=np.int32) for c in SMALL_SCALARS if c[0] == "i"})
+        cols["v"] = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(4 * n, dtype=np.float32)), 4)
+        pq.write_table(pa.table(cols), out / f"part-{f:05d}.parquet", row_group_size=rg_rows, compression="snappy")
+
+
 def parquet_files(d: Path) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.name.endswith(".parquet"))
 

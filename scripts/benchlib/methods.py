@@ -10,14 +10,15 @@ from .common import TENSORS
 from .dataset import column_arrays
 
 
-def read_npy_dirs(root: Path, n_batches: int):
+def read_npy_dirs(root: Path, n_batches: int, names=TENSORS):
+    """np.load of every NNNNNN/NAME.npy, the way the docs show."""
     import numpy as np
 
     rows = nbytes = 0
     t = time.perf_counter()
     for i in range(n_batches):
         d = root / f"{i:06d}"
-        for name in TENSORS:
+        for name in names:
             a = np.load(d / f"{name}.npy")
             nbytes += a.nbytes
         rows += len(a)
@@ -106,12 +107,12 @@ def read_file_sequentially(path: Path, rows: int, chunk: int = 1 << 20):
     return rows, nbytes, time.perf_counter() - t
 
 
-def read_npy_slices(all_dir: Path, rows: int, batch_size: int):
+def read_npy_slices(all_dir: Path, rows: int, batch_size: int, names=TENSORS):
     """Each tensor's all/NAME.npy memory-mapped once, then batch after batch sliced out of every
     map and copied into an array of its own (a map-style Dataset over all/)."""
     import numpy as np
 
-    arrays = [np.load(all_dir / f"{name}.npy", mmap_mode="r") for name in TENSORS]
+    arrays = [np.load(all_dir / f"{name}.npy", mmap_mode="r") for name in names]
     nbytes = 0
     t = time.perf_counter()
     for start in range(0, rows, batch_size):

@@ -27,6 +27,7 @@ class Results:
 
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
              "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap",
+             "small_pyarrow", "small_tfs_cold", "small_tfs_warm", "small_tfs_npy", "small_tfs_all",
              "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
              "petastorm_cached"]
 
@@ -66,7 +67,8 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     print()
     print(desc)
     print("MB/s: tensor bytes delivered as NumPy arrays. 'x warm', 'x pyarrow': ratio to 'tensorfs warm (page cache)'"
-          " and to 'pyarrow iter_batches+to_numpy, local' (the same for rows/s: every method delivers 272 bytes a row).")
+          " and to 'pyarrow iter_batches+to_numpy, local' (the same for rows/s: every method delivers 272 bytes a row,"
+          " except the small-row dataset's, 80).")
     print()
     print("\n".join(lines))
     for s in stalls:
@@ -104,6 +106,13 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     if any(m and l for _, m, l in vs_local):
         print("\nthrough the mount / the same bytes from a local file (MB/s):")
         print("\n".join(f"  {label}: {m['mb_s'] / l['mb_s']:.2f}" for label, m, l in vs_local if m and l))
+    small = [(label, res.get(key)) for label, key in (
+        ("cold, batch files", "small_tfs_cold"), ("warm, batch files", "small_tfs_warm"),
+        ("warm, .npy files", "small_tfs_npy"), ("warm, all/*.npy slices", "small_tfs_all"))]
+    if res.get("small_pyarrow") and any(r for _, r in small):
+        base = res.get("small_pyarrow")["mb_s"]
+        print("\nsmall rows (80 bytes a row, 16 columns), tensorfs / pyarrow (MB/s): " + ", ".join(
+            f"{label} {r['mb_s'] / base:.2f}" for label, r in small if r))
     pairs = [(f"epoch {e}", res.get(f"tfs_global_e{e}"), res.get(f"tfs_window_e{e}")) for e in (0, 1)]
     if any(g and w for _, g, w in pairs):
         print("\nshuffle=global / shuffle=window (MB/s): " + ", ".join(
