@@ -713,14 +713,53 @@ impl Fs {
     }
 
     /// Tensor `t` of batch `g` of `epoch`, which a reader waits for.
+    /// Taken from memory, else from the batch's file where it is materialised (a warm remount
+    /// decodes nothing for it), else gathered.
     async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::builder::TensorOf> {
         let builder = self.materializer.builder();
         self.materializer.reader_at(epoch, g);
+        if !builder.has_tensor(epoch, g, t)
+            && let Some(rows) = self.tensor_from_file(epoch, g, t).await
+        {
+            let rows = Arc::new(crate::builder::TensorRows(rows));
+            return Ok(crate::builder::TensorOf::Alone(rows));
+        }
         let _waits = builder.reader_waits();
         builder
             .tensor(epoch, g, t)
             .await
             .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
+    }
+
+    /// Tensor `t`'s rows of batch `g` of `epoch` read from a materialised file of the batch
+    /// (its `.npy` file of the tensor, else its `.safetensors` file), checked; `None` where
+    /// neither is in the cache or the read fails (the caller then gathers them).
+    async fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
+        let rows = self.plan().batch_len(g);
+        let len = rows * self.layout.row_bytes(t);
+        let (item, offset) = [FileKind::Npy(t), FileKind::Safetensors]
+            .into_iter()
+            .map(|kind| (self.materializer.item(kind, epoch, g), kind))
+            .find(|&(item, _)| self.materializer.contains(item))
+            .map(|(item, kind)| {
+                let before: u64 = self
+                    .layout
+                    .tensors_of(kind)
+                    .take_while(|&u| u != t)
+                    .map(|u| rows * self.layout.row_bytes(u))
+                    .sum();
+                (item, self.layout.header(kind, rows).len() as u64 + before)
+            })?;
+        let materializer = self.materializer.clone();
+        tokio::task::spawn_blocking(move || {
+            let file = materializer.cached(item)?;
+            pread(&file, offset, len as u32)
+                .ok()
+                .filter(|b| b.len() as u64 == len)
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Reads `size` bytes at `offset` of directory `d`'s one-open file `kind`: its header,

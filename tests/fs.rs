@@ -138,9 +138,19 @@ struct Mounted {
 
 async fn mount(store: Arc<Flaky>, options: &str) -> Mounted {
     let cache = tempfile::tempdir().unwrap();
+    let (fs, dataset) = mount_on(store, options, cache.path()).await;
+    Mounted {
+        fs,
+        dataset,
+        _cache: cache,
+    }
+}
+
+/// The core over `store` with its cache in `cache` (a remount finds what an earlier mount left).
+async fn mount_on(store: Arc<Flaky>, options: &str, cache: &std::path::Path) -> (Fs, Dataset) {
     let opts = Options::parse(&[
         options.to_string(),
-        format!("cache_dir={}", cache.path().display()),
+        format!("cache_dir={}", cache.display()),
     ])
     .unwrap();
     let stats = Arc::new(Stats::default());
@@ -160,11 +170,7 @@ async fn mount(store: Arc<Flaky>, options: &str) -> Mounted {
     let fs = dataset
         .filesystem(&opts, tokio::runtime::Handle::current())
         .unwrap();
-    Mounted {
-        fs,
-        dataset,
-        _cache: cache,
-    }
+    (fs, dataset)
 }
 
 fn ino(fs: &Fs, path: &str) -> u64 {
@@ -403,4 +409,33 @@ async fn one_open_files_gather_only_the_tensors_and_batches_they_span() {
         14,
         "the batch file's own build, none other"
     );
+}
+
+/// After a remount, a one-open file reads the batches' materialised files: nothing is decoded
+/// or fetched again (with `shuffle=none` no columns are cached beside the batch files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_remount_reads_one_open_files_from_the_batch_files() {
+    let cache = tempfile::tempdir().unwrap();
+    let options = "batch_size=100,shuffle=none,prefetch=0";
+    let mut want = Vec::new();
+    {
+        let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
+        for i in 0..6 {
+            let path = format!("epoch-0/{i:06}.safetensors");
+            fs.materialize(ino(&fs, &path))
+                .await
+                .unwrap()
+                .expect("materialised");
+            want.extend(planned(&dataset, 0, i));
+        }
+    }
+    let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
+    let stat = |k: &str| dataset.stats.to_json()[k].as_u64().unwrap();
+    let decoded = stat("row_groups_decoded");
+    let all = read_all(&fs, "epoch-0/all.safetensors").await;
+    assert_eq!(ids(tensor(&all, "id")), want);
+    let npy = read_all(&fs, "epoch-0/all/x.npy").await;
+    assert_eq!(&npy[4096..], tensor(&all, "x"));
+    assert_eq!(stat("row_groups_decoded"), decoded, "nothing decoded again");
+    assert_eq!(stat("batches_built"), 0, "nothing gathered again");
 }
