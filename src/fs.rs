@@ -736,24 +736,16 @@ impl Fs {
     /// neither is in the cache or the read fails (the caller then gathers them).
     async fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
         let rows = self.plan().batch_len(g);
-        let len = rows * self.layout.row_bytes(t);
-        let (item, offset) = [FileKind::Npy(t), FileKind::Safetensors]
+        let (item, range) = [FileKind::Npy(t), FileKind::Safetensors]
             .into_iter()
             .map(|kind| (self.materializer.item(kind, epoch, g), kind))
             .find(|&(item, _)| self.materializer.contains(item))
-            .map(|(item, kind)| {
-                let before: u64 = self
-                    .layout
-                    .tensors_of(kind)
-                    .take_while(|&u| u != t)
-                    .map(|u| rows * self.layout.row_bytes(u))
-                    .sum();
-                (item, self.layout.header(kind, rows).len() as u64 + before)
-            })?;
+            .map(|(item, kind)| (item, self.layout.tensor_range(kind, rows, t)))?;
         let materializer = self.materializer.clone();
         tokio::task::spawn_blocking(move || {
             let file = materializer.cached(item)?;
-            pread(&file, offset, len as u32)
+            let len = range.end - range.start;
+            pread(&file, range.start, len as u32)
                 .ok()
                 .filter(|b| b.len() as u64 == len)
         })

@@ -246,18 +246,32 @@ impl Layout {
 
     /// The exact size of a file of `rows` rows, known before any of its data exists.
     pub fn size(&self, kind: FileKind, rows: u64) -> u64 {
-        let header = match kind {
+        let data: u64 = self
+            .tensors_of(kind)
+            .map(|t| rows * self.row_bytes(t))
+            .sum();
+        self.header_len(kind, rows) + data
+    }
+
+    /// Where tensor `t`'s data lies in a file `kind` of `rows` rows (which must hold it).
+    pub fn tensor_range(&self, kind: FileKind, rows: u64, t: usize) -> std::ops::Range<u64> {
+        let before: u64 = self
+            .tensors_of(kind)
+            .take_while(|&u| u != t)
+            .map(|u| rows * self.row_bytes(u))
+            .sum();
+        let start = self.header_len(kind, rows) + before;
+        start..start + rows * self.row_bytes(t)
+    }
+
+    fn header_len(&self, kind: FileKind, rows: u64) -> u64 {
+        (match kind {
             FileKind::Safetensors => self.header(kind, rows).len(),
             FileKind::Npy(t) => {
                 let tensor = &self.tensors[t];
                 format::npy_header_len(tensor.dtype, &tensor.shape(rows))
             }
-        };
-        let data: u64 = self
-            .tensors_of(kind)
-            .map(|t| rows * self.row_bytes(t))
-            .sum();
-        header as u64 + data
+        }) as u64
     }
 
     /// A batch file's bytes: its header, then its tensors' data.
