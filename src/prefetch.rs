@@ -158,13 +158,24 @@ impl Prefetcher {
         !kinds.is_empty()
     }
 
+    /// Whether batch `batch` of `epoch` has its `.safetensors` file materialised (where the
+    /// one-open files read it from).
+    fn on_disk(&self, epoch: u64, batch: u64) -> bool {
+        let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
+        self.materializer.contains(item)
+    }
+
     /// Gathers tensor `t` of batch `batch` of `epoch` into memory, once however many readers
     /// want it.
     fn build_tensor(&self, epoch: u64, batch: u64, t: usize) {
         let builder = self.materializer.builder().clone();
         // The tensor's .npy item stands for it in the set of what is scheduled.
         let item = self.materializer.item(FileKind::Npy(t), epoch, batch);
-        if builder.has_tensor(epoch, batch, t) || !self.scheduled.lock().unwrap().insert(item) {
+        // A batch whose file is materialised is read from it: nothing to gather.
+        if builder.has_tensor(epoch, batch, t)
+            || self.on_disk(epoch, batch)
+            || !self.scheduled.lock().unwrap().insert(item)
+        {
             return;
         }
         let scheduled = self.scheduled.clone();
@@ -216,10 +227,11 @@ impl Prefetcher {
     }
 
     /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or, for a reader
-    /// of the one-open files, some of the batch is in memory).
+    /// of the one-open files, some of the batch is in memory or its file is materialised).
     fn ready(&self, kinds: &[FileKind], (epoch, batch): (u64, u64)) -> bool {
         if !self.to_disk(kinds) {
-            return self.materializer.builder().holds_any_of(epoch, batch);
+            return self.materializer.builder().holds_any_of(epoch, batch)
+                || self.on_disk(epoch, batch);
         }
         kinds.iter().all(|&k| {
             self.materializer
