@@ -305,20 +305,6 @@ def store(request) -> Store:
 # --------------------------------------------------------------------------------------------
 
 
-def assert_same_as_local(m: tfs.Mount, local: tfs.Mount, dirs=("epoch-0",)):
-    lj, rj = local.dataset(), m.dataset()
-    for k in ("rows", "batch_size", "batches_per_epoch", "last_batch_rows", "tensors", "drop_last"):
-        assert rj.get(k) == lj.get(k), f"dataset.json {k}: {rj.get(k)!r} from {m.source}, {lj.get(k)!r} from file://"
-    n = rj["batches_per_epoch"]
-    assert n > 1
-    want = tfs.batch_hashes(local, dirs, n)
-    got = tfs.batch_hashes(m, dirs, n)
-    assert sorted(got) == sorted(want)
-    bad = [rel for rel in want if got[rel] != want[rel]]
-    assert not bad, f"{len(bad)} of {len(want)} files differ from the file:// mount, e.g. {bad[:5]}"
-    st = tfs.stats(m)
-    assert st["remote_requests"] > 0 and st["remote_bytes"] > 0, st
-    return rj
 
 
 def refusal(mounter, source: str, options: list[str], env: dict | None = None, timeout=90) -> tuple[str, float]:
@@ -396,7 +382,7 @@ def test_same_bytes_as_local_directory(mounter, store, case):
     ds = getattr(store, prefix)
     local = mounter(f"file://{ds.path}", *opts)
     m = mounter(store.src(f"{prefix}/"), *opts, *store.options)
-    rj = assert_same_as_local(m, local)
+    rj = tfs.assert_same_as_local(m, local)
     assert [tfs.file_name(f) for f in rj["files"]] == [f for f, _, _ in ds.files]
     assert [(f["rows"], f["row_groups"], f["size"]) for f in rj["files"]] == [
         (rows, rgs, (ds.path / f).stat().st_size) for f, rows, rgs in ds.files
@@ -423,7 +409,7 @@ def test_azure_emulator_options_with_the_url_from_the_environment(mounter, azure
         opts = ("shuffle=window", "seed=5", "batch_size=200")
         local = mounter(f"file://{azure.shuf.path}", *opts)
         m = mounter(azure.src("shuf/"), *opts, "azure_storage_use_emulator=true")
-        assert_same_as_local(m, local)
+        tfs.assert_same_as_local(m, local)
     finally:
         del os.environ["AZURITE_BLOB_STORAGE_URL"]
 
@@ -476,7 +462,7 @@ def test_gcs_service_account_file_as_a_mount_option(mounter, gcs, tmp_path):
     opts = ("shuffle=window", "seed=6", "batch_size=300")
     local = mounter(f"file://{gcs.shuf.path}", *opts)
     m = mounter(gcs.src("shuf/"), *opts, f"google_service_account={sa}")
-    assert_same_as_local(m, local)
+    tfs.assert_same_as_local(m, local)
 
 
 @pytest.mark.parametrize("store", STORES, indirect=True)
@@ -500,7 +486,7 @@ def test_names_that_need_escaping(mounter, store, tmp_path):
     local = mounter(f"file://{src}", *opts)
     m = mounter(store.src(urllib.parse.quote(prefix) + "/"), *opts, *store.options)
     assert [tfs.file_name(f) for f in m.dataset()["files"]] == sorted(p.name for p in src.iterdir())
-    assert_same_as_local(m, local)
+    tfs.assert_same_as_local(m, local)
 
 
 def test_http_directory_whose_head_answers_200(mounter, webdav, tmp_path):
@@ -516,7 +502,7 @@ def test_http_directory_whose_head_answers_200(mounter, webdav, tmp_path):
         opts = ("shuffle=window", "seed=7", "batch_size=200")
         local = mounter(f"file://{webdav.shuf.path}", *opts)
         m = mounter(f"{server.url}/shuf/", *opts, *webdav.options)
-        assert_same_as_local(m, local)
+        tfs.assert_same_as_local(m, local)
     finally:
         server.stop()
 

@@ -518,3 +518,21 @@ def file_name(entry: dict) -> str:
 def batch_hashes(m: "Mount", rel_dirs, n_batches: int) -> dict[str, str]:
     """sha256 of every batch file (safetensors and npy) of N_BATCHES in each of REL_DIRS."""
     return {rel: sha256(m.p(rel)) for d in rel_dirs for rel in all_files(m, d, n_batches)}
+
+
+def assert_same_as_local(m: "Mount", local: "Mount", dirs=("epoch-0",)):
+    """M serves what the file:// mount LOCAL of the same data serves (dataset.json and every
+    batch file of DIRS), and read its source remotely; its dataset.json."""
+    lj, rj = local.dataset(), m.dataset()
+    for k in ("rows", "batch_size", "batches_per_epoch", "last_batch_rows", "tensors", "drop_last"):
+        assert rj.get(k) == lj.get(k), f"dataset.json {k}: {rj.get(k)!r} from {m.source}, {lj.get(k)!r} from file://"
+    n = rj["batches_per_epoch"]
+    assert n > 1
+    want = batch_hashes(local, dirs, n)
+    got = batch_hashes(m, dirs, n)
+    assert sorted(got) == sorted(want)
+    bad = [rel for rel in want if got[rel] != want[rel]]
+    assert not bad, f"{len(bad)} of {len(want)} files differ from the file:// mount, e.g. {bad[:5]}"
+    st = stats(m)
+    assert st["remote_requests"] > 0 and st["remote_bytes"] > 0, st
+    return rj
