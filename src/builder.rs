@@ -480,6 +480,7 @@ impl Builder {
         self.pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
+                let cpu_started = crate::pool::thread_cpu_ns();
                 let batch = runtime.block_on(source.decode_row_group(fetched))?;
                 let t = transform::transform(&view, &batch).with_context(|| {
                     format!("file '{}' row group {rg}", source.files[file].name)
@@ -488,6 +489,8 @@ impl Builder {
                 Stats::add(&stats.c.rows_decoded, t.rows as u64);
                 Stats::add(&stats.c.pad_truncated, t.truncated);
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
+                let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                Stats::add(&stats.c.decode_cpu_ns, cpu);
                 if keep {
                     let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
                     let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);

@@ -229,10 +229,11 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             mb_rate("remote_bytes")
         ),
         format!(
-            "decode      {:.0} row groups, {:.0} rows, {:.2} s",
+            "decode      {:.0} row groups, {:.0} rows, {:.2} s ({:.2} s of CPU)",
             n(v, "row_groups_decoded"),
             n(v, "rows_decoded"),
-            n(v, "decode_ns") / 1e9
+            n(v, "decode_ns") / 1e9,
+            n(v, "decode_cpu_ns") / 1e9
         ),
         format!(
             "cache       {:.1} of {:.1} MB; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",

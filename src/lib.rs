@@ -43,17 +43,20 @@ thread_local! {
 /// decoders that may panic on malformed input. The panic is logged at debug level only; the
 /// caller reports the error.
 pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    CATCHING.with(|c| c.set(true));
+    let outer = CATCHING.with(|c| c.replace(true));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    CATCHING.with(|c| c.set(false));
-    result.map_err(|payload| {
-        let text = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into());
-        text.replace('\n', " ")
-    })
+    CATCHING.with(|c| c.set(outer));
+    result.map_err(panic_text)
+}
+
+/// A caught panic's message, on one line.
+pub fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    text.replace('\n', " ")
 }
 
 /// Installs the panic hook: a panic inside [`catch_panic`] is the caller's to report; any other

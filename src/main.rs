@@ -288,9 +288,17 @@ fn print_view(d: &Dataset, opts: &Options) {
             .map(|s| s.to_string())
             .collect();
         let unit = t.unit.map(|u| format!("  unit {u}")).unwrap_or_default();
-        let codec = match &d.view.items[t.item].kind {
-            tensorfs::view::ItemKind::Cell { spec, .. } if t.part == tensorfs::view::Part::Data => {
+        let item = &d.view.items[t.item];
+        let scalar_field = (d.source.unischema.as_ref())
+            .and_then(|u| u.field(&item.name))
+            .filter(|f| !f.codec.is_cell());
+        let codec = match (&item.kind, scalar_field) {
+            _ if t.part != tensorfs::view::Part::Data => String::new(),
+            (tensorfs::view::ItemKind::Cell { spec, .. }, _) => {
                 format!("  from {} cells", spec.codec.name())
+            }
+            (tensorfs::view::ItemKind::Column { .. }, Some(f)) => {
+                format!("  from {} values", f.codec.name())
             }
             _ => String::new(),
         };

@@ -98,7 +98,26 @@ impl Unischema {
     }
 }
 
+/// NumPy's dtype of a name: a type's (`float32`) or a type code (`f4`, `<f4`, `|u1`), as a
+/// Unischema built with `np.dtype('f4')` stores it. Big-endian codes have no tensor mapping.
 fn numpy_dtype(name: &str) -> Option<DType> {
+    let code = name.trim_start_matches(['<', '=', '|']);
+    let name = match code {
+        "b1" | "?" => "bool",
+        "i1" | "b" => "int8",
+        "i2" | "h" => "int16",
+        "i4" | "i" => "int32",
+        "i8" | "l" | "q" => "int64",
+        "u1" | "B" => "uint8",
+        "u2" | "H" => "uint16",
+        "u4" | "I" => "uint32",
+        "u8" | "L" | "Q" => "uint64",
+        "f2" | "e" => "float16",
+        "f4" | "f" => "float32",
+        "f8" | "d" => "float64",
+        _ if name.starts_with('>') => return None,
+        _ => name,
+    };
     Some(match name {
         "bool_" | "bool" => DType::Bool,
         "int8" => DType::I8,
@@ -123,6 +142,7 @@ enum Value {
     None,
     Bool(bool),
     Int(i64),
+    Float(f64),
     Str(String),
     Tuple(Vec<Value>),
     List(Vec<Value>),
@@ -149,10 +169,14 @@ fn allowed_global(module: &str, name: &str) -> bool {
             "ScalarCodec" | "NdarrayCodec" | "CompressedNdarrayCodec" | "CompressedImageCodec"
         ),
         "collections" => name == "OrderedDict",
+        // A field's dtype may be `Decimal` (refused by its column's type, never called).
+        "decimal" => name == "Decimal",
         "numpy" | "numpy.core.multiarray" => true,
         "pyspark.sql.types" => name.ends_with("Type"),
         "copy_reg" | "copyreg" => name == "_reconstructor",
-        "__builtin__" | "builtins" => name == "object",
+        // Protocol 0 (Python 2's cPickle default) rebuilds objects through
+        // `copy_reg._reconstructor(cls, object or tuple, args)`.
+        "__builtin__" | "builtins" => matches!(name, "object" | "tuple"),
         _ => false,
     }
 }
@@ -189,15 +213,18 @@ impl Machine<'_> {
         Ok(String::from_utf8(self.take(n)?.to_vec())?)
     }
 
-    fn line(&mut self) -> Result<String> {
+    fn raw_line(&mut self) -> Result<&[u8]> {
         let rest = &self.b[self.pos..];
         let n = rest
             .iter()
             .position(|&c| c == b'\n')
             .ok_or_else(|| anyhow!("the pickle ends inside a line"))?;
-        let s = String::from_utf8(rest[..n].to_vec())?;
         self.pos += n + 1;
-        Ok(s)
+        Ok(&rest[..n])
+    }
+
+    fn line(&mut self) -> Result<String> {
+        Ok(String::from_utf8(self.raw_line()?.to_vec())?)
     }
 
     fn pop(&mut self) -> Result<Value> {
@@ -401,9 +428,11 @@ impl Machine<'_> {
                         _ => bail!("the pickle calls a class with arguments not a tuple"),
                     };
                     let class = self.pop()?;
-                    if !matches!(class, Value::Global(..)) {
-                        bail!("the pickle calls something that is not a class");
-                    }
+                    let (class, args) = match class {
+                        Value::Global(m, n) if n == "_reconstructor" => reconstructed(&m, args)?,
+                        Value::Global(..) => (class, args),
+                        _ => bail!("the pickle calls something that is not a class"),
+                    };
                     self.stack.push(Value::Object {
                         class: Box::new(class),
                         args,
@@ -418,6 +447,52 @@ impl Machine<'_> {
                         _ => bail!("the pickle sets the state of something that is not an object"),
                     }
                 }
+                // Protocol 0's text forms, as Python 2's cPickle wrote them by default.
+                b'V' => {
+                    let s = raw_unicode_escape(self.raw_line()?)?;
+                    self.stack.push(Value::Str(s));
+                }
+                b'S' => {
+                    let s = string_literal(self.raw_line()?)?;
+                    self.stack.push(Value::Str(s));
+                }
+                b'L' => {
+                    let line = self.line()?;
+                    self.stack
+                        .push(Value::Int(line.trim_end_matches('L').parse()?));
+                }
+                b'F' => {
+                    let v = self.line()?.parse()?;
+                    self.stack.push(Value::Float(v));
+                }
+                b'G' => {
+                    let bits = self.take(8)?.iter().fold(0u64, |a, &b| (a << 8) | b as u64);
+                    self.stack.push(Value::Float(f64::from_bits(bits)));
+                }
+                0x8a => {
+                    let n = self.u8()? as usize;
+                    if n > 8 {
+                        bail!("the pickle holds an integer wider than 64 bits");
+                    }
+                    let v = self.le(n)?;
+                    // Two's complement over n bytes.
+                    let v = match n {
+                        0 => 0,
+                        8 => v as i64,
+                        _ => ((v << (64 - 8 * n)) as i64) >> (64 - 8 * n),
+                    };
+                    self.stack.push(Value::Int(v));
+                }
+                b'0' => {
+                    self.pop()?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.stack.push(v);
+                }
                 _ => bail!(
                     "the Unischema pickle uses opcode 0x{op:02x} at byte {}, which tensorfs does not read",
                     self.pos - 1
@@ -425,6 +500,84 @@ impl Machine<'_> {
             }
         }
     }
+}
+
+/// The class and arguments of `copy_reg._reconstructor(cls, base, arg)`: an object of `cls`
+/// made as `base` is from `arg` (a tuple subclass, such as a namedtuple, from its values).
+fn reconstructed(module: &str, args: Vec<Value>) -> Result<(Value, Vec<Value>)> {
+    debug_assert!(allowed_global(module, "_reconstructor"));
+    let mut it = args.into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(class @ Value::Global(..)), Some(Value::Global(_, base)), arg) => {
+            let args = match (base.as_str(), arg) {
+                ("tuple", Some(Value::Tuple(values))) => values,
+                _ => vec![],
+            };
+            Ok((class, args))
+        }
+        _ => bail!("the pickle reconstructs something that is not a class"),
+    }
+}
+
+/// A protocol-0 `V` line: raw-unicode-escape, where `\uXXXX` and `\UXXXXXXXX` are escapes and
+/// every other byte is a Latin-1 character.
+fn raw_unicode_escape(line: &[u8]) -> Result<String> {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < line.len() {
+        let width = match (line[i], line.get(i + 1)) {
+            (b'\\', Some(b'u')) => 4,
+            (b'\\', Some(b'U')) => 8,
+            (b, _) => {
+                out.push(b as char);
+                i += 1;
+                continue;
+            }
+        };
+        let hex = line
+            .get(i + 2..i + 2 + width)
+            .ok_or_else(|| anyhow!("the pickle ends inside a unicode escape"))?;
+        let code = u32::from_str_radix(std::str::from_utf8(hex)?, 16)?;
+        out.push(char::from_u32(code).ok_or_else(|| anyhow!("the pickle escapes no character"))?);
+        i += 2 + width;
+    }
+    Ok(out)
+}
+
+/// A protocol-0 `S` line: a Python 2 string literal in quotes, with backslash escapes. Its bytes
+/// are read as UTF-8 where they are valid, else as Latin-1.
+fn string_literal(line: &[u8]) -> Result<String> {
+    let inner = match line {
+        [q @ (b'\'' | b'"'), inner @ .., last] if last == q => inner,
+        _ => bail!("the pickle holds a string without its quotes"),
+    };
+    let mut bytes = Vec::with_capacity(inner.len());
+    let mut it = inner.iter().copied();
+    while let Some(b) = it.next() {
+        if b != b'\\' {
+            bytes.push(b);
+            continue;
+        }
+        let e = it
+            .next()
+            .ok_or_else(|| anyhow!("the pickle's string ends in a backslash"))?;
+        bytes.push(match e {
+            b'n' => b'\n',
+            b't' => b'\t',
+            b'r' => b'\r',
+            b'0' => 0,
+            b'x' => {
+                let hex = [it.next(), it.next()];
+                let [Some(h), Some(l)] = hex else {
+                    bail!("the pickle's string ends inside an escape");
+                };
+                u8::from_str_radix(std::str::from_utf8(&[h, l])?, 16)?
+            }
+            other => other,
+        });
+    }
+    Ok(String::from_utf8(bytes)
+        .unwrap_or_else(|e| e.into_bytes().iter().map(|&b| b as char).collect()))
 }
 
 fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>> {
@@ -508,7 +661,9 @@ fn parse_field(v: &Value) -> Result<Field> {
         Some(("petastorm.codecs", "NdarrayCodec")) => Codec::Ndarray,
         Some(("petastorm.codecs", "CompressedNdarrayCodec")) => Codec::CompressedNdarray,
         Some(("petastorm.codecs", "CompressedImageCodec")) => {
-            match state_get(codec, "_image_codec") {
+            // Petastorm before 0.3 kept the format in `_format`.
+            let format = state_get(codec, "_image_codec").or_else(|| state_get(codec, "_format"));
+            match format {
                 Some(Value::Str(s)) if s.trim_start_matches('.') == "png" => Codec::Png,
                 Some(Value::Str(s)) if matches!(s.trim_start_matches('.'), "jpeg" | "jpg") => {
                     Codec::Jpeg
@@ -531,6 +686,29 @@ fn parse_field(v: &Value) -> Result<Field> {
     })
 }
 
+/// The values of a dict or an `OrderedDict`, in order. Python 3 pickles an `OrderedDict`'s
+/// items as set items; Python 2 as its one argument, a list of `[key, value]` lists.
+fn ordered_values(v: &Value) -> Option<Vec<&Value>> {
+    match v {
+        Value::Dict(d) => Some(d.iter().map(|(_, v)| v).collect()),
+        Value::Object { items, .. } if !items.is_empty() => {
+            Some(items.iter().map(|(_, v)| v).collect())
+        }
+        Value::Object { args, .. } => match args.as_slice() {
+            [] => Some(vec![]),
+            [Value::List(pairs)] => pairs
+                .iter()
+                .map(|p| match p {
+                    Value::List(kv) | Value::Tuple(kv) if kv.len() == 2 => Some(&kv[1]),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The Unischema a pickle holds.
 pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
     let root = Machine {
@@ -548,13 +726,13 @@ pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
         _ => String::new(),
     };
     let fields = match state_get(&root, "_fields") {
-        Some(Value::Object { items, .. }) => items,
-        Some(Value::Dict(d)) => d,
-        _ => bail!("the Unischema has no fields"),
+        Some(v) => ordered_values(v),
+        None => None,
     };
     let fields = fields
-        .iter()
-        .map(|(_, v)| parse_field(v))
+        .ok_or_else(|| anyhow!("the Unischema has no fields"))?
+        .into_iter()
+        .map(parse_field)
         .collect::<Result<Vec<_>>>()?;
     Ok(Unischema {
         name,
@@ -820,6 +998,58 @@ mod tests {
             .map(|c| i16::from_le_bytes([c[0], c[1]]))
             .collect();
         assert_eq!(got, vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn unischemas_of_older_petastorm_versions_are_read() {
+        // tests/fixtures/petastorm/pickles/make.py wrote these; see there for what each is.
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/petastorm/pickles"
+        );
+        for name in ["protocol0", "protocol0-py2", "protocol2"] {
+            let b = std::fs::read(format!("{dir}/{name}.pickle")).unwrap();
+            let u = parse_unischema(&b).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert_eq!(u.name, "Old", "{name}");
+            let got: Vec<_> = u
+                .fields
+                .iter()
+                .map(|f| {
+                    (
+                        f.name.as_str(),
+                        f.numpy.as_str(),
+                        f.dtype,
+                        f.codec,
+                        f.nullable,
+                    )
+                })
+                .collect();
+            let want = vec![
+                ("id", "int32", Some(DType::I32), Codec::Scalar, false),
+                ("image", "uint8", Some(DType::U8), Codec::Png, false),
+                ("photo", "uint8", Some(DType::U8), Codec::Jpeg, false),
+                ("emb", "f4", Some(DType::F32), Codec::Ndarray, true),
+                ("price", "Decimal", None, Codec::Scalar, false),
+            ];
+            assert_eq!(got, want, "{name}");
+            let shapes: Vec<_> = u.fields.iter().map(Field::shape_text).collect();
+            assert_eq!(
+                shapes,
+                ["()", "(4, 5, 3)", "(6, 7)", "(3,)", "()"],
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn protocol_zero_text_forms() {
+        assert_eq!(
+            raw_unicode_escape(b"a\\u00e9\\U0001f600\xe9").unwrap(),
+            "a\u{e9}\u{1f600}\u{e9}"
+        );
+        assert_eq!(string_literal(b"'it\\'s\\n\\x41'").unwrap(), "it's\nA");
+        assert_eq!(string_literal(b"\"caf\xc3\xa9\"").unwrap(), "caf\u{e9}");
+        assert!(string_literal(b"'open").is_err());
     }
 
     #[test]

@@ -768,6 +768,61 @@ mod tests {
         }
 
         #[test]
+        fn rank_views_of_a_world_dividing_the_partitions_read_only_their_partitions(
+            rg_rows in prop::collection::vec(0u64..60, 1..12),
+            batch_size in 1u64..9,
+            partitions in 1u64..9,
+            world_pick in any::<prop::sample::Index>(),
+            seed in any::<u64>(),
+            shuffle in shuffle_strategy(),
+            epochs in (0u64..50, 0u64..50),
+        ) {
+            let plan = Plan::new(&rg_rows, OrderOptions { partitions, ..opts(batch_size, shuffle, 2, seed) });
+            // Partitions are disjoint, and the same rows in every epoch: in any epoch, each
+            // partition's batches draw n full batches from its rows and no others (the rows
+            // left over, which change from epoch to epoch, are the rest of them).
+            let (a, b) = (plan.epoch(epochs.0), plan.epoch(epochs.1));
+            let rows_of = |order: &EpochOrder, p: u64| -> Vec<u64> {
+                let mut rows: Vec<u64> = (0..plan.single_partition_batches())
+                    .filter(|&i| plan.partition_of_batch(i) == Some(p))
+                    .flat_map(|i| plan.batch_rows(order, i))
+                    .collect();
+                rows.sort_unstable();
+                rows
+            };
+            let mut seen = HashSet::new();
+            for p in 0..partitions {
+                let r = plan.partition_rows(p);
+                prop_assert!(r.clone().all(|row| seen.insert(row)), "partition {} overlaps", p);
+                for order in [&a, &b] {
+                    let rows = rows_of(order, p);
+                    prop_assert_eq!(rows.len() as u64, plan.batches_per_partition() * batch_size);
+                    prop_assert!(rows.iter().all(|row| r.contains(row)));
+                    prop_assert!(rows.windows(2).all(|w| w[0] < w[1]), "a row twice");
+                }
+            }
+            // Rank R of W (W dividing P) reads global batches R, R + W, …, all from partitions
+            // R, R + W, …, and the ranks together read every single-partition batch once.
+            let divisors: Vec<u64> = (1..=partitions).filter(|w| partitions % w == 0).collect();
+            let world = divisors[world_pick.index(divisors.len())];
+            let mut read = Vec::new();
+            for rank in 0..world {
+                let view = Batches::Rank { epoch: epochs.0, rank, world };
+                prop_assert_eq!(plan.count(view), plan.ranked_batches() / world);
+                for j in 0..plan.count(view) {
+                    let (_, i) = view.global(j);
+                    prop_assert_eq!(i, rank + j * world);
+                    // With one partition, rank views hold the short last batch too.
+                    let p = plan.partition_of_batch(i).or((partitions == 1).then_some(0));
+                    prop_assert!(p.is_some_and(|p| p % world == rank), "rank {} of {} batch {} from {:?}", rank, world, j, p);
+                    read.push(i);
+                }
+            }
+            read.sort_unstable();
+            prop_assert_eq!(read, (0..plan.rank_batches(world) * world).collect::<Vec<_>>());
+        }
+
+        #[test]
         fn window_rows_stay_inside_their_window(
             rg_rows in prop::collection::vec(1u64..30, 1..15),
             window in 1u64..5,

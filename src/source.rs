@@ -419,7 +419,9 @@ impl Source {
         }
     }
 
-    /// Identifies the dataset's content: every object's key, size and ETag, in order.
+    /// Identifies the dataset's content: every object's key, size and ETag, in order, and the
+    /// Petastorm fields they are read as (a `_common_metadata` edited or removed changes how
+    /// the same cells decode).
     pub fn fingerprint(&self) -> String {
         let mut h = Sha256::new();
         for f in &self.files {
@@ -428,6 +430,14 @@ impl Source {
             h.update(f.size.to_le_bytes());
             h.update(f.e_tag.as_deref().unwrap_or("").as_bytes());
             h.update([0]);
+        }
+        if let Some(u) = &self.unischema {
+            h.update(if u.inferred { "cells\0" } else { "unischema\0" });
+            for f in &u.fields {
+                let (name, numpy, shape) = (&f.name, &f.numpy, f.shape_text());
+                let (codec, nullable) = (f.codec.name(), f.nullable);
+                h.update(format!("{name}\0{numpy}\0{shape}\0{codec}\0{nullable}\0"));
+            }
         }
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -512,7 +522,12 @@ impl Source {
             let md = crate::footer::padded(f.metadata.metadata(), f.size - f.footer_len)?;
             ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).ok()
         });
-        let Some(padded) = padded else { return Err(e) };
+        let chunks_again = chunks.clone();
+        let Some(padded) = padded else {
+            return Err(self
+                .naming_the_column(file, rg, &roots, chunks_again, e)
+                .await);
+        };
         match self
             .decode_with(file, rg, &roots, mask, chunks, padded)
             .await
@@ -524,8 +539,45 @@ impl Source {
                 );
                 Ok(batch)
             }
-            Err(_) => Err(e),
+            Err(_) => Err(self
+                .naming_the_column(file, rg, &roots, chunks_again, e)
+                .await),
         }
+    }
+
+    /// A row group's decode error, named by the column that fails: each column is decoded
+    /// alone (a decoder's panic caught) until one fails; where none does alone, the error as it
+    /// was.
+    async fn naming_the_column(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+        chunks: Vec<(Range<u64>, Bytes)>,
+        e: anyhow::Error,
+    ) -> anyhow::Error {
+        let metadata = &self.files[file].metadata;
+        if roots.len() < 2 {
+            return e;
+        }
+        for &root in roots {
+            let mask = ProjectionMask::roots(metadata.parquet_schema(), [root]);
+            let one = [root];
+            let alone = self.decode_with(file, rg, &one, mask, chunks.clone(), metadata);
+            match std::panic::AssertUnwindSafe(alone).catch_unwind().await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(alone)) => return alone,
+                Err(panic) => {
+                    let column = metadata.schema().field(root).name();
+                    return anyhow!(
+                        "file '{}' row group {rg} column '{column}' cannot be read: a decoder panicked: {}",
+                        self.files[file].name,
+                        crate::panic_text(panic)
+                    );
+                }
+            }
+        }
+        e
     }
 
     async fn decode_with(
@@ -538,6 +590,14 @@ impl Source {
         metadata: &ArrowReaderMetadata,
     ) -> Result<RecordBatch> {
         let f = &self.files[file];
+        let what = match roots {
+            [root] => format!(
+                "file '{}' row group {rg} column '{}'",
+                f.name,
+                metadata.schema().field(*root).name()
+            ),
+            _ => format!("file '{}' row group {rg}", f.name),
+        };
         let reader = Prefetched {
             chunks,
             inner: self.reader(file),
@@ -548,11 +608,11 @@ impl Source {
             .with_projection(mask)
             .with_batch_size(rows.clamp(1, 8192))
             .build()
-            .with_context(|| format!("file '{}' row group {rg}", f.name))?;
+            .with_context(|| what.clone())?;
         let batches: Vec<RecordBatch> = stream
             .try_collect()
             .await
-            .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
+            .with_context(|| format!("{what} cannot be read"))?;
         let schema = match batches.first() {
             Some(b) => b.schema(),
             None => Arc::new(metadata.schema().project(roots)?),

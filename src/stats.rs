@@ -25,7 +25,10 @@ counters!(
     remote_bytes,
     row_groups_decoded,
     rows_decoded,
+    // Wall time from a row group's fetch to its decoded columns, waits included.
     decode_ns,
+    // CPU time the workers spent decoding and transforming row groups.
+    decode_cpu_ns,
     pad_truncated,
     // Batches.
     // Gathers of batch rows: whole batches, and single tensors of them (also counted below).

@@ -414,6 +414,7 @@ impl<'a> Columns<'a> {
     fn select(
         schema: &'a Schema,
         unischema: Option<&'a crate::petastorm::Unischema>,
+        undecodable: &HashMap<String, String>,
         opts: &Options,
         problems: &mut Vec<String>,
     ) -> Columns<'a> {
@@ -444,7 +445,10 @@ impl<'a> Columns<'a> {
         };
         let mapped = selected
             .iter()
-            .map(|&i| (i, map_column(schema.field(i), unischema)))
+            .map(|&i| match undecodable.get(schema.field(i).name()) {
+                Some(why) => (i, Some(Mapped::Refused(why.clone()))),
+                None => (i, map_column(schema.field(i), unischema)),
+            })
             .collect();
         Columns {
             schema,
@@ -588,7 +592,33 @@ impl Hint<'_> {
     }
 }
 
-/// Petastorm fields that cannot be served, one line each.
+/// Columns whose chunks a footer shows compressed with a codec tensorfs cannot decode (LZO,
+/// which the parquet crate does not implement), each with the first file that shows it: refused
+/// at mount rather than failing every read.
+fn undecodable_columns(source: &Source) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for f in &source.files {
+        let md = f.metadata.metadata();
+        let descr = md.file_metadata().schema_descr();
+        for rg in md.row_groups() {
+            for (leaf, chunk) in rg.columns().iter().enumerate() {
+                if chunk.compression() != parquet::basic::Compression::LZO {
+                    continue;
+                }
+                let root = descr.get_column_root(leaf).name().to_string();
+                let why = format!(
+                    "column '{root}' of file '{}' is compressed with LZO, which tensorfs cannot decode",
+                    f.name
+                );
+                out.entry(root).or_insert(why);
+            }
+        }
+    }
+    out
+}
+
+/// Fields that cannot be served (Petastorm fields, columns of an undecodable codec), one line
+/// each.
 fn refused_fields(cols: &Columns, hint: &Hint) -> Vec<String> {
     cols.selected
         .iter()
@@ -904,7 +934,14 @@ fn check_tensor_names(tensors: &[Tensor], hint: &Hint, problems: &mut Vec<String
 pub async fn build(source: &Source, opts: &Options) -> Result<View> {
     let schema = source.files[0].metadata.schema().clone();
     let mut problems: Vec<String> = check_schemas(source).into_iter().collect();
-    let cols = Columns::select(&schema, source.unischema.as_ref(), opts, &mut problems);
+    let undecodable = undecodable_columns(source);
+    let cols = Columns::select(
+        &schema,
+        source.unischema.as_ref(),
+        &undecodable,
+        opts,
+        &mut problems,
+    );
     let hint = Hint::new(source, &cols, opts).await?;
     problems.extend(unsupported_types(&cols, &hint));
     problems.extend(refused_fields(&cols, &hint));

@@ -781,3 +781,30 @@ def test_empty_option_items_are_skipped(mounter, shuf_ds):
     """`-o ,,,` holds only empty items: like mount(8), tensorfs skips them and mounts."""
     m = mounter(shuf_ds.path, ",,,", "batch_size=128", ",", split=True)
     assert m.dataset()["batch_size"] == 128
+
+
+def test_a_corrupt_page_is_eio_with_a_log_line_naming_the_column(mounter, tmp_path):
+    """A column chunk whose pages are garbage, under a footer that is fine: found only while
+    building a batch, so EIO for that read, and a log line at the default level naming the
+    object, the row group, the column and the cause. The other row group still serves."""
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "corrupt.parquet"
+    t = pa.table({"a": np.arange(2000, dtype=np.int64), "b": np.linspace(0, 1, 2000)})
+    pq.write_table(t, path, compression="snappy", use_dictionary=False, row_group_size=1000)
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(1)
+    raw = bytearray(path.read_bytes())
+    start = chunk.data_page_offset
+    raw[start:start + chunk.total_compressed_size] = b"\xab" * chunk.total_compressed_size
+    path.write_bytes(bytes(raw))
+
+    m = mounter(src, "batch_size=1000", "shuffle=none", "prefetch=0")
+    first = tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))
+    assert np.array_equal(first["a"], np.arange(1000))
+    with pytest.raises(OSError) as e:
+        tfs.read_exact(m.p("epoch-0", "000001.safetensors"))
+    assert e.value.errno == errno.EIO
+    lines = [ln for ln in log_text(m.cache).splitlines() if " ERROR " in ln]
+    assert lines, log_tail(m.cache)
+    assert "file 'corrupt.parquet' row group 1 column 'b' cannot be read:" in lines[-1], lines[-1]
+    assert tfs.is_mounted(m.path)
