@@ -921,32 +921,42 @@ pub fn decode_png(b: &[u8]) -> Result<Cell> {
 
 /// A JPEG cell, decoded by libjpeg-turbo: gray `[H, W]` or RGB `[H, W, 3]`.
 pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
-    let header = turbojpeg::read_header(b).context("not a JPEG cell")?;
-    let (format, channels) = match header.colorspace {
-        turbojpeg::Colorspace::Gray => (turbojpeg::PixelFormat::GRAY, 1),
-        _ => (turbojpeg::PixelFormat::RGB, 3),
-    };
-    let image = turbojpeg::decompress(b, format).context("a JPEG cell cannot be decoded")?;
-    let (h, w) = (image.height, image.width);
-    let row = w * channels;
-    let data = if image.pitch == row {
-        image.pixels
-    } else {
-        image
-            .pixels
-            .chunks(image.pitch)
-            .flat_map(|r| r[..row].iter().copied())
-            .collect()
-    };
-    let shape = if channels == 1 {
-        vec![h, w]
-    } else {
-        vec![h, w, channels]
-    };
-    Ok(Cell {
-        dtype: DType::U8,
-        shape,
-        data,
+    thread_local! {
+        // One decompressor per worker: making one allocates more than a small image takes
+        // to decode.
+        static DECOMPRESSOR: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    DECOMPRESSOR.with_borrow_mut(|slot| {
+        let d = match slot {
+            Some(d) => d,
+            None => slot.insert(turbojpeg::Decompressor::new()?),
+        };
+        let header = d.read_header(b).context("not a JPEG cell")?;
+        let (format, channels) = match header.colorspace {
+            turbojpeg::Colorspace::Gray => (turbojpeg::PixelFormat::GRAY, 1),
+            _ => (turbojpeg::PixelFormat::RGB, 3),
+        };
+        let (h, w) = (header.height, header.width);
+        let mut data = vec![0; h * w * channels];
+        let image = turbojpeg::Image {
+            pixels: data.as_mut_slice(),
+            width: w,
+            pitch: w * channels,
+            height: h,
+            format,
+        };
+        d.decompress(b, image)
+            .context("a JPEG cell cannot be decoded")?;
+        let shape = match channels {
+            1 => vec![h, w],
+            _ => vec![h, w, channels],
+        };
+        Ok(Cell {
+            dtype: DType::U8,
+            shape,
+            data,
+        })
     })
 }
 

@@ -78,8 +78,18 @@ pub struct Source {
 /// Turns SOURCE (a URL or a local path) into a URL object_store understands.
 fn source_url(source: &str) -> Result<Url> {
     if source.contains("://") {
-        return Url::parse(source)
-            .map_err(|e| anyhow!("source '{source}' is not a valid URL: {e}"));
+        let mut url =
+            Url::parse(source).map_err(|e| anyhow!("source '{source}' is not a valid URL: {e}"))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            // Never shown: the refusal names the URL with its password masked.
+            if url.password().is_some() {
+                let _ = url.set_password(Some("****"));
+            }
+            bail!(
+                "source '{url}': tensorfs takes no user name or password in a URL (object_store's stores take credentials from their own options, and its HTTP store has none)"
+            );
+        }
+        return Ok(url);
     }
     let path = std::fs::canonicalize(source)
         .map_err(|e| anyhow!("source '{source}' cannot be opened: {}", io_reason(&e)))?;
@@ -776,11 +786,21 @@ impl ObjectReader {
             ..Default::default()
         };
         let result = async {
-            self.store
-                .get_opts(&self.location, options)
-                .await?
-                .bytes()
-                .await
+            let reply = self.store.get_opts(&self.location, options).await?;
+            // Some servers ignore `if-match` (fake-gcs-server does): the reply's own version
+            // and size are checked too, so a replaced object is never read at old offsets.
+            let etag = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_string();
+            let replaced = match (&self.e_tag, &reply.meta.e_tag) {
+                (Some(pinned), Some(now)) => etag(pinned) != etag(now),
+                _ => false,
+            } || reply.meta.size != self.size;
+            if replaced {
+                return Err(object_store::Error::Precondition {
+                    path: self.location.to_string(),
+                    source: "the object's version or size changed".into(),
+                });
+            }
+            reply.bytes().await
         }
         .await;
         let bytes = result.map_err(|e| match e {

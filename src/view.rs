@@ -517,51 +517,51 @@ impl<'a> Hint<'a> {
         })
     }
 
+    /// The options that leave `refused` out and keep every other column that can be served:
+    /// the variable-length lists not padded yet too, with the `pad=` they need.
     fn leave_out(&self, refused: &str, pronoun: &str) -> String {
-        let keep: Vec<usize> = self
-            .servable
-            .iter()
-            .copied()
-            .filter(|&i| self.cols.name(i) != refused)
-            .collect();
-        let lists: Vec<&str> = self
+        let lists: Vec<usize> = self
             .cols
             .selected
             .iter()
-            .filter(|&&i| self.cols.is_list(i))
-            .map(|&i| self.cols.name(i))
-            .filter(|c| *c != refused && !self.padded.contains(c))
+            .copied()
+            .filter(|&i| self.cols.is_list(i))
+            .filter(|&i| !self.padded.contains(&self.cols.name(i)))
             .collect();
-        let zero = self.nulls_error && keep.iter().any(|i| self.nulls[i].is_some());
-        let names = |v: &mut dyn Iterator<Item = &str>| -> String {
-            v.map(crate::options::escape).collect::<Vec<_>>().join(":")
-        };
-        if !keep.is_empty() {
-            let columns = names(&mut keep.iter().map(|&i| self.cols.name(i)));
-            let zero = if zero { ",nulls=zero" } else { "" };
-            return format!("leave {pronoun} out with columns={columns}{zero}");
-        }
-        if lists.is_empty() {
+        let keep: Vec<usize> = self
+            .cols
+            .selected
+            .iter()
+            .copied()
+            .filter(|i| self.servable.contains(i) || lists.contains(i))
+            .filter(|&i| self.cols.name(i) != refused)
+            .collect();
+        if keep.is_empty() {
             return "no other column of the dataset can be served".into();
         }
-        let mut pads: Vec<String> = lists
+        let names = |v: &[usize]| -> String {
+            let names: Vec<String> = v
+                .iter()
+                .map(|&i| crate::options::escape(self.cols.name(i)))
+                .collect();
+            names.join(":")
+        };
+        let zero = self.nulls_error && keep.iter().any(|i| self.nulls[i].is_some());
+        let zero = if zero { ",nulls=zero" } else { "" };
+        let columns = names(&keep);
+        let pads: Vec<String> = keep
             .iter()
-            .map(|c| format!("pad={}:L", crate::options::escape(c)))
+            .filter(|i| lists.contains(i))
+            .map(|&i| format!("pad={}:L", crate::options::escape(self.cols.name(i))))
             .collect();
-        let list_nulls = lists.iter().any(|c| {
-            self.cols
-                .index
-                .get(c)
-                .is_some_and(|i| self.nulls.get(i).is_some_and(Option::is_some))
-        });
-        if self.nulls_error && list_nulls {
-            pads.push("nulls=zero".into());
+        match pads.len() {
+            0 => format!("leave {pronoun} out with columns={columns}{zero}"),
+            n => format!(
+                "leave {pronoun} out with columns={columns} and give the variable-length {} a length L (longer ones are cut) with {}{zero}",
+                if n == 1 { "list" } else { "lists" },
+                pads.join(",")
+            ),
         }
-        format!(
-            "leave {pronoun} out with columns={} and give the variable-length lists a length L (longer ones are cut) with {}",
-            names(&mut lists.iter().copied()),
-            pads.join(",")
-        )
     }
 }
 

@@ -564,3 +564,250 @@ def test_refused_plain_http_without_allow_http(mounter, webdav):
     """http:// needs client_allow_http=true (object_store refuses plain HTTP otherwise)."""
     _, took = refusal(mounter, f"{webdav.server.url}/main/", [])
     assert took < 30, f"the refusal took {took:.0f} s"
+
+
+# --------------------------------------------------------------------------------------------
+# Credentials: from the environment through a real mount, and never shown
+# --------------------------------------------------------------------------------------------
+
+EIO = 5
+
+
+def log_text(m: tfs.Mount) -> str:
+    p = m.cache / "tensorfs.log"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def mount_output(m: tfs.Mount) -> str:
+    """What `tensorfs mount` (and the daemon, before it detached) wrote to stdout and stderr."""
+    return "".join(
+        p.read_text(errors="replace") for p in (m.path.parent / f"{m.path.name}.stdout", m.path.parent / f"{m.path.name}.stderr") if p.exists()
+    )
+
+
+def with_env(env: dict):
+    """Set ENV in os.environ (the mounts' daemons inherit it); returns a function that undoes it."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+
+    def undo():
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    return undo
+
+
+def test_azure_credentials_from_the_environment_mount(mounter, azure):
+    """AZURE_STORAGE_ACCOUNT_NAME/_KEY, AZURE_STORAGE_ENDPOINT, AZURE_ALLOW_HTTP and no store
+    option: a real mount whose every batch equals the file:// mount's."""
+    opts = ("shuffle=window", "seed=11", "batch_size=200")
+    local = mounter(f"file://{azure.shuf.path}", *opts)
+    undo = with_env(
+        {
+            "AZURE_STORAGE_ACCOUNT_NAME": AZ_ACCOUNT,
+            "AZURE_STORAGE_ACCOUNT_KEY": AZ_KEY,
+            "AZURE_STORAGE_ENDPOINT": f"{azure.server.url}/{AZ_ACCOUNT}",
+            "AZURE_ALLOW_HTTP": "true",
+        }
+    )
+    try:
+        m = mounter(azure.src("shuf/"), *opts)
+    finally:
+        undo()
+    assert m.dataset()["options"]["store"] == {}, "a store option where the environment gave them all"
+    tfs.assert_same_as_local(m, local)
+
+
+def test_gcs_credentials_from_the_environment_mount(mounter, gcs):
+    """GOOGLE_BASE_URL and GOOGLE_BEARER_TOKEN and no store option: a real mount whose every batch
+    equals the file:// mount's."""
+    opts = ("shuffle=window", "seed=12", "batch_size=200")
+    local = mounter(f"file://{gcs.shuf.path}", *opts)
+    undo = with_env({"GOOGLE_BASE_URL": gcs.server.url, "GOOGLE_BEARER_TOKEN": f"tfs-env-token-{uuid.uuid4().hex}"})
+    try:
+        m = mounter(gcs.src("shuf/"), *opts)
+    finally:
+        undo()
+    assert m.dataset()["options"]["store"] == {}, "a store option where the environment gave them all"
+    tfs.assert_same_as_local(m, local)
+
+
+def secret_setup(kind: str, how: str, store: Store) -> tuple[str, list[str], dict]:
+    """(the secret, the store options, the environment) of a mount of STORE whose credential is
+    given as a mount option (HOW 'option') or in the environment (HOW 'env')."""
+    url = store.server.url
+    if kind == "azure":
+        # Azurite checks the account key: the secret is the account's key itself.
+        if how == "option":
+            return AZ_KEY, azure_options(url), {}
+        env = {
+            "AZURE_STORAGE_ACCOUNT_NAME": AZ_ACCOUNT,
+            "AZURE_STORAGE_ACCOUNT_KEY": AZ_KEY,
+            "AZURE_STORAGE_ENDPOINT": f"{url}/{AZ_ACCOUNT}",
+            "AZURE_ALLOW_HTTP": "true",
+        }
+        return AZ_KEY, [], env
+    # fake-gcs-server takes any bearer token: a fresh, distinctive one.
+    secret = f"tfs-gcs-token-{uuid.uuid4().hex}"
+    if how == "option":
+        return secret, [f"google_base_url={url}", f"google_bearer_token={secret}"], {}
+    return secret, [], {"GOOGLE_BASE_URL": url, "GOOGLE_BEARER_TOKEN": secret}
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+@pytest.mark.parametrize("store", ["azure", "gcs"], indirect=True)
+def test_secret_never_shown(mounter, store, how):
+    """A credential given as a mount option or in the environment appears in none of: the
+    daemon's log at log=debug (CACHE/tensorfs.log), what mount and the daemon wrote to stdout
+    and stderr, /proc/mounts, dataset.json, stats.json, the daemon's command line, inspect's
+    output; and the mount reads right with it."""
+    secret, opts, env = secret_setup(store.kind, how, store)
+    local = mounter(f"file://{store.shuf.path}", "batch_size=256", "shuffle=none")
+    undo = with_env(env)
+    try:
+        m = mounter(store.src("shuf/"), "batch_size=256", "shuffle=none", "log=debug", *opts)
+        proc = tfs.run(["inspect", store.src("shuf/"), "--json", *(["-o", ",".join(opts)] if opts else [])], timeout=60)
+    finally:
+        undo()
+    rel = ("epoch-0", "000001.safetensors")
+    assert tfs.sha256(m.p(*rel)) == tfs.sha256(local.p(*rel))
+    assert secret not in tfs.read_exact(m.p("dataset.json")).decode(), "the secret is in dataset.json"
+    assert secret not in json.dumps(tfs.stats(m)), "the secret is in stats.json"
+    mounts = Path("/proc/self/mounts").read_text(errors="replace")
+    assert tfs.canonical(m.path) in mounts or str(m.path) in mounts
+    assert secret not in mounts, "the secret is in /proc/mounts"
+    for pid in m.pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert secret.encode() not in cmd, f"the secret is in /proc/{pid}/cmdline"
+    assert proc.returncode == 0, proc.stderr
+    assert secret not in proc.stdout and secret not in proc.stderr, "the secret is in inspect's output"
+
+    m.unmount()  # the daemon has written all it will
+    log = log_text(m)
+    assert " DEBUG " in log or "DEBUG" in log, f"log=debug wrote no debug line:\n{log[-2000:]}"
+    assert secret not in log, "the secret is in CACHE/tensorfs.log"
+    assert secret not in mount_output(m), "the secret is in what mount or the daemon printed"
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP credentials
+# --------------------------------------------------------------------------------------------
+
+
+NO_HTTP_CREDENTIALS = (
+    "object_store's HTTP store cannot send credentials: its configuration keys (ClientConfigKey: allow_http, "
+    "timeouts, proxy_url, user_agent, ...) hold none and no header, and it sends every request through "
+    "reqwest::Request::new, which leaves a user:password in the URL unused (docs/options.md)"
+)
+
+
+def credentialed_url(webdav, path: str) -> str:
+    url = urllib.parse.urlsplit(webdav.server.url)
+    return f"http://{DAV_USER}:{DAV_PASSWORD}@{url.netloc}/{path}"
+
+
+@pytest.mark.xfail(reason=NO_HTTP_CREDENTIALS, strict=True)
+def test_http_basic_auth_credentials_mount(mounter, webdav):
+    """The /private/ tree needs basic authentication: with the credentials in the source URL (the
+    one form object_store could take them in), every batch equals the file:// mount's."""
+    opts = ("shuffle=window", "seed=13", "batch_size=200")
+    local = mounter(f"file://{webdav.shuf.path}", *opts)
+    mp = mounter.mountpoint()
+    proc = tfs.run(["mount", credentialed_url(webdav, "private/"), mp, "-o",
+                    ",".join([*opts, *webdav.options, f"cache_dir={mp.parent / 'c'}"])], timeout=90)
+    assert proc.returncode == 0, f"refused: {proc.stderr.strip()}"
+    try:
+        m = tfs.Mount(mp, credentialed_url(webdav, "private/"), list(opts), mp.parent / "c", tfs.daemon_pids(mp))
+        tfs.assert_same_as_local(m, local)
+    finally:
+        tfs.unmount(mp)
+
+
+def test_http_password_in_the_source_url_is_refused_and_never_shown(mounter, webdav):
+    """A password in the source URL could not be sent (object_store's HTTP store has no way to):
+    the mount is refused in one line that names the URL with the password masked."""
+    mp = mounter.mountpoint()
+    url = credentialed_url(webdav, "private/")
+    proc = tfs.run(["mount", url, mp, "-o", ",".join([*webdav.options, f"cache_dir={mp.parent / 'c'}"])],
+                   timeout=90)
+    try:
+        assert proc.returncode != 0 and not tfs.is_mounted(mp)
+        assert DAV_PASSWORD not in proc.stdout + proc.stderr, f"the password is shown: {proc.stderr.strip()}"
+        masked = url.replace(f":{DAV_PASSWORD}@", ":****@")
+        assert tfs.error_line(proc) == (
+            f"tensorfs: error: source '{masked}': tensorfs takes no user name or password in a URL "
+            "(object_store's stores take credentials from their own options, and its HTTP store has none)")
+    finally:
+        if tfs.is_mounted(mp):
+            tfs.unmount(mp)
+
+
+# --------------------------------------------------------------------------------------------
+# An object replaced under a live mount
+# --------------------------------------------------------------------------------------------
+
+
+READER = r"""
+import json, sys
+try:
+    with open(sys.argv[1], "rb") as f:
+        out = {"ok": True, "size": len(f.read())}
+except OSError as e:
+    out = {"ok": False, "errno": e.errno, "error": str(e)}
+print(json.dumps(out))
+"""
+
+
+def guarded_read(path, timeout: float) -> dict:
+    """Read PATH whole in a child process (a read of a FUSE file cannot be interrupted in this
+    one); fail the test if it takes longer than TIMEOUT seconds."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading {path} did not end within {timeout:g} s")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("store", ["azure", "gcs", "http"], indirect=True)
+def test_object_replaced_under_a_live_mount(mounter, store, tmp_path):
+    """An object replaced after the mount (another Parquet file under the same key): reading a
+    batch of it that was not built yet is EIO, and the log names the object and says it changed;
+    batches of the unchanged object are still served right."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    prefix = f"replace-{uuid.uuid4().hex[:8]}"
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    ids = np.arange(2000, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids[:1000], "x": ids[:1000] * 2}), v1 / "a.parquet", row_group_size=250)
+    pq.write_table(pa.table({"id": ids[1000:], "x": ids[1000:] * 2}), v1 / "b.parquet", row_group_size=250)
+    # The new b: the same layout and row count, other values.
+    pq.write_table(pa.table({"id": ids[1000:] + 10**6, "x": ids[1000:] * 2 + 1}), v2 / "b.parquet", row_group_size=250)
+    store.upload_dir(v1, prefix)
+
+    # Nothing is read before the replacement, so nothing of b can have been built ahead.
+    m = mounter(store.src(f"{prefix}/"), "shuffle=none", "batch_size=300", "prefetch=0", *store.options)
+    time.sleep(1.1)  # a store whose version is the modification time in seconds sees a new one
+    store.put(f"{prefix}/b.parquet", v2 / "b.parquet")
+
+    # Batch 5 is rows 1500..1800, all from b; batch 3 is rows 900..1200, from a and b.
+    for rel in (("000005.safetensors",), ("000003.safetensors",), ("000006", "id.npy")):
+        got = guarded_read(m.p("epoch-0", *rel), timeout=90)
+        assert not got["ok"] and got["errno"] == EIO, f"{'/'.join(rel)} of the replaced object was served: {got}"
+    key = f"{prefix}/b.parquet"
+    lines = [line for line in log_text(m).splitlines() if f"object '{key}' changed under the mount" in line]
+    assert lines, f"no line of CACHE/tensorfs.log says that {key} changed:\n{log_text(m)[-3000:]}"
+    # Batches of the unchanged object are still served, right.
+    tfs.assert_array(tfs.load_safetensors(m.p("epoch-0", "000001.safetensors"))["id"], ids[300:600], "id")
+    assert tfs.is_mounted(m.path)

@@ -3,6 +3,8 @@ issue "Data from the wild"): each is served exactly as pyarrow reads it. The fil
 pyarrow files with their footers rewritten the way those writers wrote them
 (footer_surgery.py)."""
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -102,3 +104,43 @@ def test_malformed_footers_fail_the_mount_in_one_line(mounter, tmp_path, damage)
     line = tfs.error_line(proc)
     assert proc.returncode != 0 and "f.parquet" in line, line
     assert not tfs.is_mounted(mp)
+
+
+LZO = 3  # CompressionCodec.LZO in parquet.thrift
+
+
+def test_a_column_compressed_with_lzo_is_refused_at_mount(mounter, tmp_path):
+    """The parquet crate has no LZO decoder: a file whose column chunks say LZO (the codec of
+    ColumnMetaData, field 4) is refused at mount time, where the footer shows it, naming the
+    file, the column and the codec; the columns= the line offers, pasted back, mounts and serves
+    the other columns exactly as pyarrow reads them."""
+    data = tmp_path / "data"
+    data.mkdir()
+    good_file(data / "f.parquet")
+    body, md = fs.read_footer(data / "f.parquet")
+    changed = 0
+    for cmd in fs.column_meta_data(md):
+        if cmd[3][1][1] == [b"x"]:  # path_in_schema
+            cmd[4] = (fs.I32, LZO)
+            changed += 1
+    assert changed == 4  # every row group's chunk of x
+    fs.write_file(data / "f.parquet", body, md)
+    assert pq.ParquetFile(data / "f.parquet").metadata.row_group(0).column(2).compression == "LZO"
+
+    mp = mounter.mountpoint()
+    proc = tfs.run(["mount", data, mp, "-o", f"cache_dir={mp.parent / 'c'}"])
+    line = tfs.error_line(proc)
+    assert not tfs.is_mounted(mp)
+    assert line == (
+        tfs.ERROR_PREFIX
+        + "column 'x' of file 'f.parquet' is compressed with LZO, which tensorfs cannot decode; leave it out with columns=id:k"
+    )
+    hint = re.search(r"; leave it out with (columns=\S+)$", line).group(1)
+    proc = tfs.run(["inspect", data, "-o", hint])
+    assert proc.returncode == 0, proc.stderr
+    want = pq.read_table(data / "f.parquet", columns=["id", "k"])
+    m = mounter(data, "shuffle=none", "batch_size=100", hint)
+    assert [t["name"] for t in m.dataset()["tensors"]] == ["id", "k"]
+    for name in want.column_names:
+        got = np.load(m.p("epoch-0", "all", f"{name}.npy"))
+        np.testing.assert_array_equal(got, want.column(name).to_numpy(), err_msg=name)

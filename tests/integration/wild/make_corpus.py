@@ -21,6 +21,7 @@ Every entry of the manifest:
     refuse      the columns (or files) a refusal may name, quoted as tensorfs quotes them: 'col'
     refuse_text phrases a refusal may hold instead (matched with the source's path taken out)
     note        what the entry exercises
+    known_failure  why tensorfs does not yet do what `outcome` says (its test is a strict xfail)
     ref_reader  who reads the reference values: "pyarrow", or "duckdb" where pyarrow cannot
     files       the Parquet files written (filled in when built), data files only
 
@@ -51,14 +52,17 @@ RG = 100  # row group size where the writer allows one
 ENTRIES: list[dict] = []
 
 
-def entry(name, writer, outcome="served", options=(), refuse=(), note="", ref_reader="pyarrow", refuse_text=()):
+def entry(name, writer, outcome="served", options=(), refuse=(), note="", ref_reader="pyarrow", refuse_text=(),
+          known_failure=""):
     """Register the decorated function as the maker of entry NAME (it writes into a directory).
-    REF_READER: who gives the reference values ("duckdb" where pyarrow cannot read the file)."""
+    REF_READER: who gives the reference values ("duckdb" where pyarrow cannot read the file).
+    KNOWN_FAILURE: why tensorfs does not yet do what the outcome says (the test is a strict xfail)."""
 
     def deco(fn):
         ENTRIES.append(
             dict(name=name, writer=writer, outcome=outcome, options=list(options), refuse=list(refuse),
-                 refuse_text=list(refuse_text), note=note, ref_reader=ref_reader, make=fn)
+                 refuse_text=list(refuse_text), note=note, ref_reader=ref_reader, known_failure=known_failure,
+                 make=fn)
         )
         return fn
 
@@ -247,6 +251,17 @@ def _(d):
     pq.write_table(t, d / "data.parquet", row_group_size=RG, use_deprecated_int96_timestamps=True, store_schema=False)
 
 
+@entry("pa-int96-out-of-range-arrow-schema", "pyarrow",
+       note="INT96 timestamps of years 1, 1500, 2500 and 9999 with the Arrow schema stored (timestamp[ms]): "
+            "pyarrow (26) still reads int64 ns, wrapping those outside 1677-2262",
+       known_failure="tensorfs serves INT96 in the unit of the stored Arrow schema (here ms: the true values), "
+                     "pyarrow reads ns and wraps the values outside 1677-2262")
+def _(d):
+    ms = np.array([-62135596800000, -14831769600000, 16725225600000, 253402300799999, 0, 1_600_000_000_123] * 50, dtype=np.int64)
+    t = pa.table({"id": pa.array(np.arange(len(ms), dtype=np.int64)), "ts": pa.array(ms).cast(pa.timestamp("ms"))})
+    pq.write_table(t, d / "data.parquet", row_group_size=RG, use_deprecated_int96_timestamps=True, store_schema=True)
+
+
 @entry("pa-rg-of-1-row", "pyarrow", note="200 row groups of 1 row")
 def _(d):
     pq.write_table(pa_base(200, seed=12), d / "data.parquet", row_group_size=1)
@@ -335,6 +350,77 @@ def _(d):
         "id": pa.array(np.arange(N, dtype=np.int64)),
         "tok": pa.array(lists(N, 26, dtype=np.int32, nulls=True), type=pa.list_(pa.int32())),
         "big": pa.array(lists(N, 27, dtype=np.int64, nulls=True), type=pa.large_list(pa.int64())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+def lists_with_null_elements(n, seed, dtype=np.int32):
+    """Lists holding null elements (every 5th row), null lists (every 17th) and empty lists."""
+    out = lists(n, seed, dtype=dtype, nulls=True)
+    for r in range(2, n, 5):
+        if out[r]:
+            out[r] = [None if k % 2 == 0 else v for k, v in enumerate(out[r])]
+    return out
+
+
+@entry("pa-lists-null-lists-no-nulls-option", "pyarrow", options=["pad=tok:8", "pad=big:8"],
+       note="null lists and empty lists, no null elements, pad= WITHOUT nulls=zero: a null list is length 0, no mask")
+def _(d):
+    t = pa.table({
+        "id": pa.array(np.arange(N, dtype=np.int64)),
+        "tok": pa.array(lists(N, 126, dtype=np.int32, nulls=True), type=pa.list_(pa.int32())),
+        "big": pa.array(lists(N, 127, dtype=np.int64, nulls=True), type=pa.large_list(pa.int64())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+@entry("pa-list-null-elements", "pyarrow", options=["pad=tok:8", "nulls=zero"],
+       note="list<int32> holding null elements, null lists and empty lists, pad= and nulls=zero: tok.mask is [B, L]")
+def _(d):
+    t = pa.table({
+        "id": pa.array(np.arange(N, dtype=np.int64)),
+        "tok": pa.array(lists_with_null_elements(N, 128), type=pa.list_(pa.int32())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+@entry("pa-list-null-elements-no-nulls-option", "pyarrow", outcome="refused", options=["pad=tok:8"], refuse=["tok"],
+       note="list<int32> holding null elements, pad= without nulls=zero: refused, naming nulls=zero")
+def _(d):
+    t = pa.table({
+        "id": pa.array(np.arange(N, dtype=np.int64)),
+        "tok": pa.array(lists_with_null_elements(N, 129), type=pa.list_(pa.int32())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+@entry("pa-only-lists", "pyarrow", outcome="refused", refuse=["tok", "big"],
+       note="issue class 5: the only columns are variable-length lists; the refusal must offer pad=")
+def _(d):
+    t = pa.table({
+        "tok": pa.array(lists(N, 130, dtype=np.int32), type=pa.list_(pa.int32())),
+        "big": pa.array(lists(N, 131, dtype=np.int64), type=pa.large_list(pa.int64())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+@entry("pa-only-lists-and-strings", "pyarrow", outcome="refused", refuse=["label", "tok", "fl"],
+       note="issue class 5: variable-length lists and a string column, nothing else; the refusal must offer pad=")
+def _(d):
+    t = pa.table({
+        "label": pa.array([f"x{i}" for i in range(N)]),
+        "tok": pa.array(lists(N, 132, dtype=np.int32), type=pa.list_(pa.int32())),
+        "fl": pa.array(lists(N, 133, dtype=np.float32), type=pa.list_(pa.float32())),
+    })
+    pq.write_table(t, d / "data.parquet", row_group_size=RG)
+
+
+@entry("pa-only-lists-null-elements", "pyarrow", outcome="refused", refuse=["label", "tok"],
+       note="issue class 5 with null elements: the hint must offer pad= and nulls=zero")
+def _(d):
+    t = pa.table({
+        "label": pa.array([f"x{i}" for i in range(N)]),
+        "tok": pa.array(lists_with_null_elements(N, 134), type=pa.list_(pa.int32())),
     })
     pq.write_table(t, d / "data.parquet", row_group_size=RG)
 
