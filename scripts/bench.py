@@ -21,6 +21,13 @@ to NumPy arrays, in these ways:
   tensorfs shuffled         shuffle=window and shuffle=global, epochs 0 (cold) and 1 (reshuffled,
                             gathered from the columns cached during epoch 0), each checked to be a
                             permutation of the rows
+  a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
+                            a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
+                            make_reader and through tensorfs cold and warm (petastorm_dataset.py)
+  many hosts                (own table) --hosts W simulated hosts, each its own mount and cache_dir
+                            of the S3 prefix, reading its rank view's epochs 0 and 1 with
+                            partitions=1 and partitions=W: bytes fetched and decode CPU per host
+                            per epoch, against one mount reading the whole epoch (hosts.py)
 
 and runs the stall experiment: a consumer that needs half of tensorfs's cold throughput, and how
 long it waits on reads. Page caches are dropped before every cold run when we are root.
@@ -42,9 +49,13 @@ from pathlib import Path
 from benchlib.common import MB, REPO, ROW_BYTES, log
 from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, write_dataset, write_npy_batches,
                               write_small_rows_dataset)
+from benchlib.hosts import print_rows as print_hosts
+from benchlib.hosts import run_rows as hosts_rows
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
                               read_pyarrow, read_safetensors_files, verify)
 from benchlib.mounts import Caches, Mount, S3Server
+from benchlib.petastorm_dataset import print_rows as print_petastorm_dataset
+from benchlib.petastorm_dataset import run_rows as petastorm_dataset_rows
 from benchlib.petastorm_side import SIDE_VENV, petastorm_epochs, petastorm_python, petastorm_s3fs, petastorm_worker
 from benchlib.report import Results, report
 from benchlib.stall import stall_experiment
@@ -102,7 +113,8 @@ def run(a) -> int:
     if not binary.exists():
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    known = {"npy", "pyarrow", "petastorm", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall"}
+    known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
+             "hosts"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -113,6 +125,8 @@ def run(a) -> int:
     stalls = []
     mounts: list[Mount] = []
     s3 = None
+    pds = None
+    hosts = None
     B = a.batch_size
     try:
         # ---- data ----------------------------------------------------------------------
@@ -265,6 +279,16 @@ def run(a) -> int:
         if "small" not in skip and "tensorfs" not in skip and a.small_rows > 0:
             small_rows(res, a, binary, scratch, caches, mounts)
 
+        # ---- 6d. a dataset written by Petastorm: make_reader against tensorfs ----------------
+        if "petastorm-ds" not in skip:
+            try:
+                pds = petastorm_dataset_rows(a, binary, scratch, caches, mounts)
+                meta["petastorm_dataset"] = pds
+            except Exception as e:  # any failure: say so and go on
+                pds = {"unavailable": str(e)[-300:]}
+                meta["petastorm_dataset"] = pds
+                log(f"petastorm dataset: unavailable: {pds['unavailable']}")
+
         # ---- 5. S3 ------------------------------------------------------------------------
         if "s3" not in skip:
             try:
@@ -335,6 +359,15 @@ def run(a) -> int:
                                 client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
                     except Exception:
                         pass
+                # ---- 5b. many hosts: rank views of the S3 prefix, partitions=1 and =W ------------
+                if "hosts" not in skip:
+                    try:
+                        hosts = hosts_rows(a, binary, s3, scratch, mounts)
+                        meta["hosts"] = hosts
+                    except Exception as e:  # any failure: say so and go on
+                        hosts = {"unavailable": str(e)[-300:]}
+                        meta["hosts"] = hosts
+                        log(f"many hosts: unavailable: {hosts['unavailable']}")
 
         shutil.rmtree(pdata, ignore_errors=True)
 
@@ -363,6 +396,16 @@ def run(a) -> int:
 
     meta["page_cache_dropped"] = bool(caches.works)
     report(res, stalls, meta, a)
+    if pds is not None:
+        if "unavailable" in pds:
+            print(f"\nPetastorm dataset (make_reader against tensorfs): unavailable: {pds['unavailable']}")
+        else:
+            print_petastorm_dataset(pds)
+    if hosts is not None:
+        if "unavailable" in hosts:
+            print(f"\nMany hosts: unavailable: {hosts['unavailable']}")
+        else:
+            print_hosts(hosts)
     return 0
 
 
@@ -379,8 +422,9 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
-    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,s3,tensorfs,warm,all,shuffle,small,stall "
-                    "(s3 skips every S3 row, Petastorm's too)")
+    ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
+                    "small,stall,hosts (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")
     ap.add_argument("--tensorfs-options", default="", help="extra -o options for every mount")
@@ -389,6 +433,14 @@ def main() -> int:
     ap.add_argument("--no-side-venv", action="store_true",
                     help=f"if petastorm fails in .venv, do not build target/{SIDE_VENV.name} with versions it runs with")
     ap.add_argument("--petastorm-workers", type=int, default=10, help="petastorm workers_count (default 10, its default)")
+    ap.add_argument("--petastorm-ds-rows", type=int, default=30_000,
+                    help="rows of the dataset written by Petastorm (default 30000; 12356 tensor bytes a row)")
+    ap.add_argument("--petastorm-ds-codec", choices=("png", "jpeg"), default="png",
+                    help="its image codec (default png)")
+    ap.add_argument("--petastorm-ds-batch-size", type=int, default=256,
+                    help="rows per batch reading it (default 256)")
+    ap.add_argument("--hosts", type=int, default=4,
+                    help="simulated hosts W of the many-hosts row (default 4; it runs partitions=1 and partitions=W)")
     ap.add_argument("--petastorm-worker", help=argparse.SUPPRESS)
     ap.add_argument("--petastorm-cache", help=argparse.SUPPRESS)
     ap.add_argument("--petastorm-endpoint", help=argparse.SUPPRESS)
@@ -400,8 +452,8 @@ def main() -> int:
     if a.petastorm_worker:
         petastorm_worker(a.petastorm_worker, a.rows, a.petastorm_cache, a.petastorm_workers, a.petastorm_endpoint)
         return 0
-    if a.rows < 1 or a.batch_size < 1 or a.files < 1 or a.row_group_rows < 1:
-        raise SystemExit("bench: --rows, --batch-size, --files and --row-group-rows must be positive")
+    if a.rows < 1 or a.batch_size < 1 or a.files < 1 or a.row_group_rows < 1 or a.hosts < 1:
+        raise SystemExit("bench: --rows, --batch-size, --files, --row-group-rows and --hosts must be positive")
     try:
         return run(a)
     except KeyboardInterrupt:

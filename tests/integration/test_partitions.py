@@ -1,7 +1,10 @@
 """partitions=P (PRODUCT.md §5 "Many hosts"): fixed partitions, batch i < n*P drawn from
 partition i mod P, leftover rows in the last batches, rank views of the single-partition
 batches only, the same global order for every world_size, and each host fetching only its
-share (counted in row groups decoded and remote bytes, not timed)."""
+share (counted in row groups decoded and remote bytes, not timed). Simulated hosts on one S3
+prefix (separate mounts and caches, through tests/faultproxy.py, which counts every byte): the
+fetches of one epoch against one mount's, the next epoch, a job grown on the same caches, and
+shuffle=global's cache check on one rank's share."""
 
 import os
 
@@ -146,3 +149,267 @@ def test_inspect_shows_the_partitions(shuf_ds):
     assert "does not divide partitions=4" in proc.stdout
     bad = tfs.run(["inspect", shuf_ds.path, "-o", "partitions=0"])
     assert bad.returncode != 0 and "partitions=0" in tfs.error_line(bad)
+
+
+# --------------------------------------------------------------------------------------------
+# Several simulated hosts on one S3 prefix (PRODUCT.md §6 "Many hosts"): separate mounts, each
+# with its own cache_dir, all through the byte-counting fault proxy, each reading only its rank
+# view. Bytes are counted whole at the proxy: listings, footers and column chunks alike.
+# --------------------------------------------------------------------------------------------
+
+HOSTS_RG = 1000  # rows per row group
+HOSTS_FILES = [("part-0.parquet", 16), ("part-1.parquet", 16)]  # (name, row groups): 32 in all
+HOSTS_ROWS = HOSTS_RG * sum(n for _, n in HOSTS_FILES)
+HOSTS_BS = 256
+EMB = 64  # float32 per row: the data (about 8.6 MB) outweighs what each mount reads to start
+
+
+@pytest.fixture(scope="module")
+def hosts_ds(tmp_path_factory) -> tfs.Dataset:
+    """2 files x 16 row groups of 1000 rows: id, x = id / 2, emb = 64 random float32 (which
+    compress to nothing, so the bytes fetched track the rows read)."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(2024)
+    tables, start = [], 0
+    for name, rgs in HOSTS_FILES:
+        n = rgs * HOSTS_RG
+        idv = np.arange(start, start + n, dtype=np.int64)
+        emb = rng.standard_normal((n, EMB)).astype(np.float32)
+        tables.append((name, pa.table({"id": idv, "x": (idv / 2).astype(np.float32), "emb": tfs.fsl(emb, EMB)})))
+        start += n
+    path = tmp_path_factory.mktemp("hosts") / "data"
+    ds = tfs.Dataset(path, tfs.write_dataset(path, tables, HOSTS_RG))
+    assert [rgs for _, _, rgs in ds.files] == [n for _, n in HOSTS_FILES]
+    return ds
+
+
+@pytest.fixture(scope="module")
+def hosts_prefix(s3, hosts_ds, hermetic_env) -> str:
+    """hosts_ds uploaded to the test bucket; the mount source."""
+    s3.upload_dir(hosts_ds.path, "hosts")
+    return s3.src("hosts")
+
+
+def chunk_bytes(ds: tfs.Dataset, row_groups) -> int:
+    """The compressed size of every column chunk of the global row groups ROW_GROUPS."""
+    import pyarrow.parquet as pq
+
+    want, total, base = set(row_groups), 0, 0
+    for name, _, rgs in ds.files:
+        md = pq.ParquetFile(ds.path / name).metadata
+        for g in range(rgs):
+            if base + g in want:
+                total += sum(md.row_group(g).column(c).total_compressed_size for c in range(md.num_columns))
+        base += rgs
+    return total
+
+
+def batch_files(m: tfs.Mount, rel_dir: str) -> list[str]:
+    """The batch .safetensors files of REL_DIR, in batch order (all.safetensors left out)."""
+    return sorted(n for n in os.listdir(m.p(rel_dir)) if n.endswith(".safetensors") and n != "all.safetensors")
+
+
+def read_view(m: tfs.Mount, rel_dir: str) -> dict[str, str]:
+    """Read every file of REL_DIR as a training job would, batch files in order first (what the
+    prefetcher follows), then the npy files and the one-open files; their sha256 by path."""
+    out = {}
+    names = batch_files(m, rel_dir)
+    assert names, f"{rel_dir} lists no batch files"
+    for n in names:
+        out[f"{rel_dir}/{n}"] = tfs.sha256(m.p(rel_dir, n))
+    out.update(tfs.batch_hashes(m, [rel_dir], len(names)))
+    out[f"{rel_dir}/all.safetensors"] = tfs.sha256(m.p(rel_dir, "all.safetensors"))
+    for n in sorted(os.listdir(m.p(rel_dir, "all"))):
+        out[f"{rel_dir}/all/{n}"] = tfs.sha256(m.p(rel_dir, "all", n))
+    return out
+
+
+def fetched(proxy) -> tuple[int, int]:
+    """(bytes forwarded, requests) through PROXY since its last reset."""
+    s = proxy.stats()
+    return s["bytes_forwarded"], s["requests"]
+
+
+@pytest.mark.parametrize("parts", [4, 8])
+def test_hosts_fetch_the_dataset_once_then_nothing(mounter, s3, proxy, hosts_ds, hosts_prefix, parts):
+    """W = 4 hosts, partitions=P (4 or 8), each reading epoch-0/rank-R-of-4/ then
+    epoch-1/rank-R-of-4/ through the proxy: (a) all 4 together fetch at most 1.2x what one mount
+    fetches reading the whole epoch-0/; (b) the next epoch fetches no object bytes (each cache
+    holds its share); (c) every file of every rank view is the bytes a local-source mount of
+    the same content options serves."""
+    W = 4
+    content = ("shuffle=window", "seed=3", f"batch_size={HOSTS_BS}", f"partitions={parts}", "epochs=2")
+    via = s3.opts(proxy.url)
+
+    # One mount, a fresh cache, reading the whole epoch-0/ (every batch file, the leftover too).
+    proxy.reset_stats()
+    one = mounter(hosts_prefix, *content, *via)
+    n_all = one.dataset()["batches_per_epoch"]
+    assert len(batch_files(one, "epoch-0")) == n_all
+    for n in batch_files(one, "epoch-0"):
+        tfs.read_exact(one.p("epoch-0", n))
+    one_stats = tfs.stats(one)
+    one.unmount()
+    whole, whole_requests = fetched(proxy)
+    data = chunk_bytes(hosts_ds, range(32))
+    assert one_stats["row_groups_decoded"] == 32, one_stats
+    assert data <= whole <= data * 1.2, f"one mount fetched {whole} bytes; the column chunks are {data}"
+
+    # W hosts, each its own cache_dir, each reading its rank view of epoch 0.
+    proxy.reset_stats()
+    hosts = [mounter(hosts_prefix, *content, f"world_size={W}", *via, name=f"host{r}") for r in range(W)]
+    got, per_host = {}, []
+    for r, h in enumerate(hosts):
+        before = fetched(proxy)
+        got[r] = read_view(h, f"epoch-0/rank-{r}-of-{W}")
+        per_host.append(fetched(proxy)[0] - before[0])
+    first, first_requests = fetched(proxy)
+    s0 = [tfs.stats(h) for h in hosts]
+    print(
+        f"\nP={parts} W={W}: one mount {whole} B in {whole_requests} requests; hosts {first} B in "
+        f"{first_requests} requests ({first / whole:.3f}x), per host {per_host}; "
+        f"row groups decoded {[s['row_groups_decoded'] for s in s0]}"
+    )
+    # Each host decodes its partitions' row groups only: 32 / W of them, none split.
+    assert [s["row_groups_decoded"] for s in s0] == [32 // W] * W, s0
+    assert first <= 1.2 * whole, f"{W} hosts fetched {first} bytes for epoch 0, one mount {whole} ({first / whole:.2f}x)"
+
+    # (b) The next epoch: every host's cache holds its share, so no object bytes move.
+    proxy.reset_stats()
+    for r, h in enumerate(hosts):
+        got[r].update(read_view(h, f"epoch-1/rank-{r}-of-{W}"))
+    second = proxy.stats()
+    s1 = [tfs.stats(h) for h in hosts]
+    print(f"epoch 1: {second['bytes_forwarded']} B, {second['requests']} requests, {second['object_gets']} object GETs")
+    assert second["object_gets"] == 0 and second["bytes_forwarded"] <= 0.01 * first, (
+        f"epoch 1 fetched {second['bytes_forwarded']} bytes in {second['object_gets']} object GETs (epoch 0: {first})"
+    )
+    assert [b["remote_bytes"] - a["remote_bytes"] for a, b in zip(s0, s1)] == [0] * W
+    assert [b["row_groups_decoded"] for b in s1] == [32 // W] * W, s1
+
+    # (c) The same bytes as the local source with the same content options.
+    local = mounter(hosts_ds.path, *content, f"world_size={W}")
+    for r in range(W):
+        want = {}
+        for e in (0, 1):
+            want.update(read_view(local, f"epoch-{e}/rank-{r}-of-{W}"))
+        assert sorted(got[r]) == sorted(want)
+        bad = [rel for rel in want if got[r][rel] != want[rel]]
+        assert not bad, f"host {r}: {len(bad)} of {len(want)} files differ from the local mount, e.g. {bad[:4]}"
+
+
+def test_the_global_order_is_the_same_for_1_2_4_8_hosts(mounter, shuf_ds):
+    """partitions=8, world_size 1, 2, 4, 8: rank R of W batch j is global batch R + jW, and the
+    one rank of W = 1 holds the first n x P global batches (the single-partition ones)."""
+    P = 8
+    opts = ("shuffle=window", f"batch_size={BS}", f"partitions={P}", "seed=4")
+    plain = mounter(shuf_ds.path, *opts)
+    dj = plain.dataset()
+    # 8 partitions of 325 rows: 5 full batches each, 5 rows of each left over.
+    assert dj["partition_rows"] == [325] * P and dj["batches_per_partition"] == 5
+    single = dj["single_partition_batches"]
+    assert single == 40 and dj["batches_per_epoch"] == 41
+    glob = {i: tfs.sha256(plain.p("epoch-0", batch_name(i) + ".safetensors")) for i in range(41)}
+    assert len(set(glob.values())) == 41
+    for w in (1, 2, 4, 8):
+        m = mounter(shuf_ds.path, *opts, f"world_size={w}")
+        assert m.dataset()["rank_batches_per_epoch"] == single // w
+        for r in range(w):
+            rd = f"epoch-0/rank-{r}-of-{w}"
+            assert batch_files(m, rd) == [batch_name(j) + ".safetensors" for j in range(single // w)]
+            got = [tfs.sha256(m.p(rd, batch_name(j) + ".safetensors")) for j in range(single // w)]
+            assert got == [glob[r + j * w] for j in range(single // w)], f"W={w} rank {r} is not global batches {r}, {r}+{w}, ..."
+        if w == 1:
+            all_rows = tfs.read_exact(m.p("epoch-0/rank-0-of-1", "all.safetensors"))
+            whole = tfs.read_exact(plain.p("epoch-0", "all.safetensors"))
+            assert all_rows != whole, "rank-0-of-1 should leave the leftover batch out"
+            want = np.concatenate([ids(plain, "epoch-0", i) for i in range(single)])
+            assert np.array_equal(tfs.load_safetensors(m.p("epoch-0/rank-0-of-1", "all.safetensors"))["id"], want)
+
+
+def test_a_grown_job_fetches_only_the_partitions_it_lacks(mounter, s3, proxy, hosts_ds, hosts_prefix, tmp_path):
+    """Elastic growth, partitions=4: a host that was rank 0 of 4 (its cache holds partition 0)
+    becomes rank 0 of 2 (partitions 0 and 2) on the same cache_dir. It fetches and decodes only
+    partition 2's row groups, and serves partition 0's batches from the batch files it wrote,
+    where a fresh host reading rank 0 of 2 fetches both."""
+    content = ("shuffle=window", "seed=8", f"batch_size={HOSTS_BS}", "partitions=4")
+    via = s3.opts(proxy.url)
+    cache = tmp_path / "host-cache"
+
+    was = mounter(hosts_prefix, *content, "world_size=4", *via, cache=cache)
+    assert was.dataset()["rank_batches_per_epoch"] == 31
+    before = read_view(was, "epoch-0/rank-0-of-4")
+    s_was = tfs.stats(was)
+    assert s_was["row_groups_decoded"] == 8, s_was
+    was.unmount()
+
+    proxy.reset_stats()
+    grown = mounter(hosts_prefix, *content, "world_size=2", *via, cache=cache)
+    view = read_view(grown, "epoch-0/rank-0-of-2")
+    s_grown, p_grown = tfs.stats(grown), proxy.stats()
+
+    proxy.reset_stats()
+    fresh = mounter(hosts_prefix, *content, "world_size=2", *via)
+    assert read_view(fresh, "epoch-0/rank-0-of-2") == view
+    s_fresh, p_fresh = tfs.stats(fresh), proxy.stats()
+
+    part2 = chunk_bytes(hosts_ds, range(16, 24))  # partition 2: rows 16000..24000
+    print(
+        f"\ngrown: {p_grown['bytes_forwarded']} B, {p_grown['object_gets']} object GETs, "
+        f"{s_grown['row_groups_decoded']} row groups, hits {s_grown['batch_file_hits']}, written {s_grown['batch_files_written']}; "
+        f"fresh: {p_fresh['bytes_forwarded']} B, {p_fresh['object_gets']} object GETs, {s_fresh['row_groups_decoded']} row groups; "
+        f"partition 2's chunks {part2} B"
+    )
+    assert s_fresh["row_groups_decoded"] == 16, s_fresh
+    assert s_grown["row_groups_decoded"] == 8, f"the grown host decoded again what it had: {s_grown}"
+    # Everything it fetched is partition 2's column chunks (and a listing): footers were kept.
+    assert part2 <= p_grown["bytes_forwarded"] <= part2 + 64 * 1024, (p_grown, part2)
+    assert p_grown["bytes_forwarded"] <= 0.55 * p_fresh["bytes_forwarded"], (p_grown, p_fresh)
+    # Rank 0 of 2's even batches are rank 0 of 4's (global batches 0, 4, 8, ...): served from
+    # the files written before, byte for byte; only partition 2's 31 batches are new.
+    for j in range(31):
+        a = f"epoch-0/rank-0-of-4/{batch_name(j)}.safetensors"
+        b = f"epoch-0/rank-0-of-2/{batch_name(2 * j)}.safetensors"
+        assert view[b] == before[a], f"rank 0 of 2 batch {2 * j} != rank 0 of 4 batch {j}"
+    assert s_grown["batches_built"] == 31, s_grown
+    assert s_fresh["batches_built"] == 62, s_fresh
+    assert s_grown["batch_file_hits"] >= 31, s_grown
+
+
+def test_global_shuffle_needs_only_a_ranks_share_in_the_cache(mounter, hosts_ds):
+    """shuffle=global with partitions=4, world_size=4: a cache_size that holds one rank's share
+    of the decoded data (a quarter of its 8.6 MB) but not the whole mounts and serves that
+    rank's view; the whole dataset is refused at that size; less than the share is refused
+    with a line that speaks of the share."""
+    content = ("shuffle=global", "seed=6", f"batch_size={HOSTS_BS}", "partitions=4", "prefetch=0")
+    decoded = HOSTS_ROWS * (8 + 4 + 4 * EMB)
+    fits, short = "4M", "1536K"  # a share is decoded / 4 = 2.1 MB
+    assert decoded / 4 < 4 * 2**20 < decoded and 1536 * 1024 < decoded / 4
+
+    def refused(*opts) -> str:
+        mnt = mounter.mountpoint()
+        o = ",".join([*content, *opts, f"cache_dir={mnt.parent / (mnt.name + '-cache')}"])
+        proc = tfs.run(["mount", hosts_ds.path, mnt, "-o", o])
+        line = tfs.error_line(proc)
+        assert not tfs.is_mounted(mnt)
+        return line
+
+    line = refused("world_size=4", f"cache_size={short}")
+    assert "shuffle=global" in line and "one rank's share" in line and "partitions=" in line, line
+    assert "cache_size is 1.5M" in line, line
+    line = refused(f"cache_size={fits}")
+    assert "the whole decoded dataset" in line and "cache_size is 4.0M" in line, line
+    line = refused("world_size=2", f"cache_size={fits}")  # half the dataset is more than 4M
+    assert "one rank's share" in line, line
+
+    m = mounter(hosts_ds.path, *content, "world_size=4", f"cache_size={fits}")
+    ref = mounter(hosts_ds.path, *content, "world_size=4", "cache_size=1G")
+    for r in (1, 3):
+        rd = f"epoch-0/rank-{r}-of-4"
+        got = read_view(m, rd)
+        assert got == read_view(ref, rd), f"rank {r} of 4 differs with cache_size={fits}"
+        s = tfs.stats(m)
+        assert s["cache_bytes"] <= 4 * 2**20, s
+    got = tfs.load_safetensors(m.p("epoch-0/rank-1-of-4", "all.safetensors"))["id"]
+    assert ((got >= 8000) & (got < 16000)).all() and len(np.unique(got)) == len(got) == 31 * HOSTS_BS

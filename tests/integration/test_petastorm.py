@@ -130,3 +130,128 @@ def test_without_a_unischema_the_cells_say_what_they_are(mounter, tmp_path, name
     got = epoch_by_id(m)
     for f in (k for k in want if not k.startswith("_")):
         np.testing.assert_array_equal(got[f], want[f], err_msg=f"{name}.{f} without a Unischema")
+
+
+# --------------------------------------------------------------------------------------------
+# The rest of the product, unchanged on Petastorm datasets: shuffles, partitions and ranks, the
+# cache, passthrough (PRODUCT.md §4: "The rest of the product unchanged for these datasets").
+# --------------------------------------------------------------------------------------------
+
+
+def epoch_batches(m: tfs.Mount, epoch: int, names: list[str]) -> dict:
+    """Every tensor of EPOCH as its batch files hold it, concatenated in batch order."""
+    n = m.dataset()["batches_per_epoch"]
+    got = {k: [] for k in names}
+    for i in range(n):
+        b = tfs.load_safetensors(m.p(f"epoch-{epoch}", tfs.batch_name(i) + ".safetensors"))
+        for k in names:
+            got[k].append(b[k])
+    return {k: np.concatenate(v) for k, v in got.items()}
+
+
+@pytest.mark.parametrize("name", ["images", "ndarrays"])
+def test_shuffle_window_serves_make_readers_rows_as_a_permutation(mounter, name):
+    """shuffle=window over Petastorm cells: each epoch (epoch 1 gathered from the columns cached
+    during epoch 0) is a permutation of the rows, and every tensor, sorted by id, equals what
+    make_reader returned, byte for byte."""
+    want = expected(name)
+    fields = [k for k in want if not k.startswith("_")]
+    m = mounter(FIXTURES / name, "shuffle=window", "batch_size=4", "epochs=2", "seed=3")
+    orders = []
+    for e in (0, 1):
+        got = epoch_batches(m, e, fields)
+        ids = got["id"]
+        assert np.array_equal(np.sort(ids), want["id"]), f"epoch {e} is not a permutation of the rows: {ids}"
+        orders.append(ids)
+        order = np.argsort(ids, kind="stable")
+        for f in fields:
+            tfs.assert_array(got[f][order], want[f], f"{name}.{f}, shuffle=window epoch {e}")
+    assert not np.array_equal(orders[0], want["id"]), "shuffle=window left epoch 0 in the dataset's order"
+    assert not np.array_equal(orders[0], orders[1]), "epochs 0 and 1 have the same order"
+
+
+@pytest.mark.parametrize("name", ["images", "ndarrays"])
+def test_partitions_and_rank_views(mounter, name):
+    """partitions=2, world_size=2: rank R's batch j is global batch R + 2j, byte for byte, its
+    rows all from partition R; world_size does not change the global batches."""
+    opts = ("shuffle=window", "batch_size=3", "partitions=2", "seed=4")
+    m = mounter(FIXTURES / name, *opts, "world_size=2")
+    plain = mounter(FIXTURES / name, *opts)
+    dj = m.dataset()
+    rows = len(expected(name)["id"])
+    assert dj["partitions"] == 2 and dj["world_size"] == 2
+    lo_hi = dj["partition_row_ranges"]
+    assert lo_hi == [[0, rows // 2], [rows // 2, rows]], lo_hi
+    per_rank = dj["rank_batches_per_epoch"]
+    assert per_rank == dj["single_partition_batches"] // 2 > 0, dj
+    names = [t["name"] for t in dj["tensors"]]
+    for r in range(2):
+        rd = f"epoch-0/rank-{r}-of-2"
+        for j in range(per_rank):
+            g = r + 2 * j
+            for tail in [".safetensors"] + [f"/{n}.npy" for n in names]:
+                mine = tfs.read_exact(m.p(rd, tfs.batch_name(j) + tail))
+                glob = tfs.read_exact(m.p("epoch-0", tfs.batch_name(g) + tail))
+                assert mine == glob, f"{name}: rank {r} batch {j}{tail} != global batch {g}"
+                assert tfs.read_exact(plain.p("epoch-0", tfs.batch_name(g) + tail)) == glob, (
+                    f"{name}: world_size=2 changed global batch {g}{tail}")
+            ids = tfs.load_safetensors(m.p(rd, tfs.batch_name(j) + ".safetensors"))["id"]
+            lo, hi = lo_hi[r]  # the fixtures' ids are their row numbers (make_reader's order)
+            assert ((ids >= lo) & (ids < hi)).all(), f"{name}: rank {r} batch {j} left partition {r}: {ids}"
+    got = epoch_batches(m, 0, ["id"])["id"]
+    assert np.array_equal(np.sort(got), expected(name)["id"]), "partitions=2: the epoch is not a permutation"
+
+
+@pytest.mark.parametrize("name", ["images", "ndarrays"])
+def test_warm_remount_decodes_nothing(mounter, name):
+    """The decoded cells are cached like any other column: a remount on the same cache_dir
+    serves the same bytes (batch files, .npy files, all/) without decoding a row group."""
+    opts = ("shuffle=window", "batch_size=4", "seed=9")
+    a = mounter(FIXTURES / name, *opts)
+    n = a.dataset()["batches_per_epoch"]
+    names = [t["name"] for t in a.dataset()["tensors"]]
+    rels = tfs.all_files(a, "epoch-0", n) + ["epoch-0/all.safetensors"] + [f"epoch-0/all/{k}.npy" for k in names]
+    first = {rel: tfs.sha256(a.p(rel)) for rel in rels}
+    cold = tfs.stats(a)
+    assert cold["row_groups_decoded"] > 0, cold
+    a.unmount()
+    b = mounter(FIXTURES / name, *opts, cache=a.cache)
+    second = {rel: tfs.sha256(b.p(rel)) for rel in rels}
+    s = tfs.stats(b)
+    bad = sorted(rel for rel in rels if first[rel] != second[rel])
+    assert not bad, f"{name}: the warm remount served other bytes: {bad[:5]}"
+    assert s["row_groups_decoded"] == 0, s
+
+
+def test_passthrough_serves_petastorm_batches(mounter):
+    """A materialised batch file of a Petastorm dataset is opened in FUSE passthrough (when the
+    kernel takes it) and reads the same bytes as with passthrough=off."""
+    m = mounter(FIXTURES / "images", "shuffle=window", "batch_size=4")
+    rel = "epoch-0/000002.safetensors"
+    first = tfs.read_exact(m.p(rel))
+    s1 = tfs.stats(m)
+    second = tfs.read_exact(m.p(rel))
+    s2 = tfs.stats(m)
+    assert second == first
+    off = mounter(FIXTURES / "images", "shuffle=window", "batch_size=4", "passthrough=off")
+    assert tfs.read_exact(off.p(rel)) == first
+    so = tfs.stats(off)
+    assert so["passthrough_opens"] == 0 and so["daemon_read_bytes"] >= len(first), so
+    if s2["passthrough_opens"] == 0:
+        pytest.skip(f"the kernel did not take FUSE passthrough (opens={s2['opens']}, passthrough_opens=0)")
+    assert s2["passthrough_opens"] > s1["passthrough_opens"], (s1, s2)
+    assert s2["daemon_reads"] == s1["daemon_reads"], f"a passthrough read reached the daemon: {s1} -> {s2}"
+
+
+def test_inspect_shows_scalar_codec_fields():
+    """ScalarCodec fields show their codec as cell fields do ('  NAME  DTYPE  [SHAPE]  from CODEC ...')."""
+    import re
+
+    proc = tfs.run(["inspect", FIXTURES / "ndarrays", "-o", "batch_size=4"])
+    assert proc.returncode == 0, proc.stderr
+    for field, dtype in [("id", "int32"), ("s_f32", "float32"), ("s_i64", "int64"), ("s_f64", "float64"),
+                         ("s_bool", "bool"), ("s_i16", "int16"), ("s_i8", "int8")]:
+        line = rf"^  {field} +{dtype} +\[4\]  from ScalarCodec\b"
+        assert re.search(line, proc.stdout, re.M), f"no line matching {line!r} in:\n{proc.stdout}"
+    # Cell fields keep their line.
+    assert re.search(r"^  f32_4 +float32 +\[4, 4\]  from NdarrayCodec cells$", proc.stdout, re.M), proc.stdout

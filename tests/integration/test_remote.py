@@ -24,102 +24,21 @@ import pytest
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (scripts/setup installs it)")
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup installs it)")
-from botocore.config import Config  # noqa: E402
 
 import tfs  # noqa: E402
+from conftest import BUCKET, KEY_ID, REGION, SECRET, S3, s3_client, s3_opts  # noqa: E402  (the S3 side)
 from tfs import batch_name  # noqa: E402
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS))
-import faultproxy  # noqa: E402
-
-S3_SERVER = tfs.REPO / "scripts" / "s3-server"
-BUCKET = "tensorfs-test"
-REGION = "us-east-1"
-KEY_ID = "test"
-SECRET = "tfs-test-secret-0f3a9c"  # moto accepts any; it holds KEY_ID on purpose (see below)
 PAD = 8
 EIO = 5
 
+# Every test here runs with no AWS settings or HTTP proxies but ours (conftest.hermetic_env).
+pytestmark = pytest.mark.usefixtures("hermetic_env")
+
 
 # --------------------------------------------------------------------------------------------
-# Fixtures: moto, the datasets in a bucket, the fault proxy
+# Fixtures: the datasets in a bucket (moto and the fault proxy are in conftest.py: s3, proxy)
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hermetic_env():
-    """tensorfs (a child of this process) sees no AWS settings or HTTP proxies but ours."""
-    saved = dict(os.environ)
-    for k in list(os.environ):
-        if k.startswith("AWS_") or k.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-            del os.environ[k]
-    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def s3_client(endpoint: str, **config):
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=KEY_ID,
-        aws_secret_access_key=SECRET,
-        region_name=REGION,
-        config=Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=30, **config),
-    )
-
-
-@dataclass
-class S3:
-    url: str
-    proc: subprocess.Popen
-    client: object
-
-    def upload_dir(self, path: Path, prefix: str) -> list[str]:
-        """Upload PATH's *.parquet files under PREFIX/; returns the keys."""
-        keys = []
-        for p in sorted(path.iterdir()):
-            if p.name.endswith(".parquet"):
-                key = f"{prefix}/{p.name}"
-                self.client.upload_file(str(p), BUCKET, key)
-                keys.append(key)
-        assert keys, f"no .parquet files in {path}"
-        return keys
-
-    def put(self, key: str, path: Path) -> None:
-        self.client.upload_file(str(path), BUCKET, key)
-
-
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """moto's S3 server (scripts/s3-server) on a free loopback port, with the test bucket."""
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, str(S3_SERVER), "--quiet", "--lifetime", "3600"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-    try:
-        url = faultproxy._readline_within(proc, 60).strip()
-        assert url.startswith("http://127.0.0.1:"), f"s3-server did not start: {url!r}\n{log.read_text()[-3000:]}"
-        client = s3_client(url)
-        client.create_bucket(Bucket=BUCKET)
-        yield S3(url, proc, client)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 @dataclass
@@ -138,27 +57,6 @@ def remote(s3, main_ds, shuf_ds) -> Remote:
     s3.upload_dir(main_ds.path, "main")
     s3.upload_dir(shuf_ds.path, "shuf")
     return Remote(s3, main_ds, shuf_ds)
-
-
-@pytest.fixture
-def proxy(s3, tmp_path):
-    """A fault proxy in front of moto, healthy until told otherwise; its log is in tmp_path."""
-    with open(tmp_path / "faultproxy.log", "w") as err:
-        p = faultproxy.start(s3.url, lifetime=900, stderr=err, verbose=True)
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-def s3_opts(endpoint: str, secret: str = SECRET) -> list[str]:
-    return [
-        f"aws_endpoint={endpoint}",
-        "aws_allow_http=true",
-        f"aws_access_key_id={KEY_ID}",
-        f"aws_secret_access_key={secret}",
-        f"aws_region={REGION}",
-    ]
 
 
 # --------------------------------------------------------------------------------------------
