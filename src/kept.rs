@@ -46,7 +46,9 @@ pub fn key_name(parts: &[&[u8]]) -> String {
 const BLOB_MAGIC: &[u8; 8] = b"TFSBLOB1";
 
 /// Writes a small checked item (a Parquet footer) crash-safely: `payload` behind a header with
-/// its identity and crc32c, to a temp file beside `path`, fsynced, then renamed into place.
+/// its identity and crc32c, to a temp file beside `path`, then renamed into place. Not fsynced:
+/// a blob a crash tore fails [`read_blob`]'s checks and is fetched again, and a mount keeps
+/// thousands of footers, where one fsync each made start-up wait on the disk.
 pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()> {
     let mut b = Vec::with_capacity(64 + payload.len());
     b.extend_from_slice(BLOB_MAGIC);
@@ -71,7 +73,6 @@ pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()
         .mode(0o600)
         .open(&tmp)?;
     f.write_all(&b)?;
-    f.sync_data()?;
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
