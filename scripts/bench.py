@@ -376,8 +376,9 @@ def run(a) -> int:
             cold = res.get("tfs_cold")
             if cold:
                 log(f"stall experiment, file://: consumer at half of {cold['mb_s']:.1f} MB/s")
-                stalls.append(stall_experiment(binary, f"file://{data}", opts, scratch, caches, cold["mb_s"], n_batches, "file",
-                                               a.stall_prefetch, B, rg_first_rows))
+                for layout in ("batch", "all"):
+                    stalls.append(stall_experiment(binary, f"file://{data}", opts, scratch, caches, cold["mb_s"], n_batches,
+                                                   "file", a.stall_prefetch, B, rg_first_rows, layout))
             cold_s3 = res.get("tfs_cold_s3")
             if cold_s3 and s3 is not None:
                 log(f"stall experiment, S3: consumer at half of {cold_s3['mb_s']:.1f} MB/s")

@@ -138,10 +138,13 @@ impl FuseAdapter {
     }
 }
 
+/// Bytes the kernel reads ahead of a sequential reader (see `mount::raise_readahead`).
+pub const READAHEAD: u32 = 4 << 20;
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large reads: fewer round trips through the daemon.
-        let _ = config.set_max_readahead(1 << 20);
+        let _ = config.set_max_readahead(READAHEAD);
         if self.passthrough.load(Ordering::Relaxed) {
             // Backing files live on an ordinary filesystem: one level of stacking below us.
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()

@@ -223,23 +223,46 @@ pub fn runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Whether a FUSE filesystem is mounted on `mountpoint`, from /proc/self/mountinfo. (fuser's
-/// own mount calls the type plain `fuse`; through fusermount3 it is `fuse.tensorfs`.)
+/// Whether a FUSE filesystem is mounted on `mountpoint`.
 fn fuse_mounted_on(mountpoint: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|line| {
+    fuse_device(mountpoint).is_some()
+}
+
+/// The device (`major:minor`) of the FUSE filesystem mounted on `mountpoint`, from
+/// /proc/self/mountinfo, which asks nothing of the mount itself. (fuser's own mount calls the
+/// type plain `fuse`; through fusermount3 it is `fuse.tensorfs`.)
+fn fuse_device(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else {
-            return false;
-        };
-        fields.get(4).map(|p| unescape_mountinfo(p))
-            == Some(mountpoint.to_string_lossy().into_owned())
-            && fields
-                .get(sep + 1)
-                .is_some_and(|t| *t == "fuse" || t.starts_with("fuse."))
+        let sep = fields.iter().position(|f| *f == "-")?;
+        let here = fields.get(4).map(|p| unescape_mountinfo(p))
+            == Some(mountpoint.to_string_lossy().into_owned());
+        let fuse = (fields.get(sep + 1)).is_some_and(|t| *t == "fuse" || t.starts_with("fuse."));
+        (here && fuse).then(|| fields.get(2).map(|d| d.to_string()))?
     })
+}
+
+/// Raises the kernel's readahead for the mount to [`crate::fuse::READAHEAD`]. The kernel
+/// starts a FUSE mount at 128 KiB whatever the daemon asks for in `init`, and a reader of
+/// the one-open files taking a batch's 256 KiB slice at a time then waits on a round trip
+/// for every read; with a window of several MiB the next slices are read ahead while it
+/// works. Needs root (the bdi's sysfs file); without it reads stay correct, only slower.
+fn raise_readahead(mountpoint: &Path) {
+    let Some(device) = fuse_device(mountpoint) else {
+        return;
+    };
+    let path = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    let want = crate::fuse::READAHEAD / 1024;
+    let now: Option<u32> = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if now.is_some_and(|kb| kb >= want) {
+        return;
+    }
+    if let Err(e) = std::fs::write(&path, want.to_string()) {
+        tracing::debug!("readahead of the mount stays at {now:?} KiB: {path}: {e}");
+    }
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -675,6 +698,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         dataset.plan.batches(),
         dataset.view.tensors.len()
     );
+    raise_readahead(mountpoint);
     ready.report(&Ok(()));
     drop(ready);
     unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);

@@ -24,37 +24,97 @@ def read_into(fd: int, view: memoryview, size: int) -> int:
     return got
 
 
+class BatchFiles:
+    """Batch i is epoch-0/NNNNNN.safetensors: one open and one read per batch."""
+
+    def __init__(self, root, n_batches):
+        self.root = root
+        self.sizes = [os.stat(root / f"{i:06d}.safetensors").st_size for i in range(n_batches)]
+        self.view = memoryview(bytearray(max(self.sizes)))
+
+    def tensor_bytes(self, i):
+        return self.sizes[i] - 4096
+
+    def read(self, i):
+        """(seconds opening, seconds reading)."""
+        a = time.perf_counter()
+        fd = os.open(self.root / f"{i:06d}.safetensors", os.O_RDONLY)
+        b = time.perf_counter()
+        got = read_into(fd, self.view, self.sizes[i])
+        if got != self.sizes[i]:
+            raise RuntimeError(f"short read of batch {i}: {got} of {self.sizes[i]}")
+        return b - a, time.perf_counter() - b
+
+    def close(self):
+        pass
+
+
+class AllFiles:
+    """Batch i is rows [i*B, (i+1)*B) of every epoch-0/all/NAME.npy, each file opened once for
+    the epoch: one pread per tensor per batch, as a memory-mapped slice reads it."""
+
+    def __init__(self, root, n_batches, batch_size):
+        self.fds, self.row_bytes = [], []
+        for path in sorted((root / "all").iterdir()):
+            fd = os.open(path, os.O_RDONLY)
+            self.fds.append(fd)
+            rows = None
+            with open(path, "rb") as f:
+                head = f.read(4096).decode("latin1")
+            shape = head[head.index("'shape': (") + 10:head.index(")", head.index("'shape': ("))]
+            rows = int(shape.split(",")[0])
+            self.row_bytes.append((os.fstat(fd).st_size - 4096) // rows)
+        self.rows, self.B = rows, batch_size
+        self.view = memoryview(bytearray(max(self.row_bytes) * batch_size))
+
+    def tensor_bytes(self, i):
+        n = min(self.B, self.rows - i * self.B)
+        return n * sum(self.row_bytes)
+
+    def read(self, i):
+        a = time.perf_counter()
+        n = min(self.B, self.rows - i * self.B)
+        for fd, rb in zip(self.fds, self.row_bytes):
+            want, off, got = n * rb, 4096 + i * self.B * rb, 0
+            while got < want:
+                k = os.preadv(fd, [self.view[got:want]], off + got)
+                if k == 0:
+                    raise RuntimeError(f"short read of batch {i}")
+                got += k
+        return 0.0, time.perf_counter() - a
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+
+
 def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batches, name, prefetch, batch_size,
-                     rg_first_rows):
-    """A consumer needing half the cold throughput: per batch, open+read it, then 'compute' for
-    the time that batch takes at 0.5 × cold_mb_s. Returns the measurements."""
+                     rg_first_rows, layout="batch"):
+    """A consumer needing half the cold throughput: per batch, read it (`layout` "batch": open
+    and read its batch file; "all": pread its rows of every all/NAME.npy, each opened once),
+    then 'compute' for the time that batch takes at 0.5 × cold_mb_s. Returns the measurements."""
     rate = 0.5 * cold_mb_s * MB  # bytes/s the consumer consumes
-    cache = scratch / f"cache-stall-{name}"
+    name = name if layout == "batch" else f"{name}, all/"
+    tag = name.replace(", all/", "-all")
+    cache = scratch / f"cache-stall-{tag}"
     shutil.rmtree(cache, ignore_errors=True)
     caches.drop()
-    m = Mount(binary, source, scratch / f"mnt-stall-{name}", [*options, f"prefetch={prefetch}", f"cache_dir={cache}"])
+    m = Mount(binary, source, scratch / f"mnt-stall-{tag}", [*options, f"prefetch={prefetch}", f"cache_dir={cache}"])
+    reader = None
     try:
         root = m.mnt / "epoch-0"
-        sizes = [os.stat(root / f"{i:06d}.safetensors").st_size for i in range(n_batches)]
-        buf = bytearray(max(sizes))
-        view = memoryview(buf)
+        reader = BatchFiles(root, n_batches) if layout == "batch" else AllFiles(root, n_batches, batch_size)
         opened = readt = 0.0
         waits = []
         slept = 0.0
         t0 = time.perf_counter()
         for i in range(n_batches):
-            a = time.perf_counter()
-            fd = os.open(root / f"{i:06d}.safetensors", os.O_RDONLY)
-            b = time.perf_counter()
-            got = read_into(fd, view, sizes[i])
-            c = time.perf_counter()
-            if got != sizes[i]:
-                raise RuntimeError(f"short read of batch {i}: {got} of {sizes[i]}")
+            o, r = reader.read(i)
             if i > 0:
-                opened += b - a
-                readt += c - b
-                waits.append((c - a, i))
-            compute = (sizes[i] - 4096) / rate  # tensor bytes at half the cold rate
+                opened += o
+                readt += r
+                waits.append((o + r, i))
+            compute = reader.tensor_bytes(i) / rate  # tensor bytes at half the cold rate
             time.sleep(compute)
             slept += compute
         wall = time.perf_counter() - t0
@@ -63,9 +123,11 @@ def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batc
         # when nothing waits (the copy itself).
         t = time.perf_counter()
         for i in range(1, n_batches):
-            read_into(os.open(root / f"{i:06d}.safetensors", os.O_RDONLY), view, sizes[i])
+            reader.read(i)
         ready_read = time.perf_counter() - t
     finally:
+        if reader is not None:
+            reader.close()
         m.unmount()
         shutil.rmtree(cache, ignore_errors=True)
     by_wait = sorted(waits, reverse=True)

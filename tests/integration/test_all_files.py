@@ -76,3 +76,13 @@ def test_gds_links_the_all_files_to_the_main_tree(mounter, shuf_ds):
         assert os.path.islink(link)
         assert os.path.realpath(link) == os.path.realpath(m.p(rel))
         assert tfs.sha256(link) == tfs.sha256(m.p(rel))
+
+
+def test_the_kernel_reads_ahead_several_mib_of_a_sequential_reader(mounter, shuf_ds):
+    """The kernel starts a FUSE mount's readahead at 128 KiB; a reader taking a batch's slice of
+    all/NAME.npy at a time would then wait on the daemon for every read. The daemon raises its
+    mount's window (as root) to 4 MiB."""
+    m = mounter(shuf_ds.path)
+    st = os.stat(m.path)
+    with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
+        assert int(f.read()) >= 4096
