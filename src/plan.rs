@@ -416,6 +416,18 @@ impl Plan {
         }
     }
 
+    /// The partitions holding rows of row group `rg` (one, or more where cuts split it; none
+    /// for a row group without rows), found by binary search.
+    fn partitions_of_row_group(&self, rg: usize) -> std::ops::Range<usize> {
+        let (lo, hi) = (self.rg_start[rg], self.rg_start[rg + 1]);
+        if lo == hi {
+            return 0..0;
+        }
+        let first = self.part_start.partition_point(|&s| s <= lo) - 1;
+        let last = self.part_start.partition_point(|&s| s < hi) - 1;
+        first..last + 1
+    }
+
     /// The batches of the epoch that may need rows of row group `rg`: the cache uses it to know
     /// when a row group is needed next.
     pub fn row_group_batches(&self, order: &EpochOrder, rg: usize) -> Vec<Stride> {
@@ -424,48 +436,53 @@ impl Plan {
         let single_rows = self.per_partition * bs;
         let batches = self.batches();
         let mut out = Vec::new();
-        for (p, segs) in self.segments.iter().enumerate() {
-            for (s, (g, rows)) in segs.iter().enumerate() {
-                if *g != rg || rows.is_empty() {
-                    continue;
+        // Only the partitions the row group's rows fall in: the eviction asks this for every
+        // cached row group, and a scan of every segment made that quadratic in the row groups.
+        for p in self.partitions_of_row_group(rg) {
+            let segs = &self.segments[p];
+            let Ok(s) = segs.binary_search_by_key(&rg, |(g, _)| *g) else {
+                continue;
+            };
+            let rows = &segs[s].1;
+            if rows.is_empty() {
+                continue;
+            }
+            let len = self.part_start[p + 1] - self.part_start[p];
+            // Positions of the partition's order where the segment's rows may be.
+            let span = match &order.parts[p] {
+                Order::Canonical => {
+                    let off = rows.start - self.part_start[p];
+                    off..off + (rows.end - rows.start)
                 }
-                let len = self.part_start[p + 1] - self.part_start[p];
-                // Positions of the partition's order where the segment's rows may be.
-                let span = match &order.parts[p] {
-                    Order::Canonical => {
-                        let off = rows.start - self.part_start[p];
-                        off..off + (rows.end - rows.start)
-                    }
-                    Order::Global(_) => 0..len,
-                    Order::Window {
-                        windows, slot_of, ..
-                    } => {
-                        let w = slot_of[s] / self.opts.window as usize;
-                        windows[w]..windows[w + 1]
-                    }
-                };
-                if span.start < single_rows {
-                    let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+                Order::Global(_) => 0..len,
+                Order::Window {
+                    windows, slot_of, ..
+                } => {
+                    let w = slot_of[s] / self.opts.window as usize;
+                    windows[w]..windows[w + 1]
+                }
+            };
+            if span.start < single_rows {
+                let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+                out.push(Stride {
+                    first: k0 * parts + p as u64,
+                    step: parts,
+                    count: k1 - k0 + 1,
+                });
+            }
+            if span.end > single_rows {
+                let at = self.single_partition_batches() * bs + self.leftover_start[p];
+                let (a, b) = (
+                    at + span.start.max(single_rows) - single_rows,
+                    at + span.end - single_rows,
+                );
+                let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
+                if first <= last && first < batches {
                     out.push(Stride {
-                        first: k0 * parts + p as u64,
-                        step: parts,
-                        count: k1 - k0 + 1,
+                        first,
+                        step: 1,
+                        count: last - first + 1,
                     });
-                }
-                if span.end > single_rows {
-                    let at = self.single_partition_batches() * bs + self.leftover_start[p];
-                    let (a, b) = (
-                        at + span.start.max(single_rows) - single_rows,
-                        at + span.end - single_rows,
-                    );
-                    let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
-                    if first <= last && first < batches {
-                        out.push(Stride {
-                            first,
-                            step: 1,
-                            count: last - first + 1,
-                        });
-                    }
                 }
             }
         }
@@ -738,6 +755,14 @@ mod tests {
             let sizes: Vec<u64> = (0..partitions).map(|p| { let r = plan.partition_rows(p); r.end - r.start }).collect();
             prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
             prop_assert_eq!(sizes.iter().sum::<u64>(), plan.rows());
+            // Each row group's rows lie in the partitions the binary search finds, and no other.
+            for g in 0..plan.row_groups() {
+                let holding: Vec<usize> = (0..partitions as usize)
+                    .filter(|&p| plan.segments[p].iter().any(|(s, r)| *s == g && !r.is_empty()))
+                    .collect();
+                let found: Vec<usize> = plan.partitions_of_row_group(g).collect();
+                prop_assert_eq!(holding, found, "row group {}", g);
+            }
             // At most P - 1 row groups are split between partitions.
             let split = (0..plan.row_groups())
                 .filter(|&g| (0..partitions).filter(|&p| plan.segments[p as usize].iter().any(|(s, r)| *s == g && !r.is_empty())).count() > 1)
