@@ -88,10 +88,15 @@ def shuf_ds(tmp_path_factory) -> tfs.Dataset:
 
 @pytest.fixture(scope="module")
 def hermetic_env():
-    """tensorfs (a child of this process) sees no AWS settings or HTTP proxies but ours."""
+    """tensorfs (a child of this process) sees no cloud settings or HTTP proxies but ours."""
     saved = dict(os.environ)
     for k in list(os.environ):
-        if k.startswith("AWS_") or k.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        if k.startswith(("AWS_", "AZURE_", "AZURITE_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR")) or k.lower() in (
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+            "no_proxy",
+        ):
             del os.environ[k]
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"

@@ -37,6 +37,9 @@ import pytest
 
 import tfs
 
+# Every test here runs with no cloud settings or HTTP proxies but ours (conftest.hermetic_env).
+pytestmark = pytest.mark.usefixtures("hermetic_env")
+
 SCRIPTS = tfs.REPO / "scripts"
 START_TIMEOUT = 60  # seconds for a server to answer
 LIFETIME = 1800  # a server left behind by a killed test run stops by itself
@@ -55,26 +58,6 @@ STORES = ["azure", "gcs", "http"]
 # --------------------------------------------------------------------------------------------
 # Servers
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hermetic_env():
-    """tensorfs (a child of this process) sees no cloud settings or HTTP proxies but ours."""
-    saved = dict(os.environ)
-    for k in list(os.environ):
-        if k.startswith(("AWS_", "AZURE_", "AZURITE_", "GOOGLE_", "GCS_", "STORAGE_EMULATOR")) or k.lower() in (
-            "http_proxy",
-            "https_proxy",
-            "all_proxy",
-            "no_proxy",
-        ):
-            del os.environ[k]
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _readline_within(proc: subprocess.Popen, timeout: float) -> str:
