@@ -530,7 +530,7 @@ impl Source {
         let Err(e) = first else { return first };
         let padded = f.padded.get_or_init(|| {
             let md = crate::footer::padded(f.metadata.metadata(), f.size - f.footer_len)?;
-            ArrowReaderMetadata::try_new(Arc::new(md), ArrowReaderOptions::new()).ok()
+            arrow_metadata(Arc::new(md)).ok()
         });
         let chunks_again = chunks.clone();
         let Some(padded) = padded else {
@@ -711,12 +711,38 @@ pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
     let metadata = footer[..footer.len() - 8].to_vec();
     let decoded = crate::catch_panic(move || -> Result<ArrowReaderMetadata> {
         let metadata = crate::footer::decode(&metadata)?;
-        Ok(ArrowReaderMetadata::try_new(
-            Arc::new(metadata),
-            ArrowReaderOptions::new(),
-        )?)
+        arrow_metadata(Arc::new(metadata))
     });
     decoded.unwrap_or_else(|panic| Err(anyhow!("the footer is malformed ({panic})")))
+}
+
+/// The Arrow view of a file, as pyarrow reads it. INT96 timestamps are nanoseconds with no
+/// time zone, whatever unit a stored Arrow schema names: pyarrow ignores that schema for them
+/// (values outside 1677-2262 wrap), where the parquet crate follows it.
+fn arrow_metadata(md: Arc<ParquetMetaData>) -> Result<ArrowReaderMetadata> {
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    let plain = ArrowReaderMetadata::try_new(md.clone(), ArrowReaderOptions::new())?;
+    let descr = md.file_metadata().schema_descr();
+    let int96: Vec<usize> = (0..descr.num_columns())
+        .map(|i| descr.column(i))
+        .filter(|c| c.physical_type() == parquet::basic::Type::INT96 && c.path().parts().len() == 1)
+        .filter_map(|c| plain.schema().index_of(c.name()).ok())
+        .collect();
+    let ns = DataType::Timestamp(TimeUnit::Nanosecond, None);
+    let schema = plain.schema();
+    let differs = |i: &usize| *schema.field(*i).data_type() != ns;
+    if !int96.iter().any(differs) {
+        return Ok(plain);
+    }
+    let fields: Vec<Field> = (schema.fields().iter().enumerate())
+        .map(|(i, f)| match int96.contains(&i) {
+            true => f.as_ref().clone().with_data_type(ns.clone()),
+            false => f.as_ref().clone(),
+        })
+        .collect();
+    let schema = Schema::new_with_metadata(fields, schema.metadata().clone());
+    let options = ArrowReaderOptions::new().with_schema(Arc::new(schema));
+    Ok(ArrowReaderMetadata::try_new(md, options)?)
 }
 
 /// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).

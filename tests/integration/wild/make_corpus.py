@@ -253,9 +253,7 @@ def _(d):
 
 @entry("pa-int96-out-of-range-arrow-schema", "pyarrow",
        note="INT96 timestamps of years 1, 1500, 2500 and 9999 with the Arrow schema stored (timestamp[ms]): "
-            "pyarrow (26) still reads int64 ns, wrapping those outside 1677-2262",
-       known_failure="tensorfs serves INT96 in the unit of the stored Arrow schema (here ms: the true values), "
-                     "pyarrow reads ns and wraps the values outside 1677-2262")
+            "pyarrow (26) still reads int64 ns, wrapping those outside 1677-2262, and so does tensorfs")
 def _(d):
     ms = np.array([-62135596800000, -14831769600000, 16725225600000, 253402300799999, 0, 1_600_000_000_123] * 50, dtype=np.int64)
     t = pa.table({"id": pa.array(np.arange(len(ms), dtype=np.int64)), "ts": pa.array(ms).cast(pa.timestamp("ms"))})
