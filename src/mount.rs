@@ -143,6 +143,8 @@ impl Dataset {
         let layout = self.layout();
         let cache = Arc::new(self.open_cache(opts, layout.clone())?);
         self.check_global(opts, cache.capacity())?;
+        let dataset_json = serde_json::to_vec_pretty(&self.dataset_json(opts))?;
+        let buffers = self.buffer_memory(opts, dataset_json.len() as u64)?;
         let orders = Arc::new(Orders::new(self.plan.clone()));
         let readers = Arc::new(Readers::default());
         let eviction = Arc::new(Eviction::new(
@@ -163,7 +165,7 @@ impl Dataset {
             runtime.clone(),
             Limits {
                 threads: opts.threads,
-                memory: opts.memory_limit,
+                memory: buffers,
             },
         )?);
         let materializer = Arc::new(Materializer::new(
@@ -179,7 +181,7 @@ impl Dataset {
             runtime,
             opts.prefetch,
             opts.epochs,
-            opts.memory_limit,
+            buffers,
         );
         Ok(Fs::new(Tree {
             materializer,
@@ -187,8 +189,29 @@ impl Dataset {
             layout,
             epochs: opts.epochs,
             world_size: opts.world_size,
-            dataset_json: serde_json::to_vec_pretty(&self.dataset_json(opts))?,
+            dataset_json,
         }))
+    }
+
+    /// What `memory_limit` leaves for the buffers (decoded row groups, built batches) once the
+    /// mount's lasting memory is counted: every file's decoded footer (about 5 KiB an object,
+    /// docs/scale.md) and `dataset.json`. Refused where that takes more than half the limit.
+    fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
+        let footers: u64 = (self.source.files.iter())
+            .map(|f| f.metadata.metadata().memory_size() as u64)
+            .sum();
+        let held = footers + dataset_json;
+        if held > opts.memory_limit / 2 {
+            let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+            bail!(
+                "the footers of the dataset's {} files and dataset.json take {} of memory_limit={}: raise memory_limit to at least {}",
+                self.source.files.len(),
+                mib(held),
+                mib(opts.memory_limit),
+                mib(2 * held)
+            );
+        }
+        Ok(opts.memory_limit - held)
     }
 }
 

@@ -3,6 +3,7 @@ nothing mounted. `tensorfs inspect` refuses the same way and describes good data
 
 import decimal
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -220,3 +221,25 @@ def test_inspect_without_options(shuf_ds):
     assert dj["batches_per_epoch"] == 3
     assert [t["name"] for t in dj["tensors"]] == ["id", "x"]
     assert [t["dtype"] for t in dj["tensors"]] == ["int64", "float32"]
+
+
+def test_footers_count_against_memory_limit(mounter, tmp_path):
+    """The decoded footers stay in memory for the mount's life (about 5 KiB an object): they
+    count against memory_limit, and a mount where they would take more than half of it is
+    refused, naming what to raise it to; with enough, it mounts."""
+    src = tmp_path / "many"
+    src.mkdir()
+    t = pa.table({f"c{k}": np.arange(4, dtype=np.float32) for k in range(16)})
+    for i in range(300):
+        pq.write_table(t, src / f"part-{i:04d}.parquet")
+    mp = mounter.mountpoint()
+    proc = tfs.run(["mount", src, mp, "-o", f"memory_limit=1M,cache_dir={mp.parent / 'c'}"])
+    assert proc.returncode != 0 and not tfs.is_mounted(mp)
+    line = tfs.error_line(proc)
+    m = re.fullmatch(r"tensorfs: error: the footers of the dataset's 300 files and dataset\.json take "
+                     r"([\d.]+) MiB of memory_limit=1\.0 MiB: raise memory_limit to at least ([\d.]+) MiB", line)
+    assert m, line
+    held, need = float(m.group(1)), float(m.group(2))
+    assert 0.5 < held and abs(need - 2 * held) < 0.11, line
+    mounted = mounter(src, f"memory_limit={math.ceil(need) + 1}M")
+    assert len(mounted.dataset()["tensors"]) == 16
