@@ -86,7 +86,7 @@ fn source_url(source: &str) -> Result<Url> {
                 let _ = url.set_password(Some("****"));
             }
             bail!(
-                "source '{url}': tensorfs takes no user name or password in a URL (object_store's stores take credentials from their own options, and its HTTP store has none)"
+                "source '{url}': tensorfs takes no user name or password in a URL; give them as mount options (http_username=, http_password=) or in the environment"
             );
         }
         return Ok(url);
@@ -184,7 +184,15 @@ fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn Object
             for (key, value) in CLIENT_DEFAULTS {
                 client = client.with_config(key, value);
             }
-            for (k, v) in options {
+            if let Some(header) = http_credentials(options)? {
+                let mut headers = reqwest::header::HeaderMap::new();
+                headers.insert(reqwest::header::AUTHORIZATION, header);
+                client = client.with_default_headers(headers);
+            }
+            let client_keys = options
+                .iter()
+                .filter(|(k, _)| !HTTP_CREDENTIAL_KEYS.contains(&k.as_str()));
+            for (k, v) in client_keys {
                 let key = k
                     .strip_prefix("http_")
                     .or_else(|| k.strip_prefix("client_"))
@@ -204,6 +212,50 @@ fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn Object
     };
     Ok((store, Path::parse(path)?))
 }
+
+/// The `Authorization` header an HTTP source sends, and the other options. object_store's HTTP
+/// store has no keys for credentials, so tensorfs takes its own: `http_username` with
+/// `http_password` (basic), or `http_bearer_token`, from the mount options or else from the
+/// environment (`TENSORFS_HTTP_USERNAME`, `TENSORFS_HTTP_PASSWORD`,
+/// `TENSORFS_HTTP_BEARER_TOKEN`). The header is marked sensitive, so it is never logged.
+fn http_credentials(options: &[(String, String)]) -> Result<Option<reqwest::header::HeaderValue>> {
+    use base64::Engine;
+    let given = |key: &str| -> Option<String> {
+        let from_options = options
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone());
+        from_options.or_else(|| std::env::var(format!("TENSORFS_{}", key.to_uppercase())).ok())
+    };
+    let value = match (
+        given("http_username"),
+        given("http_password"),
+        given("http_bearer_token"),
+    ) {
+        (None, None, None) => None,
+        (Some(user), password, None) => {
+            let pair = format!("{user}:{}", password.unwrap_or_default());
+            let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+            Some(format!("Basic {encoded}"))
+        }
+        (None, None, Some(token)) => Some(format!("Bearer {token}")),
+        (None, Some(_), None) => bail!("http_password needs http_username"),
+        (Some(_), _, Some(_)) | (None, Some(_), Some(_)) => {
+            bail!("give http_username and http_password, or http_bearer_token, not both")
+        }
+    };
+    value
+        .map(|v| {
+            let mut h = reqwest::header::HeaderValue::from_str(&v)
+                .map_err(|_| anyhow!("HTTP credentials must be printable ASCII"))?;
+            h.set_sensitive(true);
+            Ok(h)
+        })
+        .transpose()
+}
+
+/// tensorfs's own keys of an HTTP source (see [`http_credentials`]).
+const HTTP_CREDENTIAL_KEYS: [&str; 3] = ["http_username", "http_password", "http_bearer_token"];
 
 fn io_reason(e: &std::io::Error) -> String {
     match e.kind() {
@@ -935,6 +987,30 @@ impl AsyncFileReader for ObjectReader {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn http_credentials_are_one_sensitive_header() {
+        let opts = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let given = opts(&[
+            ("http_username", "ada"),
+            ("http_password", "s3cr3t"),
+            ("client_timeout", "5s"),
+        ]);
+        let header = http_credentials(&given).unwrap().unwrap();
+        // base64("ada:s3cr3t")
+        assert_eq!(header.to_str().unwrap(), "Basic YWRhOnMzY3IzdA==");
+        assert!(header.is_sensitive());
+        let bearer = opts(&[("http_bearer_token", "tok")]);
+        assert_eq!(http_credentials(&bearer).unwrap().unwrap(), "Bearer tok");
+        let both = opts(&[("http_username", "a"), ("http_bearer_token", "t")]);
+        assert!(http_credentials(&both).is_err());
+        let half = opts(&[("http_password", "p")]);
+        assert!(http_credentials(&half).is_err());
+    }
 
     /// The HTTP client is built without a TLS provider of its own: building an https store
     /// must find ring installed, and a request must fail as a request (nothing listens on

@@ -683,38 +683,49 @@ def test_secret_never_shown(mounter, store, how):
 # --------------------------------------------------------------------------------------------
 
 
-NO_HTTP_CREDENTIALS = (
-    "object_store's HTTP store cannot send credentials: its configuration keys (ClientConfigKey: allow_http, "
-    "timeouts, proxy_url, user_agent, ...) hold none and no header, and it sends every request through "
-    "reqwest::Request::new, which leaves a user:password in the URL unused (docs/options.md)"
-)
-
-
 def credentialed_url(webdav, path: str) -> str:
     url = urllib.parse.urlsplit(webdav.server.url)
     return f"http://{DAV_USER}:{DAV_PASSWORD}@{url.netloc}/{path}"
 
 
-@pytest.mark.xfail(reason=NO_HTTP_CREDENTIALS, strict=True)
-def test_http_basic_auth_credentials_mount(mounter, webdav):
-    """The /private/ tree needs basic authentication: with the credentials in the source URL (the
-    one form object_store could take them in), every batch equals the file:// mount's."""
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_http_basic_auth_credentials_mount(mounter, webdav, how):
+    """The /private/ tree needs basic authentication. object_store's HTTP store has no keys for
+    credentials; tensorfs takes http_username and http_password as mount options, or
+    TENSORFS_HTTP_USERNAME and TENSORFS_HTTP_PASSWORD from the environment, and sends them in a
+    header. Every batch equals the file:// mount's, and the password appears in none of the
+    daemon's log at log=debug, mount's output, /proc/mounts, dataset.json, the command line."""
     opts = ("shuffle=window", "seed=13", "batch_size=200")
     local = mounter(f"file://{webdav.shuf.path}", *opts)
-    mp = mounter.mountpoint()
-    proc = tfs.run(["mount", credentialed_url(webdav, "private/"), mp, "-o",
-                    ",".join([*opts, *webdav.options, f"cache_dir={mp.parent / 'c'}"])], timeout=90)
-    assert proc.returncode == 0, f"refused: {proc.stderr.strip()}"
+    creds = [f"http_username={DAV_USER}", f"http_password={DAV_PASSWORD}"] if how == "option" else []
+    undo = with_env({"TENSORFS_HTTP_USERNAME": DAV_USER, "TENSORFS_HTTP_PASSWORD": DAV_PASSWORD} if how == "env" else {})
     try:
-        m = tfs.Mount(mp, credentialed_url(webdav, "private/"), list(opts), mp.parent / "c", tfs.daemon_pids(mp))
-        tfs.assert_same_as_local(m, local)
+        m = mounter(f"{webdav.server.url}/private/", *opts, "log=debug", *webdav.options, *creds)
     finally:
-        tfs.unmount(mp)
+        undo()
+    tfs.assert_same_as_local(m, local)
+    assert DAV_PASSWORD not in tfs.read_exact(m.p("dataset.json")).decode()
+    assert DAV_PASSWORD not in Path("/proc/self/mounts").read_text(errors="replace")
+    for pid in m.pids:
+        try:
+            assert DAV_PASSWORD.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+    m.unmount()
+    assert DAV_PASSWORD not in log_text(m) and DAV_PASSWORD not in mount_output(m)
+
+
+def test_http_password_without_a_user_name_is_refused(mounter, webdav):
+    """A password without a user name is refused, naming what is missing (without any
+    credentials: test_refused_http_without_credentials)."""
+    src = f"{webdav.server.url}/private/"
+    line, _ = refusal(mounter, src, [*webdav.options, f"http_password={DAV_PASSWORD}"])
+    assert line == f"tensorfs: error: source '{src}' cannot be used: http_password needs http_username", line
 
 
 def test_http_password_in_the_source_url_is_refused_and_never_shown(mounter, webdav):
-    """A password in the source URL could not be sent (object_store's HTTP store has no way to):
-    the mount is refused in one line that names the URL with the password masked."""
+    """A password in the source URL is not a way tensorfs takes credentials: the mount is refused
+    in one line that names the URL with the password masked and says how to give them."""
     mp = mounter.mountpoint()
     url = credentialed_url(webdav, "private/")
     proc = tfs.run(["mount", url, mp, "-o", ",".join([*webdav.options, f"cache_dir={mp.parent / 'c'}"])],
@@ -724,8 +735,8 @@ def test_http_password_in_the_source_url_is_refused_and_never_shown(mounter, web
         assert DAV_PASSWORD not in proc.stdout + proc.stderr, f"the password is shown: {proc.stderr.strip()}"
         masked = url.replace(f":{DAV_PASSWORD}@", ":****@")
         assert tfs.error_line(proc) == (
-            f"tensorfs: error: source '{masked}': tensorfs takes no user name or password in a URL "
-            "(object_store's stores take credentials from their own options, and its HTTP store has none)")
+            f"tensorfs: error: source '{masked}': tensorfs takes no user name or password in a URL; give them as "
+            "mount options (http_username=, http_password=) or in the environment")
     finally:
         if tfs.is_mounted(mp):
             tfs.unmount(mp)
