@@ -73,7 +73,8 @@ Mount options (-o, comma-separated; docs/options.md describes each):
   runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
            memory_limit=SIZE  threads=N  passthrough=auto|off  allow_other  auto_unmount
            nonempty  log=LEVEL
-  store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…
+  store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
+           HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T
 Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
 
 const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "help"];
