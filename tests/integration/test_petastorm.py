@@ -69,7 +69,7 @@ def test_nullable_fields_are_zero_filled_with_a_mask(mounter):
 
 @pytest.mark.parametrize(
     "name,field,keep",
-    [("variable_shape", "points", "id"), ("strings", "label", "id:value")],
+    [("variable_shape", "points", "id"), ("strings", "label", "id:value"), ("unserved", "price", "id:value")],
 )
 def test_unservable_fields_are_refused_naming_the_way_out(mounter, name, field, keep):
     mp = mounter.mountpoint()
@@ -78,10 +78,25 @@ def test_unservable_fields_are_refused_naming_the_way_out(mounter, name, field, 
     assert proc.returncode != 0 and f"'{field}'" in line and f"columns={keep}" in line, line
     m = mounter(FIXTURES / name, f"columns={keep}", "shuffle=none")
     assert [t["name"] for t in m.dataset()["tensors"]] == keep.split(":")
-    want = expected(name) if name != "variable_shape" else None
-    if want:
+    if name != "variable_shape":
         got = epoch_by_id(m)
-        np.testing.assert_array_equal(got["value"], want["value"])
+        # Only this key: unserved's npz also holds make_reader's Decimal objects (a pickle).
+        np.testing.assert_array_equal(got["value"], np.load(FIXTURES / f"{name}.expected.npz")["value"])
+
+
+def test_a_string_ndarray_and_a_decimal_are_refused_word_for_word():
+    """A Petastorm string ndarray (NdarrayCodec of str_) and a Decimal scalar field, written by
+    Petastorm itself: each refused in its own line naming it and the columns= that serves the
+    rest."""
+    proc = tfs.run(["inspect", FIXTURES / "unserved"])
+    assert proc.returncode != 0
+    refused = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("  - ")]
+    assert refused == [
+        "- column 'price' (decimal(10, 2)) has no tensor mapping (strings, structs, maps and decimals are not "
+        "served); leave it out with columns=id:value",
+        "- field 'tags' (NdarrayCodec str_ (2,)) has the dtype str_, which has no tensor mapping; leave it out "
+        "with columns=id:value",
+    ], proc.stdout
 
 
 def test_inspect_shows_each_fields_codec():
