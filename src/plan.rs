@@ -345,6 +345,8 @@ impl Plan {
     /// The row groups batch `i` may draw from, sorted: each shuffle window the batch meets
     /// counts whole (a superset, computed per window rather than per row, which is what the
     /// prefetcher needs to decode ahead: the window's other rows are read by the next batches).
+    /// Under `shuffle=global`, a partition of more row groups than the batch has rows gives
+    /// its rows' own row groups, one lookup a row, rather than all of them.
     pub fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
         let first = i * self.opts.batch_size;
         let end = first + self.batch_len(i);
@@ -360,6 +362,10 @@ impl Plan {
                     let (rg, row) = self.locate(base_row + x);
                     out.insert(rg);
                     self.rg_start[rg + 1] - self.rg_start[rg] - row
+                }
+                Order::Global(perm) if self.segments[p].len() as u64 > end - pos => {
+                    out.insert(self.locate(base_row + perm.apply(x)).0);
+                    1
                 }
                 Order::Global(_) => {
                     out.extend(self.segments[p].iter().map(|(g, _)| *g));
