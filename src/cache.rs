@@ -8,8 +8,14 @@
 //! v1/cols-CKEY/rg-000042.cols           one row group's tensor columns: header + data
 //! v1/batches-BKEY/epoch-E/000042.safetensors       a batch file, byte for byte what the mount
 //! v1/batches-BKEY/epoch-E/000042/x.npy             shows, so the kernel can pass reads through
-//! v1/batches-BKEY/epoch-E/.000042.safetensors.meta  its length and crc32c
 //! ```
+//!
+//! A batch file's length and crc32c (its meta) are its extended attribute `user.tensorfs.meta`,
+//! set before the file is renamed into place, so one rename publishes a checked file. Where the
+//! cache's filesystem has no user extended attributes, the meta is a sidecar file
+//! `.000042.safetensors.meta` beside it, renamed after the data (a file without its meta is
+//! removed at start). One file per batch instead of two: creating files (an inode, a rename
+//! that locks two directories) cost a shuffled epoch more than gathering its rows.
 //!
 //! CKEY hashes the dataset fingerprint and the column transforms; BKEY adds the order options,
 //! so a changed option can never serve stale bytes. Every item is checked against its crc32c
@@ -126,6 +132,10 @@ pub struct DiskCache {
     used: AtomicU64,
     reserving: Mutex<()>,
     next_tmp: AtomicU64,
+    /// `PID-`: temp file names start with it (a dead PID's are removed at start).
+    tmp_prefix: String,
+    /// Whether the cache's filesystem takes the meta as an extended attribute (else sidecars).
+    meta_attrs: AtomicBool,
     full_warned: AtomicBool,
 }
 
@@ -173,6 +183,8 @@ impl DiskCache {
             used: AtomicU64::new(0),
             reserving: Mutex::new(()),
             next_tmp: AtomicU64::new(0),
+            tmp_prefix: format!("{}-", std::process::id()),
+            meta_attrs: AtomicBool::new(true),
             full_warned: AtomicBool::new(false),
         };
         for d in [&cache.root, &cache.cols, &cache.batches, &cache.tmp] {
@@ -214,8 +226,8 @@ impl DiskCache {
         }
     }
 
-    /// Indexes the items on disk; batch files without their meta (a crash between the two
-    /// renames) are removed.
+    /// Indexes the items on disk; batch files without their meta (a crash between the data's
+    /// rename and its sidecar's) are removed.
     fn scan(&self) {
         let mut entries = self.entries.lock().unwrap();
         let mut used = 0;
@@ -264,10 +276,9 @@ impl DiskCache {
                 walk(&sub, &mut found);
             }
             for (item, path) in found {
-                let meta = meta_path(&path);
-                match (std::fs::metadata(&path), std::fs::metadata(&meta)) {
-                    (Ok(d), Ok(m)) => {
-                        let bytes = d.len() + m.len();
+                match (std::fs::metadata(&path), meta_len(&path)) {
+                    (Ok(d), Some(m)) => {
+                        let bytes = d.len() + m;
                         used += bytes;
                         entries.insert(
                             item,
@@ -423,7 +434,7 @@ impl DiskCache {
         let header = columns_header(rows, tensors, &self.identity(item));
         let mut parts: Vec<&[u8]> = vec![&header];
         parts.extend_from_slice(tensors);
-        self.write(item, &parts, None, distance, stats)
+        self.write(item, &parts, None, distance, stats).map(drop)
     }
 
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
@@ -436,8 +447,7 @@ impl DiskCache {
             if known == Some(stamp) {
                 return Ok(file);
             }
-            let mut meta = Vec::new();
-            File::open(meta_path(&path))?.read_to_end(&mut meta)?;
+            let meta = read_meta(&file, &path)?;
             let (len, crc) = parse_meta(&meta, &self.identity(item))?;
             let mut data = Vec::with_capacity(len as usize);
             file.read_to_end(&mut data)?;
@@ -478,16 +488,17 @@ impl DiskCache {
             crc = crc32c::crc32c_append(crc, p);
         }
         let meta = meta_bytes(len, crc, &self.identity(item));
-        self.write(item, parts, Some(&meta), distance, stats)?;
-        let path = self.path(item);
-        let file = File::open(&path).map_err(|e| NotStored::Write(e.into()))?;
-        Ok((file, path))
+        let file = self.write(item, parts, Some(&meta), distance, stats)?;
+        Ok((file, self.path(item)))
     }
 
+    /// A new temp file, open for reading too: once renamed into place it is the handle a
+    /// batch file is served by.
     fn tmp_file(&self) -> Result<(File, PathBuf)> {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.tmp.join(format!("{}-{n}", std::process::id()));
+        let path = self.tmp.join(format!("{}{n}", self.tmp_prefix));
         let file = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
@@ -495,25 +506,48 @@ impl DiskCache {
         Ok((file, path))
     }
 
-    fn write_tmp(&self, parts: &[&[u8]]) -> Result<PathBuf> {
+    /// Writes `parts` to a new temp file, sets `meta` as its attribute where one is given and
+    /// the filesystem takes it, and renames it to `dest`. The file, open, and whether the meta
+    /// still needs its sidecar.
+    fn place(&self, parts: &[&[u8]], meta: Option<&[u8]>, dest: &Path) -> Result<(File, bool)> {
         let (mut file, path) = self.tmp_file()?;
-        let written = (|| -> std::io::Result<()> {
+        let placed = (|| -> Result<bool> {
             for p in parts {
                 file.write_all(p)?;
             }
-            Ok(())
+            let sidecar = match meta {
+                Some(m) if self.meta_attrs.load(Ordering::Relaxed) => {
+                    let set = set_meta_attr(&file, m)?;
+                    if !set {
+                        self.meta_attrs.store(false, Ordering::Relaxed);
+                        tracing::info!(
+                            "the cache's filesystem keeps no user extended attributes: \
+                             batch files get their meta as sidecar files"
+                        );
+                    }
+                    !set
+                }
+                Some(_) => true,
+                None => false,
+            };
+            rename_into(&path, dest)?;
+            Ok(sidecar)
         })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&path);
-            return Err(e.into());
+        match placed {
+            Ok(sidecar) => Ok((file, sidecar)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
         }
-        Ok(path)
     }
 
-    /// Crash-safe write of an item: temp file, then rename (data first, then its meta, which is
-    /// what makes a batch file valid). Not fsynced: a crash can leave a renamed file short or
-    /// zeroed, which its checksum catches on first use after the restart (a miss, rebuilt,
-    /// never wrong bytes). An fsync per file cost more CPU and disk time than building it.
+    /// Crash-safe write of an item: temp file, then rename (with its meta set on it first, or,
+    /// where the filesystem has no extended attributes, its sidecar renamed after it: the meta
+    /// is what makes a batch file valid). The file, open. Not fsynced: a crash can leave a
+    /// renamed file short or zeroed, which its checksum catches on first use after the restart
+    /// (a miss, rebuilt, never wrong bytes). An fsync per file cost more CPU and disk time than
+    /// building it.
     fn write(
         &self,
         item: Item,
@@ -521,7 +555,7 @@ impl DiskCache {
         meta: Option<&[u8]>,
         distance: &dyn Fn(Item) -> u64,
         stats: &Stats,
-    ) -> Result<(), NotStored> {
+    ) -> Result<File, NotStored> {
         let bytes =
             parts.iter().map(|p| p.len() as u64).sum::<u64>() + meta.map_or(0, |m| m.len() as u64);
         // Reserve the space first, so that concurrent writers never overshoot the capacity
@@ -535,21 +569,17 @@ impl DiskCache {
             self.used.fetch_add(bytes, Ordering::Relaxed);
         }
         let dest = self.path(item);
-        let result = (|| -> Result<()> {
-            if let Some(dir) = dest.parent() {
-                private_dir(dir)?;
+        let result = (|| -> Result<File> {
+            let (file, sidecar) = self.place(parts, meta, &dest)?;
+            if let (true, Some(meta)) = (sidecar, meta) {
+                self.place(&[meta], None, &meta_path(&dest))?;
             }
-            let data = self.write_tmp(parts)?;
-            std::fs::rename(&data, &dest)?;
-            if let Some(meta) = meta {
-                let m = self.write_tmp(&[meta])?;
-                std::fs::rename(&m, meta_path(&dest))?;
-            }
-            Ok(())
+            Ok(file)
         })();
         match result {
-            Ok(()) => {
-                let checked = std::fs::metadata(&dest).ok().map(|md| Stamp::of(&md));
+            Ok(file) => {
+                // After the rename, which changes the file's ctime.
+                let checked = file.metadata().ok().map(|md| Stamp::of(&md));
                 let old = self.entries.lock().unwrap().insert(
                     item,
                     Entry {
@@ -565,7 +595,7 @@ impl DiskCache {
                     None => self.count_batch(item, 1),
                 }
                 Stats::set(&stats.c.cache_bytes, self.used());
-                Ok(())
+                Ok(file)
             }
             Err(e) => {
                 let _ = std::fs::remove_file(&dest);
@@ -635,6 +665,94 @@ impl DiskCache {
 
 /// Items from which an eviction frees more than the write in hand needs.
 const EVICTION_BATCH_FROM: usize = 1024;
+
+/// Renames `from` to `to`, making `to`'s directory (private) where it is missing. The
+/// directory is made only then, not checked before every write.
+fn rename_into(from: &Path, to: &Path) -> Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() == ErrorKind::NotFound && to.parent().is_some_and(|d| !d.exists()) => {
+            private_dir(to.parent().expect("checked"))?;
+            Ok(std::fs::rename(from, to)?)
+        }
+        r => Ok(r?),
+    }
+}
+
+/// The extended attribute that holds a batch file's meta.
+const META_ATTR: &std::ffi::CStr = c"user.tensorfs.meta";
+
+/// The longest meta read back (a valid one is 60 bytes; a longer value is refused by its
+/// check).
+const META_MAX: usize = 256;
+
+/// Whether an errno says the filesystem keeps no such attributes (the meta is then a sidecar).
+fn no_attrs(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENOSYS))
+}
+
+/// Sets `meta` as `file`'s meta attribute: `false` where the filesystem has no user
+/// attributes.
+fn set_meta_attr(file: &File, meta: &[u8]) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd, a NUL-terminated name, and a buffer of the length given.
+    let r = unsafe {
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            META_ATTR.as_ptr(),
+            meta.as_ptr().cast(),
+            meta.len(),
+            0,
+        )
+    };
+    match r {
+        0 => Ok(true),
+        _ => match std::io::Error::last_os_error() {
+            e if no_attrs(&e) => Ok(false),
+            e => Err(e),
+        },
+    }
+}
+
+/// `file`'s meta: its attribute, else its sidecar beside `path`.
+fn read_meta(file: &File, path: &Path) -> Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; META_MAX];
+    // SAFETY: a valid fd, a NUL-terminated name, and a buffer of the length given.
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            META_ATTR.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n >= 0 {
+        buf.truncate(n as usize);
+        return Ok(buf);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENODATA) && !no_attrs(&e) {
+        bail!("meta cannot be read: {e}");
+    }
+    let mut meta = Vec::new();
+    File::open(meta_path(path))
+        .and_then(|mut f| f.read_to_end(&mut meta))
+        .map_err(|e| anyhow::anyhow!("without its meta ({e})"))?;
+    Ok(meta)
+}
+
+/// The length of the meta of the batch file at `path` (attribute or sidecar); `None` where it
+/// has none.
+fn meta_len(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: NUL-terminated strings; a null buffer of size 0 asks for the length only.
+    let n = unsafe { libc::getxattr(c.as_ptr(), META_ATTR.as_ptr(), std::ptr::null_mut(), 0) };
+    match n {
+        n if n > 0 => Some(n as u64),
+        _ => std::fs::metadata(meta_path(path)).ok().map(|m| m.len()),
+    }
+}
 
 fn meta_path(path: &Path) -> PathBuf {
     let name = path
@@ -862,6 +980,58 @@ mod tests {
         assert!(c.open_batch_file(item, &stats).is_none());
     }
 
+    fn drop_meta_attr(path: &Path) {
+        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings.
+        assert_eq!(
+            unsafe { libc::removexattr(name.as_ptr(), META_ATTR.as_ptr()) },
+            0
+        );
+    }
+
+    #[test]
+    fn the_meta_is_an_attribute_else_a_sidecar() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let (by_attr, by_sidecar) = (
+            Item::Safetensors { epoch: 0, batch: 0 },
+            Item::Safetensors { epoch: 0, batch: 1 },
+        );
+        {
+            let c = cache(dir.path(), 1 << 20);
+            let (_, path) = c
+                .store_batch_file(by_attr, &[b"one"], &near, &stats)
+                .unwrap();
+            assert!(meta_len(&path).is_some());
+            assert!(!meta_path(&path).exists(), "a sidecar beside an attribute");
+            // A filesystem without user attributes (and a cache written before they were used).
+            c.meta_attrs.store(false, Ordering::Relaxed);
+            let (_, path) = c
+                .store_batch_file(by_sidecar, &[b"two"], &near, &stats)
+                .unwrap();
+            assert!(meta_path(&path).exists());
+            assert!(c.open_batch_file(by_sidecar, &stats).is_some());
+        }
+        // Both survive a reopen, each checked against its own meta.
+        let c = cache(dir.path(), 1 << 20);
+        for item in [by_attr, by_sidecar] {
+            assert!(c.contains(item), "{item:?} not indexed");
+            assert!(c.open_batch_file(item, &stats).is_some(), "{item:?}");
+        }
+        // A file without its meta is removed at start, whichever kind it had.
+        let (attr_path, sidecar_path) = (c.path(by_attr), c.path(by_sidecar));
+        drop(c);
+        std::fs::remove_file(meta_path(&sidecar_path)).unwrap();
+        drop_meta_attr(&attr_path);
+        let c = cache(dir.path(), 1 << 20);
+        for (item, path) in [(by_attr, attr_path), (by_sidecar, sidecar_path)] {
+            assert!(
+                !c.contains(item) && !path.exists(),
+                "{item:?} kept without its meta"
+            );
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_cache_bytes_are_refused_not_trusted(
@@ -898,9 +1068,9 @@ mod tests {
         let c = cache(dir.path(), 1 << 20);
         let item = Item::Safetensors { epoch: 0, batch: 0 };
         c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
-        // A crash between the two renames leaves data without meta; a crash mid-write leaves a
-        // temp file of a dead process.
-        std::fs::remove_file(meta_path(&c.path(item))).unwrap();
+        // A file without its meta (a crash between the data's rename and its sidecar's); a crash
+        // mid-write leaves a temp file of a dead process.
+        drop_meta_attr(&c.path(item));
         std::fs::write(c.tmp.join("999999999-0"), b"partial").unwrap();
         let c = cache(dir.path(), 1 << 20);
         assert!(!c.path(item).exists());

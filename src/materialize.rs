@@ -14,9 +14,9 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// What materialising a batch file gave: its path in the cache, or nothing when the cache
-/// could not take it (the file is then served from memory).
-pub struct Materialized(pub Option<PathBuf>);
+/// What materialising a batch file gave: the file in the cache, open, and its path, or nothing
+/// when the cache could not take it (the file is then served from memory).
+pub struct Materialized(pub Option<(File, PathBuf)>);
 
 impl Weighted for Materialized {
     fn weight(&self) -> usize {
@@ -115,11 +115,15 @@ impl Materializer {
         let cache = self.cache.clone();
         let (epoch, batch) = item.batch().expect("a batch item");
         let stats = self.stats().clone();
-        let lookup = cache.clone();
-        let hit = tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;
-        if let Some(hit) = hit {
-            Stats::add(&self.stats().c.batch_file_hits, 1);
-            return Ok(Some(hit));
+        // A file the index lacks needs no lookup on disk (nor a hop to a blocking thread).
+        if cache.contains(item) {
+            let lookup = cache.clone();
+            let hit =
+                tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;
+            if let Some(hit) = hit {
+                Stats::add(&self.stats().c.batch_file_hits, 1);
+                return Ok(Some(hit));
+            }
         }
         let made = self
             .materializing
@@ -130,7 +134,7 @@ impl Materializer {
                 let stats = self.stats().clone();
                 let distance = self.eviction.distance_fn();
                 let layout = self.layout.clone();
-                let path = self
+                let placed = self
                     .builder
                     .pool()
                     .run(move || {
@@ -138,9 +142,9 @@ impl Materializer {
                         let header = b.header(&layout, kind);
                         let parts = layout.parts(kind, header.as_ref(), &b.tensors);
                         match cache.store_batch_file(item, &parts, &*distance, &stats) {
-                            Ok((_, path)) => {
+                            Ok(placed) => {
                                 Stats::add(&stats.c.batch_files_written, 1);
-                                Some(path)
+                                Some(placed)
                             }
                             Err(e) => {
                                 tracing::debug!("{item:?} served from memory: {e}");
@@ -149,11 +153,12 @@ impl Materializer {
                         }
                     })
                     .await?;
-                Ok(Arc::new(Materialized(path)))
+                Ok(Arc::new(Materialized(placed)))
             })
             .await?;
+        // Each caller its own handle of the one file written (no second lookup by path).
         Ok(match &made.0 {
-            Some(path) => std::fs::File::open(path).ok().map(|f| (f, path.clone())),
+            Some((file, path)) => file.try_clone().ok().map(|f| (f, path.clone())),
             None => None,
         })
     }

@@ -68,7 +68,7 @@ def data_size_at_most(cache: Path, limit: int, tries: int = 5) -> int:
 
 
 def data_size(cache: Path) -> int:
-    """Bytes of every file under CACHE/v1/cols-* and CACHE/v1/batches-* (sidecars included)."""
+    """Bytes of every file under CACHE/v1/cols-* and CACHE/v1/batches-* (and any meta sidecars)."""
     total = 0
     for top in glob.glob(str(cache / "v1" / "cols-*")) + glob.glob(str(cache / "v1" / "batches-*")):
         for root, _, files in os.walk(top):
@@ -91,8 +91,28 @@ def backing(m: tfs.Mount, rel: str) -> Path:
     return found[0]
 
 
-def meta_of(path: Path) -> Path:
-    return path.parent / f".{path.name}.meta"
+META_XATTR = "user.tensorfs.meta"
+
+
+def meta_size(path: Path) -> int:
+    """Bytes of a batch file's meta (its length and crc32c): the extended attribute it carries."""
+    return len(os.getxattr(path, META_XATTR))
+
+
+def has_meta(path: Path) -> bool:
+    try:
+        os.getxattr(path, META_XATTR)
+        return True
+    except OSError:
+        return False
+
+
+def drop_meta(path: Path):
+    os.removexattr(path, META_XATTR)
+
+
+def set_meta(path: Path, value: bytes):
+    os.setxattr(path, META_XATTR, value)
 
 
 def flip_byte(path: Path, offset: int):
@@ -332,7 +352,7 @@ def test_eviction_follows_the_plan(mounter, wide_ds):
     assert cols, "no cols file written"
     cols_size = max(p.stat().st_size for p in cols)
     st = backing(probe, "epoch-0/000000.safetensors")
-    batch_size = st.stat().st_size + meta_of(st).stat().st_size
+    batch_size = st.stat().st_size + meta_size(st)
     probe.unmount()
 
     limit_k = math.ceil((rgs * cols_size / 2 + 3 * batch_size) / 1024)
@@ -383,7 +403,6 @@ def test_faults_while_mounted(mounter, wide_ds):
     flip_byte(npy_flipped, tfs.DATA_OFFSET + 5)
     deleted = backing(m, "epoch-0/000002.safetensors")
     deleted.unlink()
-    meta_of(deleted).unlink()
     cols = cache_paths(m.cache, "cols-*/rg-*.cols")
     assert len(cols) == m.dataset()["row_groups"], cols
     for c in cols:  # every cols file: whatever the memory holds, a far epoch meets some of them
@@ -419,9 +438,8 @@ def test_faults_between_mounts(mounter, shuf_ds):
     flip_byte(paths["epoch-0/000000.safetensors"], tfs.DATA_OFFSET + 3)
     os.truncate(paths["epoch-0/000001.safetensors"], 100)
     paths["epoch-0/000002.safetensors"].unlink()
-    meta_of(paths["epoch-0/000002.safetensors"]).unlink()
-    meta_of(paths["epoch-0/000003.safetensors"]).write_bytes(b"\x00garbage\xff" * 3)
-    meta_of(paths["epoch-0/000004/id.npy"]).unlink()  # data file left without its sidecar
+    set_meta(paths["epoch-0/000003.safetensors"], b"\x00garbage\xff" * 3)
+    drop_meta(paths["epoch-0/000004/id.npy"])  # data file left without its meta
     flip_byte(paths["epoch-0/000005/x.npy"], 2)  # the npy header
     cols = cache_paths(a.cache, "cols-*/*.cols")
     assert len(cols) == 13, cols
@@ -490,17 +508,18 @@ def test_crash_leftovers_are_cleaned(mounter, shuf_ds):
     assert len(keys) == 1, keys
     planted = keys[0] / planted_rel
     planted.parent.mkdir(parents=True, exist_ok=True)
-    planted.write_bytes(os.urandom(planted_size))  # right size, wrong bytes, no sidecar
-    meta_of(planted).unlink(missing_ok=True)
+    planted.write_bytes(os.urandom(planted_size))  # right size, wrong bytes, no meta
+    if has_meta(planted):
+        drop_meta(planted)
 
     b = mounter(shuf_ds.path, *base, cache=m.cache)
     deadline = time.monotonic() + 5
     while tmp_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not tmp_file.exists(), "a crash's temp file survived the next mount"
-    assert not (planted.exists() and not meta_of(planted).exists()), "a batch file without its sidecar survived the mount"
+    assert not (planted.exists() and not has_meta(planted)), "a batch file without its meta survived the mount"
     assert_same(digests(b, rels), want, "after a crash")
-    assert not (planted.exists() and not meta_of(planted).exists())
+    assert not (planted.exists() and not has_meta(planted))
 
 
 # --------------------------------------------------------------------------------------------
@@ -655,7 +674,7 @@ def test_cache_is_private(mounter, shuf_ds):
     assert seen > 40, f"only {seen} files under v1"
     assert not bad, f"{len(bad)} cache files are not 0600: {bad[:8]}"
     kinds = {Path(p).suffix for _, _, fs in os.walk(m.cache / "v1") for p in fs}
-    assert {".cols", ".safetensors", ".npy", ".meta"} <= kinds, kinds
+    assert {".cols", ".safetensors", ".npy"} <= kinds, kinds
 
 
 def test_global_shuffle_needs_the_decoded_dataset_in_the_cache(mounter, shuf_ds):

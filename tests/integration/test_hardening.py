@@ -330,7 +330,7 @@ def matrix_files(m: tfs.Mount, n: int, world) -> list[str]:
 
 def corrupt_cache(cache: Path, seed: int) -> int:
     """Flip one byte at a random offset of every file under CACHE/v1/cols-* and batches-*
-    (sidecars included). Returns the number of files damaged."""
+    (and any meta sidecars). Returns the number of files damaged."""
     rng = random.Random(seed)
     count = 0
     for top in cache_paths(cache, "cols-*") + cache_paths(cache, "batches-*"):
