@@ -348,17 +348,22 @@ impl Builder {
 
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
+        let stats = self.stats.clone();
         self.pool
             .run(move || {
+                let cpu_started = crate::pool::thread_cpu_ns();
                 let picks: Vec<(&Columns, usize)> = picks
                     .0
                     .iter()
                     .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
                     .collect();
-                match only {
+                let rows = match only {
                     None => transform::gather(&view, &picks),
                     Some(t) => vec![transform::gather_tensor(&view, t, &picks)],
-                }
+                };
+                let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                Stats::add(&stats.c.gather_cpu_ns, cpu);
+                rows
             })
             .await
             .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))

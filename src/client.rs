@@ -236,6 +236,13 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "decode_cpu_ns") / 1e9
         ),
         format!(
+            "build       {:.0} batches gathered ({:.2} s of CPU), {:.0} batch files written ({:.2} s of CPU)",
+            n(v, "batches_built"),
+            n(v, "gather_cpu_ns") / 1e9,
+            n(v, "batch_files_written"),
+            n(v, "batch_write_cpu_ns") / 1e9
+        ),
+        format!(
             "cache       {:.1} of {:.1} MB; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",
             mb("cache_bytes"),
             mb("cache_capacity"),

@@ -138,10 +138,12 @@ impl Materializer {
                     .builder
                     .pool()
                     .run(move || {
+                        let cpu_started = crate::pool::thread_cpu_ns();
                         let kind = item.kind().expect("a batch file");
                         let header = b.header(&layout, kind);
                         let parts = layout.parts(kind, header.as_ref(), &b.tensors);
-                        match cache.store_batch_file(item, &parts, &*distance, &stats) {
+                        let placed = match cache.store_batch_file(item, &parts, &*distance, &stats)
+                        {
                             Ok(placed) => {
                                 Stats::add(&stats.c.batch_files_written, 1);
                                 Some(placed)
@@ -150,7 +152,10 @@ impl Materializer {
                                 tracing::debug!("{item:?} served from memory: {e}");
                                 None
                             }
-                        }
+                        };
+                        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                        Stats::add(&stats.c.batch_write_cpu_ns, cpu);
+                        placed
                     })
                     .await?;
                 Ok(Arc::new(Materialized(placed)))

@@ -35,7 +35,11 @@ counters!(
     batches_built,
     // A tensor of a batch gathered alone, for a reader of the one-open files.
     tensors_gathered,
+    // CPU time the workers spent gathering batch rows from decoded columns.
+    gather_cpu_ns,
     batch_files_written,
+    // CPU time the workers spent writing batch files to the cache (checksums included).
+    batch_write_cpu_ns,
     // The local cache.
     column_hits,
     column_misses,
