@@ -341,10 +341,15 @@ impl Builder {
                 Ok(Arc::new(Picks(rows.collect())))
             })
             .await?;
-        let needed: BTreeSet<usize> = picks.0.iter().map(|&(rg, _)| rg).collect();
+        let needed: Vec<usize> = picks
+            .0
+            .iter()
+            .map(|&(rg, _)| rg)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let decoded =
             futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g, false))).await?;
-        let by_rg: HashMap<usize, Arc<Columns>> = needed.into_iter().zip(decoded).collect();
 
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
@@ -352,10 +357,15 @@ impl Builder {
         self.pool
             .run(move || {
                 let cpu_started = crate::pool::thread_cpu_ns();
+                // A batch draws from a few row groups: a search of the sorted few per row costs
+                // less than hashing each row's row group.
                 let picks: Vec<(&Columns, usize)> = picks
                     .0
                     .iter()
-                    .map(|&(rg, r)| (by_rg[&rg].as_ref(), r))
+                    .map(|&(rg, r)| {
+                        let k = needed.binary_search(&rg).expect("every pick's row group");
+                        (decoded[k].as_ref(), r)
+                    })
                     .collect();
                 let rows = match only {
                     None => transform::gather(&view, &picks),
