@@ -437,6 +437,15 @@ impl DiskCache {
         self.write(item, &parts, None, distance, stats).map(drop)
     }
 
+    /// Whether `file`, opened (and checked) as `item` earlier, is still the item's file as it
+    /// was checked: the item is in the index and the file unchanged since.
+    pub fn unchanged(&self, item: Item, file: &File) -> bool {
+        let Some(known) = self.entries.lock().unwrap().get(&item).map(|e| e.checked) else {
+            return false;
+        };
+        known.is_some() && file.metadata().ok().map(|md| Stamp::of(&md)) == known
+    }
+
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
     pub fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
         let known = self.entries.lock().unwrap().get(&item).map(|e| e.checked)?;
@@ -978,6 +987,27 @@ mod tests {
         std::fs::write(c.path(item), b"headdatX").unwrap();
         assert!(c.open_batch_file(item, &stats).is_none());
         assert!(c.open_batch_file(item, &stats).is_none());
+    }
+
+    #[test]
+    fn a_file_kept_open_is_trusted_only_while_unchanged_and_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 20);
+        let item = Item::Safetensors { epoch: 0, batch: 3 };
+        let (file, path) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
+        assert!(c.unchanged(item, &file));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"X")
+            .unwrap();
+        assert!(!c.unchanged(item, &file), "a change in place went unseen");
+        let (file, _) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
+        assert!(c.unchanged(item, &file));
+        c.remove(item, &stats);
+        assert!(!c.unchanged(item, &file), "an evicted file was trusted");
     }
 
     fn drop_meta_attr(path: &Path) {

@@ -525,9 +525,9 @@ impl Fs {
 
     /// A batch file's backing file if it is materialised already (checked), without waiting;
     /// the caller notes the reader for the prefetcher ([`Fs::note_reader`]) once it answered.
-    pub fn materialized(&self, ino: u64) -> Option<File> {
+    pub fn materialized(&self, ino: u64) -> Option<Arc<File>> {
         let item = self.item(self.node(ino).ok()?).ok()?;
-        self.materializer.cached(item)
+        self.materializer.ready(item)
     }
 
     /// Counts an answered open of batch file `ino`, which waited `waited`, by passthrough or not.

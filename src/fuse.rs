@@ -202,8 +202,7 @@ impl Filesystem for FuseAdapter {
         // Already materialised (the usual case, with the prefetcher ahead): answered here, on
         // the FUSE thread, not behind the building work queued on the worker pool.
         if let Some(file) = self.fs.materialized(ino.0) {
-            self.opener()
-                .finish(ino.0, fh, Some(Arc::new(file)), started, reply);
+            self.opener().finish(ino.0, fh, Some(file), started, reply);
             self.fs.note_reader(ino.0);
             return;
         }
