@@ -268,8 +268,16 @@ def run(a) -> int:
                 mounts.append(m)
                 n = m.dataset()["batches_per_epoch"]
                 for e, what in ((0, "epoch 0 (cold)"), (1, "epoch 1 (cached columns)")):
+                    before = m.stats()
                     res.add(f"tfs_{mode}_e{e}", f"tensorfs shuffle={mode}, {what}",
                             *read_safetensors_files(m.mnt / f"epoch-{e}", n))
+                    # Where the building time went: the workers' CPU per batch, by part.
+                    after = m.stats()
+                    per = {k: (after[k] - before[k]) / 1e3 / n
+                           for k in ("decode_cpu_ns", "gather_cpu_ns", "batch_write_cpu_ns")}
+                    meta.setdefault("build_cpu_us_per_batch", {})[f"{mode}_e{e}"] = per
+                    log(f"shuffle={mode} epoch {e}, workers' CPU per batch: {per['decode_cpu_ns']:.0f} us decoding, "
+                        f"{per['gather_cpu_ns']:.0f} us gathering, {per['batch_write_cpu_ns']:.0f} us writing its file")
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
                 m.unmount()
                 mounts.remove(m)
