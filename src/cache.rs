@@ -589,6 +589,10 @@ impl DiskCache {
             Ok(file) => {
                 // After the rename, which changes the file's ctime.
                 let checked = file.metadata().ok().map(|md| Stamp::of(&md));
+                // Counted before the index shows it: a reader may open it from then on.
+                if meta.is_some() {
+                    Stats::add(&stats.c.batch_files_written, 1);
+                }
                 let old = self.entries.lock().unwrap().insert(
                     item,
                     Entry {

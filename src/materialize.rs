@@ -174,10 +174,7 @@ impl Materializer {
                         let parts = layout.parts(kind, header.as_ref(), &b.tensors);
                         let placed = match cache.store_batch_file(item, &parts, &*distance, &stats)
                         {
-                            Ok(placed) => {
-                                Stats::add(&stats.c.batch_files_written, 1);
-                                Some(placed)
-                            }
+                            Ok(placed) => Some(placed),
                             Err(e) => {
                                 tracing::debug!("{item:?} served from memory: {e}");
                                 None
