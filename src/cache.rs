@@ -679,15 +679,16 @@ impl DiskCache {
 /// Items from which an eviction frees more than the write in hand needs.
 const EVICTION_BATCH_FROM: usize = 1024;
 
-/// Renames `from` to `to`, making `to`'s directory (private) where it is missing. The
-/// directory is made only then, not checked before every write.
+/// Renames `from` to `to`, making `to`'s directory (private) where the rename finds it
+/// missing: made only then, not checked before every write. (Made whether or not it exists by
+/// then: another writer may be making it at the same moment.)
 fn rename_into(from: &Path, to: &Path) -> Result<()> {
-    match std::fs::rename(from, to) {
-        Err(e) if e.kind() == ErrorKind::NotFound && to.parent().is_some_and(|d| !d.exists()) => {
-            private_dir(to.parent().expect("checked"))?;
+    match (std::fs::rename(from, to), to.parent()) {
+        (Err(e), Some(dir)) if e.kind() == ErrorKind::NotFound => {
+            private_dir(dir)?;
             Ok(std::fs::rename(from, to)?)
         }
-        r => Ok(r?),
+        (r, _) => Ok(r?),
     }
 }
 
@@ -1012,6 +1013,28 @@ mod tests {
         assert!(c.unchanged(item, &file));
         c.remove(item, &stats);
         assert!(!c.unchanged(item, &file), "an evicted file was trusted");
+    }
+
+    #[test]
+    fn writers_racing_into_a_new_directory_all_store() {
+        for round in 0..50 {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cache(dir.path(), 1 << 20);
+            let barrier = std::sync::Barrier::new(32);
+            std::thread::scope(|s| {
+                for batch in 0..32 {
+                    let (c, barrier) = (&c, &barrier);
+                    s.spawn(move || {
+                        let stats = Stats::default();
+                        // Every writer's rename is the first into the epoch's directory.
+                        let item = Item::Safetensors { epoch: 9, batch };
+                        barrier.wait();
+                        let stored = c.store_batch_file(item, &[b"abc"], &near, &stats);
+                        assert!(stored.is_ok(), "round {round}, batch {batch}: {stored:?}");
+                    });
+                }
+            });
+        }
     }
 
     fn drop_meta_attr(path: &Path) {
