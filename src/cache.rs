@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use xattr::FileExt;
 
 /// Why the cache did not store an item. Never a failure of the read that wanted it: the caller
 /// serves the item from memory instead, and the cache takes items again once it can.
@@ -693,11 +694,7 @@ fn rename_into(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// The extended attribute that holds a batch file's meta.
-const META_ATTR: &std::ffi::CStr = c"user.tensorfs.meta";
-
-/// The longest meta read back (a valid one is 60 bytes; a longer value is refused by its
-/// check).
-const META_MAX: usize = 256;
+const META_ATTR: &str = "user.tensorfs.meta";
 
 /// Whether an errno says the filesystem keeps no such attributes (the meta is then a sidecar).
 fn no_attrs(e: &std::io::Error) -> bool {
@@ -707,46 +704,20 @@ fn no_attrs(e: &std::io::Error) -> bool {
 /// Sets `meta` as `file`'s meta attribute: `false` where the filesystem has no user
 /// attributes.
 fn set_meta_attr(file: &File, meta: &[u8]) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid fd, a NUL-terminated name, and a buffer of the length given.
-    let r = unsafe {
-        libc::fsetxattr(
-            file.as_raw_fd(),
-            META_ATTR.as_ptr(),
-            meta.as_ptr().cast(),
-            meta.len(),
-            0,
-        )
-    };
-    match r {
-        0 => Ok(true),
-        _ => match std::io::Error::last_os_error() {
-            e if no_attrs(&e) => Ok(false),
-            e => Err(e),
-        },
+    match file.set_xattr(META_ATTR, meta) {
+        Ok(()) => Ok(true),
+        Err(e) if no_attrs(&e) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
 /// `file`'s meta: its attribute, else its sidecar beside `path`.
 fn read_meta(file: &File, path: &Path) -> Result<Vec<u8>> {
-    use std::os::fd::AsRawFd;
-    let mut buf = vec![0u8; META_MAX];
-    // SAFETY: a valid fd, a NUL-terminated name, and a buffer of the length given.
-    let n = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            META_ATTR.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n >= 0 {
-        buf.truncate(n as usize);
-        return Ok(buf);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::ENODATA) && !no_attrs(&e) {
-        bail!("meta cannot be read: {e}");
+    match file.get_xattr(META_ATTR) {
+        Ok(Some(meta)) => return Ok(meta),
+        Ok(None) => {}
+        Err(e) if no_attrs(&e) => {}
+        Err(e) => bail!("meta cannot be read: {e}"),
     }
     let mut meta = Vec::new();
     File::open(meta_path(path))
@@ -758,12 +729,8 @@ fn read_meta(file: &File, path: &Path) -> Result<Vec<u8>> {
 /// The length of the meta of the batch file at `path` (attribute or sidecar); `None` where it
 /// has none.
 fn meta_len(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: NUL-terminated strings; a null buffer of size 0 asks for the length only.
-    let n = unsafe { libc::getxattr(c.as_ptr(), META_ATTR.as_ptr(), std::ptr::null_mut(), 0) };
-    match n {
-        n if n > 0 => Some(n as u64),
+    match xattr::get(path, META_ATTR) {
+        Ok(Some(meta)) if !meta.is_empty() => Some(meta.len() as u64),
         _ => std::fs::metadata(meta_path(path)).ok().map(|m| m.len()),
     }
 }
@@ -1038,12 +1005,7 @@ mod tests {
     }
 
     fn drop_meta_attr(path: &Path) {
-        let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: NUL-terminated strings.
-        assert_eq!(
-            unsafe { libc::removexattr(name.as_ptr(), META_ATTR.as_ptr()) },
-            0
-        );
+        xattr::remove(path, META_ATTR).unwrap();
     }
 
     #[test]
