@@ -20,7 +20,8 @@ to NumPy arrays, in these ways:
   tensorfs warm             the same after a first full read (remounted on the same cache_dir)
   tensorfs shuffled         shuffle=window and shuffle=global, epochs 0 (cold) and 1 (reshuffled,
                             gathered from the columns cached during epoch 0), each checked to be a
-                            permutation of the rows
+                            permutation of the rows; then epoch 2 read as its all.safetensors
+                            with 1 MiB reads (one open; gathered into memory, no batch files)
   a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
                             a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
                             make_reader and through tensorfs cold and warm (petastorm_dataset.py)
@@ -264,7 +265,7 @@ def run(a) -> int:
                 shutil.rmtree(cache, ignore_errors=True)
                 caches.drop()
                 m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
-                          [*base, f"shuffle={mode}", "epochs=2", f"cache_dir={cache}"])
+                          [*base, f"shuffle={mode}", "epochs=3", f"cache_dir={cache}"])
                 mounts.append(m)
                 n = m.dataset()["batches_per_epoch"]
                 for e, what in ((0, "epoch 0 (cold)"), (1, "epoch 1 (cached columns)")):
@@ -279,6 +280,10 @@ def run(a) -> int:
                     log(f"shuffle={mode} epoch {e}, workers' CPU per batch: {per['decode_cpu_ns']:.0f} us decoding, "
                         f"{per['gather_cpu_ns']:.0f} us gathering, {per['batch_write_cpu_ns']:.0f} us writing its file")
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
+                # A third order, read through its one-open file: gathered into memory tensor by
+                # tensor and served by the daemon, no batch file written.
+                res.add(f"tfs_{mode}_e2_all", f"tensorfs shuffle={mode}, epoch 2, all.safetensors",
+                        *read_file_sequentially(m.mnt / "epoch-2" / "all.safetensors", a.rows))
                 m.unmount()
                 mounts.remove(m)
                 shutil.rmtree(cache, ignore_errors=True)

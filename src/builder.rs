@@ -50,12 +50,40 @@ impl Weighted for Batch {
     }
 }
 
-/// Where each row of a batch is: (row group, row in it), in batch order.
-pub struct Picks(Vec<(usize, usize)>);
+/// Where each row of a batch is, worked out once for all its tensors.
+pub struct Picks {
+    /// The row groups the batch draws from, ascending.
+    row_groups: Vec<usize>,
+    /// Each row, in batch order: (index into `row_groups`, row in that row group).
+    rows: Vec<(usize, usize)>,
+}
+
+impl Picks {
+    /// From each row's (row group, row in it), in batch order.
+    fn new(located: impl Iterator<Item = (usize, u64)>) -> Picks {
+        let located: Vec<(usize, u64)> = located.collect();
+        let mut row_groups: Vec<usize> = located.iter().map(|&(rg, _)| rg).collect();
+        row_groups.sort_unstable();
+        row_groups.dedup();
+        // A batch draws from a few row groups: a search of the sorted few per row costs less
+        // than hashing each row's row group.
+        let rows = located
+            .into_iter()
+            .map(|(rg, row)| {
+                let k = row_groups
+                    .binary_search(&rg)
+                    .expect("a row group of the batch");
+                (k, row as usize)
+            })
+            .collect();
+        Picks { row_groups, rows }
+    }
+}
 
 impl Weighted for Picks {
     fn weight(&self) -> usize {
-        self.0.len() * std::mem::size_of::<(usize, usize)>()
+        self.rows.len() * std::mem::size_of::<(usize, usize)>()
+            + self.row_groups.len() * std::mem::size_of::<usize>()
     }
 }
 
@@ -334,22 +362,14 @@ impl Builder {
             .get_or_build((epoch, i), async {
                 let order = self.orders.epoch(epoch);
                 let plan = self.plan();
-                let rows = plan.batch_rows(&order, i).into_iter().map(|r| {
-                    let (rg, row) = plan.locate(r);
-                    (rg, row as usize)
-                });
-                Ok(Arc::new(Picks(rows.collect())))
+                let rows = plan.batch_rows(&order, i).into_iter();
+                Ok(Arc::new(Picks::new(rows.map(|r| plan.locate(r)))))
             })
             .await?;
-        let needed: Vec<usize> = picks
-            .0
-            .iter()
-            .map(|&(rg, _)| rg)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let decoded =
-            futures::future::try_join_all(needed.iter().map(|&g| self.row_group(g, false))).await?;
+        let decoded = futures::future::try_join_all(
+            picks.row_groups.iter().map(|&g| self.row_group(g, false)),
+        )
+        .await?;
 
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
@@ -357,15 +377,10 @@ impl Builder {
         self.pool
             .run(move || {
                 let cpu_started = crate::pool::thread_cpu_ns();
-                // A batch draws from a few row groups: a search of the sorted few per row costs
-                // less than hashing each row's row group.
                 let picks: Vec<(&Columns, usize)> = picks
-                    .0
+                    .rows
                     .iter()
-                    .map(|&(rg, r)| {
-                        let k = needed.binary_search(&rg).expect("every pick's row group");
-                        (decoded[k].as_ref(), r)
-                    })
+                    .map(|&(k, r)| (decoded[k].as_ref(), r))
                     .collect();
                 let rows = match only {
                     None => transform::gather(&view, &picks),

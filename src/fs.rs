@@ -763,7 +763,10 @@ impl Fs {
         let header = self.layout.header(kind, rows);
         let bs = self.plan().options().batch_size;
         let end = offset + size as u64;
-        let mut out = layout::slice(&[&header], offset, size);
+        // Sized for the whole read up front: grown piece by piece, a 1 MiB read was copied
+        // over and again as the buffer doubled.
+        let mut out = Vec::with_capacity(size as usize);
+        out.extend_from_slice(&layout::slice(&[&header], offset, size));
         let mut base = header.len() as u64;
         for t in self.layout.tensors_of(kind) {
             let per_batch = bs * self.layout.row_bytes(t);
