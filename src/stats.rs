@@ -55,6 +55,9 @@ counters!(
     prefetch_scheduled,
     prefetch_deferred,
     // Serving.
+    // Names the kernel looked up one at a time (a listing carries its entries' attributes, so
+    // a reader that lists a directory first looks none of them up).
+    lookups,
     opens,
     batches_served,
     bytes_served,

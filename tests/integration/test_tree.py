@@ -42,6 +42,36 @@ def test_root_and_epoch_listing(mounter, shuf_ds):
             assert entry.is_dir() == (not entry.name.endswith(".safetensors")), entry.name
 
 
+def test_a_listing_carries_attributes(mounter, shuf_ds):
+    """A directory listed (readdirplus: the kernel's first buffer carries attributes) then
+    stat'ed entry by entry costs no lookup per entry, and the attributes the listing gave are
+    those stat gives: exact sizes before anything is built. gds/ entries list as symlinks,
+    batch files as files."""
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
+    os.stat(m.p("epoch-1"))
+    os.stat(m.p("gds", "epoch-1"))
+    before = tfs.stats(m)["lookups"]
+    with os.scandir(m.p("epoch-1")) as it:
+        listed = {e.name: (e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it}
+    assert sorted(listed) == batch_entries(N)
+    sizes = {name: os.stat(m.p("epoch-1", name)).st_size for name in listed}
+    assert tfs.stats(m)["lookups"] == before, "stat after a listing looked names up"
+    assert tfs.stats(m)["batches_built"] == 0
+    for name, (is_dir, is_link) in listed.items():
+        assert not is_link, name
+        assert is_dir == (not name.endswith(".safetensors")), name
+    # The sizes stat gave are the files' real lengths.
+    for i in (0, N - 1):
+        name = batch_name(i) + ".safetensors"
+        assert len(tfs.read_exact(m.p("epoch-1", name))) == sizes[name]
+    assert len(tfs.read_exact(m.p("epoch-1", "all.safetensors"))) == sizes["all.safetensors"]
+    with os.scandir(m.p("gds", "epoch-1")) as it:
+        kinds = {e.name: (e.is_symlink(), e.is_dir(follow_symlinks=False)) for e in it}
+    for name, (is_link, is_dir) in kinds.items():
+        assert is_link == name.endswith(".safetensors"), (name, is_link)
+        assert is_dir == (not name.endswith(".safetensors")), (name, is_dir)
+
+
 def test_epoch_beyond_epochs_resolves(mounter, shuf_ds):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
     assert "epoch-7" not in os.listdir(m.path)
