@@ -447,6 +447,27 @@ impl DiskCache {
         known.is_some() && file.metadata().ok().map(|md| Stamp::of(&md)) == known
     }
 
+    /// Whether `item` is in the index and was checked since it was indexed.
+    pub fn checked_already(&self, item: Item) -> bool {
+        let entries = self.entries.lock().unwrap();
+        entries.get(&item).is_some_and(|e| e.checked.is_some())
+    }
+
+    /// A batch file from the cache if it was checked already and is unchanged since: an open
+    /// and an `fstat`, never a read. `None` where it is not in the index or still to be
+    /// checked ([`DiskCache::open_batch_file`] does that).
+    pub fn open_if_checked(&self, item: Item) -> Option<File> {
+        let known = self
+            .entries
+            .lock()
+            .unwrap()
+            .get(&item)
+            .and_then(|e| e.checked)?;
+        let file = File::open(self.path(item)).ok()?;
+        let stamp = Stamp::of(&file.metadata().ok()?);
+        (stamp == known).then_some(file)
+    }
+
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
     pub fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
         let known = self.entries.lock().unwrap().get(&item).map(|e| e.checked)?;
@@ -980,6 +1001,43 @@ mod tests {
         assert!(c.unchanged(item, &file));
         c.remove(item, &stats);
         assert!(!c.unchanged(item, &file), "an evicted file was trusted");
+    }
+
+    /// The open that the FUSE thread answers itself takes a file only once it was checked in
+    /// this mount (written by it, or read whole against its crc32c), and only while unchanged.
+    #[test]
+    fn only_a_checked_file_opens_without_a_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let item = Item::Safetensors { epoch: 0, batch: 3 };
+        let c = cache(dir.path(), 1 << 20);
+        let (_, path) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
+        assert!(c.checked_already(item));
+        assert!(c.open_if_checked(item).is_some());
+        // A new mount indexes what is on disk without reading it.
+        let c = cache(dir.path(), 1 << 20);
+        assert!(c.contains(item));
+        assert!(!c.checked_already(item));
+        assert!(c.open_if_checked(item).is_none());
+        assert!(c.open_batch_file(item, &stats).is_some());
+        assert!(c.checked_already(item));
+        assert!(c.open_if_checked(item).is_some());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"X")
+            .unwrap();
+        assert!(
+            c.open_if_checked(item).is_none(),
+            "a change in place went unseen"
+        );
+        assert!(
+            c.open_batch_file(item, &stats).is_none(),
+            "a corrupt file passed"
+        );
+        assert!(!c.contains(item));
+        assert!(c.open_if_checked(item).is_none());
     }
 
     #[test]

@@ -26,8 +26,8 @@ impl Weighted for Materialized {
     }
 }
 
-/// Files the prefetcher materialised, kept open for the opens that will want them: a few times
-/// `prefetch` deep, so that every reader's next files fit.
+/// Files the prefetcher materialised or checked, kept open for the opens that will want them: a
+/// few times `prefetch` deep, so that every reader's next files fit.
 const READY_FILES: usize = 64;
 
 pub struct Materializer {
@@ -37,8 +37,8 @@ pub struct Materializer {
     eviction: Arc<Eviction>,
     readers: Arc<Readers>,
     materializing: Memo<Item, Materialized>,
-    /// Files materialised ahead, open, until their open takes them (or newer ones push them
-    /// out). An open of a file found here skips the lookup by path (measured: the daemon's
+    /// Files materialised or checked ahead, open, until their open takes them (or newer ones
+    /// push them out). An open of a file found here skips the lookup by path (measured: the daemon's
     /// part of such an open went from 12.5 to 7.4 us).
     ready: Mutex<LruCache<Item, Arc<File>>>,
 }
@@ -105,19 +105,20 @@ impl Materializer {
     }
 
     /// The fast path of an open, answered on the FUSE thread: the batch file `item` kept ready
-    /// by the prefetcher (unchanged since it was written, and not evicted since), else looked
-    /// up in the cache as [`Materializer::cached`] does; `None` if it is not materialised.
+    /// by the prefetcher (unchanged since it was written, and not evicted since), else found in
+    /// the cache already checked. `None` if it is not materialised, or is but must be checked
+    /// first: that reads the whole file, which the caller does off the FUSE thread
+    /// ([`Materializer::materialize`]), so that no open waits behind another's disk reads.
     pub fn ready(&self, item: Item) -> Option<Arc<File>> {
         let kept = self.ready.lock().unwrap().pop(&item);
-        match kept {
-            Some(file) if self.cache.unchanged(item, &file) => {
-                Stats::add(&self.stats().c.batch_file_hits, 1);
-                let (epoch, batch) = item.batch()?;
-                self.readers.at(epoch, batch);
-                Some(file)
-            }
-            _ => self.cached(item).map(Arc::new),
-        }
+        let file = match kept {
+            Some(file) if self.cache.unchanged(item, &file) => file,
+            _ => Arc::new(self.cache.open_if_checked(item)?),
+        };
+        Stats::add(&self.stats().c.batch_file_hits, 1);
+        let (epoch, batch) = item.batch()?;
+        self.readers.at(epoch, batch);
+        Some(file)
     }
 
     /// The batch file `item` in the local cache, checked, materialising it first if needed.
@@ -125,36 +126,51 @@ impl Materializer {
     pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let (epoch, batch) = item.batch().expect("a batch item");
         self.readers.at(epoch, batch);
+        if let Some(hit) = self.checked(item).await? {
+            Stats::add(&self.stats().c.batch_file_hits, 1);
+            return Ok(Some(hit));
+        }
         let _waits = self.builder.reader_waits();
-        self.materialize_ahead(item).await
+        self.build(item).await
     }
 
-    /// Materialises a batch file a reader will want next, and keeps it ready for that open;
-    /// readers' position stays as it is.
+    /// Makes the batch file `item`, which a reader will want next, ready for that open: checked
+    /// if it is in the cache (a warm remount's files are read whole once to check them, here
+    /// rather than in the reader's open), else materialised. Readers' position stays as it is.
     pub async fn prefetch(&self, item: Item) -> Result<()> {
-        if !self.cache.contains(item)
-            && let Some((file, _)) = self.materialize_ahead(item).await?
-        {
+        let file = match self.checked(item).await? {
+            Some(hit) => Some(hit),
+            None => self.build(item).await?,
+        };
+        if let Some((file, _)) = file {
             self.ready.lock().unwrap().put(item, Arc::new(file));
         }
         Ok(())
     }
 
+    /// Whether the batch file `item` is in the cache and checked since it was indexed: its
+    /// open needs nothing from the prefetcher.
+    pub fn checked_already(&self, item: Item) -> bool {
+        self.cache.checked_already(item)
+    }
+
+    /// The batch file `item` from the cache, checked (on a blocking thread: a file not checked
+    /// yet is read whole); `None` where the index lacks it (no lookup on disk then) or it fails
+    /// its check.
+    async fn checked(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+        if !self.cache.contains(item) {
+            return Ok(None);
+        }
+        let (cache, stats) = (self.cache.clone(), self.stats().clone());
+        Ok(tokio::task::spawn_blocking(move || cache.open_batch_file(item, &stats)).await?)
+    }
+
+    /// Builds the batch file `item` and writes it to the cache, once however many callers want
+    /// it; each caller gets its own handle. `None`: the cache could not take it.
     #[tracing::instrument(name = "materialize", level = "debug", skip(self))]
-    async fn materialize_ahead(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+    async fn build(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let cache = self.cache.clone();
         let (epoch, batch) = item.batch().expect("a batch item");
-        let stats = self.stats().clone();
-        // A file the index lacks needs no lookup on disk (nor a hop to a blocking thread).
-        if cache.contains(item) {
-            let lookup = cache.clone();
-            let hit =
-                tokio::task::spawn_blocking(move || lookup.open_batch_file(item, &stats)).await?;
-            if let Some(hit) = hit {
-                Stats::add(&self.stats().c.batch_file_hits, 1);
-                return Ok(Some(hit));
-            }
-        }
         let made = self
             .materializing
             .get_or_build(item, async {

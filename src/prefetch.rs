@@ -134,7 +134,8 @@ impl Prefetcher {
             }
             for &kind in kinds {
                 let item = self.materializer.item(kind, epoch, batch);
-                if self.materializer.contains(item) || !self.scheduled.lock().unwrap().insert(item)
+                if self.materializer.checked_already(item)
+                    || !self.scheduled.lock().unwrap().insert(item)
                 {
                     continue;
                 }
