@@ -562,9 +562,21 @@ fn fuse_config(source: &str, opts: &Options) -> Config {
         (false, true) => SessionACL::RootAndOwner,
         (false, false) => SessionACL::Owner,
     };
-    config.n_threads = Some(4);
+    config.n_threads = Some(fuse_threads());
     config.clone_fd = true;
     config
+}
+
+/// Threads reading FUSE requests: one per four cores, one to four. They only answer what is
+/// known at once (lookups, attributes, listings, opens of checked files) and hand everything
+/// else to the async workers, so a few keep up with many readers. More than a host needs
+/// cost wake-ups: the kernel wakes its waiting threads in turn, each cold. Measured on two
+/// cores, a reader opening a batch file every 1.7 ms: one thread against four, its opens took
+/// 68–72 against 87–102 ms per 976, and it waited on reads for 5.9–6.2% of the epoch against
+/// 7.0–8.1%; warm reads by 1, 4 and 8 readers at once were as fast.
+fn fuse_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 4).clamp(1, 4)
 }
 
 /// The device name a mount shows (`findmnt`'s SOURCE): the source, absolute for a local path.
