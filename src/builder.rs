@@ -7,7 +7,7 @@ use crate::cache::DiskCache;
 use crate::eviction::Eviction;
 use crate::layout::{FileKind, Layout};
 use crate::plan::{Orders, Plan, Shuffle};
-use crate::pool::{Pool, ReaderWaits};
+use crate::pool::{Background, Pool, ReaderWaits};
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::transform::{self, Columns};
@@ -20,6 +20,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{OnceCell, Semaphore};
+use tracing::Instrument;
 
 /// A built batch: every tensor's rows, and the safetensors header that goes in front of them.
 #[derive(Debug)]
@@ -218,6 +219,8 @@ pub struct Builder {
     decodes_ahead: Semaphore,
     /// The low-priority threads that decode, transform, gather and write.
     pool: Pool,
+    /// Where row groups decoded ahead are fetched.
+    background: Background,
     /// Global row-group index → (file, row group in file).
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
@@ -270,6 +273,8 @@ impl Builder {
             fetches: Semaphore::new(limits.threads),
             decodes_ahead: Semaphore::new(limits.threads.saturating_sub(1).max(1)),
             pool: Pool::new(limits.threads).context("the transform workers cannot start")?,
+            background: Background::new(limits.threads)
+                .context("the threads for fetches ahead cannot start")?,
             row_groups,
             decoded: Memo::new(half),
             // Built batches are held only until their files are written and opened (a few
@@ -500,7 +505,18 @@ impl Builder {
         let keep = !self.plan().epochs_repeat();
         let _fetching = self.fetches.acquire().await?;
         let started = std::time::Instant::now();
-        let fetched = source.fetch_row_group(file, rg, &view.roots).await?;
+        let fetched = match ahead {
+            true => {
+                let (source, roots) = (source.clone(), view.roots.clone());
+                self.background
+                    .run(
+                        async move { source.fetch_row_group(file, rg, &roots).await }
+                            .in_current_span(),
+                    )
+                    .await??
+            }
+            false => source.fetch_row_group(file, rg, &view.roots).await?,
+        };
         let _ahead = match ahead {
             true => Some(self.decodes_ahead.acquire().await?),
             false => None,

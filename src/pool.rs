@@ -164,6 +164,51 @@ impl Drop for ReaderWaits<'_> {
     }
 }
 
+/// A runtime for I/O done ahead of any reader (the fetches of row groups decoded ahead), on
+/// threads at nice [`NICE`]. Reading a local source, such a fetch is one large read on a
+/// blocking thread; at normal priority it held the CPU that a reader woken meanwhile wanted.
+/// Measured on two cores, a reader opening a batch file every 1.7 ms, eight runs each: opens
+/// over 1 ms, 4.5 an epoch at normal priority against 2.75 here; the share of the epoch it
+/// waited, 6.27% against 6.07% (means).
+pub struct Background(Option<tokio::runtime::Runtime>);
+
+impl Background {
+    pub fn new(threads: usize) -> Result<Background> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(threads + 2)
+            .thread_name("tensorfs-ahead")
+            .on_thread_start(|| {
+                lower_own_priority();
+            })
+            .enable_all()
+            .build()?;
+        Ok(Background(Some(runtime)))
+    }
+
+    /// Runs `f` on the background runtime; a panic in it is an error for the caller.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T> {
+        let runtime = self.0.as_ref().expect("a runtime until dropped");
+        runtime
+            .spawn(f)
+            .await
+            .map_err(|e| anyhow!("work ahead of the readers failed: {e}"))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // The builder may be dropped on an async worker, where blocking on the runtime's
+        // threads is not allowed.
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// CPU time the calling thread has used, in nanoseconds: a worker's work apart from its waits.
 pub fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec {
