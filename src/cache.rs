@@ -457,15 +457,11 @@ impl DiskCache {
     /// and an `fstat`, never a read. `None` where it is not in the index or still to be
     /// checked ([`DiskCache::open_batch_file`] does that).
     pub fn open_if_checked(&self, item: Item) -> Option<File> {
-        let known = self
-            .entries
-            .lock()
-            .unwrap()
-            .get(&item)
-            .and_then(|e| e.checked)?;
+        if !self.checked_already(item) {
+            return None;
+        }
         let file = File::open(self.path(item)).ok()?;
-        let stamp = Stamp::of(&file.metadata().ok()?);
-        (stamp == known).then_some(file)
+        self.unchanged(item, &file).then_some(file)
     }
 
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
@@ -982,6 +978,12 @@ mod tests {
         assert!(c.open_batch_file(item, &stats).is_none());
     }
 
+    /// A change in place, as a stray writer would make it.
+    fn append_a_byte(path: &Path) {
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        f.write_all(b"X").unwrap();
+    }
+
     #[test]
     fn a_file_kept_open_is_trusted_only_while_unchanged_and_indexed() {
         let dir = tempfile::tempdir().unwrap();
@@ -990,12 +992,7 @@ mod tests {
         let item = Item::Safetensors { epoch: 0, batch: 3 };
         let (file, path) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         assert!(c.unchanged(item, &file));
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"X")
-            .unwrap();
+        append_a_byte(&path);
         assert!(!c.unchanged(item, &file), "a change in place went unseen");
         let (file, _) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         assert!(c.unchanged(item, &file));
@@ -1022,12 +1019,7 @@ mod tests {
         assert!(c.open_batch_file(item, &stats).is_some());
         assert!(c.checked_already(item));
         assert!(c.open_if_checked(item).is_some());
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"X")
-            .unwrap();
+        append_a_byte(&path);
         assert!(
             c.open_if_checked(item).is_none(),
             "a change in place went unseen"
