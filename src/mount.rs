@@ -431,9 +431,11 @@ fn redirect_stdio(log_file: &Path) {
         .map(create_cache_dir)
         .and_then(|r| r.ok())
         .and_then(|_| open(log_file, true).ok());
-    if let Some(log) = log {
+    // Without a log (the cache directory cannot be made), stderr goes nowhere rather than to
+    // the terminal: the failure reaches it once, through the parent.
+    if let Some(sink) = log.or_else(|| open(Path::new("/dev/null"), true).ok()) {
         // SAFETY: as above.
-        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+        unsafe { libc::dup2(sink.as_raw_fd(), 2) };
     }
 }
 

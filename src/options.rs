@@ -475,7 +475,8 @@ impl Options {
                 if value.is_empty() {
                     return Err(bad(key, value, "expected a directory"));
                 }
-                self.cache_dir = PathBuf::from(value);
+                // Absolute, as the paths it gives out (gds/ links, user.tensorfs.path) must be.
+                self.cache_dir = std::path::absolute(value).unwrap_or_else(|_| value.into());
             }
             "cache_size" => {
                 self.cache_size = Some(

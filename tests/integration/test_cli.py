@@ -1,6 +1,7 @@
 """The command line: the mount(8) helper form, --foreground, sources (one file, file:// URL,
 lexicographic order, non-Parquet files ignored), daemon life cycle."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -160,3 +161,42 @@ def test_lexicographic_file_order_and_other_files_ignored(mounter, tmp_path):
     assert [os.path.basename(f["path"]) for f in dj["files"]] == ["part-10.parquet", "part-2.parquet", "part-9.parquet"]
     got = tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))["id"]
     tfs.assert_array(got, np.arange(300, dtype=np.int64), "id")
+
+
+@pytest.mark.parametrize("form", ["mount", "helper", "foreground"])
+def test_a_cache_dir_that_cannot_be_made_is_one_line(tmp_path, shuf_ds, form):
+    """A cache_dir under a regular file cannot be created: one error line, whether the mount
+    daemonises or not, and nothing mounted."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = {"mount": ["mount"], "helper": [], "foreground": ["mount", "--foreground"]}[form]
+    proc = tfs.run([*args, shuf_ds.path, mnt, "-o", f"cache_dir={blocker / 'cache'}"], timeout=60)
+    line = tfs.error_line(proc)
+    assert "cache_dir" in line and str(blocker / "cache") in line, line
+    assert not tfs.is_mounted(mnt)
+
+
+def test_a_relative_cache_dir_gives_absolute_paths(tmp_path, shuf_ds):
+    """cache_dir=rel/c from a working directory: the gds/ link and user.tensorfs.path name the
+    backing file by its absolute path, so they resolve from anywhere."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (tmp_path / "rel").mkdir()
+    proc = subprocess.run(
+        [str(tfs.BIN), "mount", str(shuf_ds.path), str(mnt), "-o", "batch_size=256,cache_dir=rel/c"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    try:
+        tfs.read_exact(mnt / "epoch-0" / "000000.safetensors")
+        target = os.readlink(mnt / "gds" / "epoch-0" / "000000.safetensors")
+        assert target.startswith(str(tmp_path / "rel" / "c") + "/"), target
+        assert os.path.isfile(target)
+        attr = os.getxattr(mnt / "epoch-0" / "000000.safetensors", "user.tensorfs.path").decode()
+        assert attr == target
+        dj = json.loads(tfs.read_exact(mnt / "dataset.json"))
+        assert dj["options"]["cache_dir"] == str(tmp_path / "rel" / "c")
+    finally:
+        tfs.unmount(mnt)
