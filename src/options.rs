@@ -282,14 +282,20 @@ pub fn human_size(bytes: u64) -> String {
 const SEPARATORS: &[char] = &['\\', ',', ':', '+', '='];
 
 /// A column or tensor name as an option value writes it: every separator (and `\\` itself)
-/// escaped with a backslash, so that any printed hint can be pasted back as it is.
+/// escaped with a backslash, so that any printed hint can be pasted back as it is. A line
+/// break is written `\n` (`\r`), as the hint must stay one line.
 pub fn escape(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
-        if SEPARATORS.contains(&c) {
-            out.push('\\');
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if SEPARATORS.contains(&c) => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
         }
-        out.push(c);
     }
     out
 }
@@ -313,15 +319,21 @@ fn split_escaped(s: &str, sep: char) -> Vec<&str> {
     parts
 }
 
-/// A name with its escapes removed: `\\x` is `x`; a trailing lone backslash stays.
+/// A name with its escapes removed: `\\x` is `x`, but `\\n` and `\\r` are line breaks; a
+/// trailing lone backslash stays.
 fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
-        match (c, c == '\\') {
-            (_, true) => out.push(chars.next().unwrap_or('\\')),
-            (c, false) => out.push(c),
-        }
+        out.push(match (c, c == '\\') {
+            (_, true) => match chars.next() {
+                Some('n') => '\n',
+                Some('r') => '\r',
+                Some(next) => next,
+                None => '\\',
+            },
+            (c, false) => c,
+        });
     }
     out
 }
@@ -747,7 +759,20 @@ mod tests {
             vec![("s+t".into(), vec!["p+q".into(), "r".into()])]
         );
         assert_eq!(o.pads, vec![(r"l\".into(), 4)]);
-        for name in ["a:b", "x,y", r"back\slash", "p+q=r", "plain", "é:ü"] {
+        for name in [
+            "a:b",
+            "x,y",
+            r"back\slash",
+            "p+q=r",
+            "plain",
+            "é:ü",
+            "a\nb\r",
+            r"n\n",
+        ] {
+            assert!(
+                !escape(name).contains(['\n', '\r']),
+                "{name:?} escaped is one line"
+            );
             let o = Options::parse(&[format!("columns={}:z", escape(name))]).unwrap();
             assert_eq!(o.columns, Some(vec![name.to_string(), "z".to_string()]));
         }

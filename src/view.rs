@@ -239,8 +239,14 @@ fn map_type(dt: &DataType) -> Option<Mapped> {
     }
 }
 
+/// A tensor's name is a file name with `.npy` after it, which the kernel takes up to 255 bytes.
 fn valid_file_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name.len() + ".npy".len() <= 255
 }
 
 /// Compares every file's schema with the first one's, by column names and types.
@@ -466,128 +472,160 @@ impl<'a> Columns<'a> {
     fn is_list(&self, i: usize) -> bool {
         matches!(self.mapped[&i], Some(Mapped::List { .. }))
     }
-
-    /// Selected columns that can be served with the options given: fixed-shape ones, and
-    /// variable-length lists that `pad=` names.
-    fn servable(&self, opts: &Options) -> Vec<usize> {
-        self.selected
-            .iter()
-            .copied()
-            .filter(|&i| match &self.mapped[&i] {
-                Some(Mapped::Fixed { .. } | Mapped::Cell { .. }) => true,
-                Some(Mapped::List { .. }) => opts.pads.iter().any(|(c, _)| c == self.name(i)),
-                Some(Mapped::Refused(_)) | None => false,
-            })
-            .collect()
-    }
 }
 
+/// The dataset's column names, escaped as an option value takes them.
 fn all_names(schema: &Schema) -> String {
-    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let names: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| crate::options::escape(f.name()))
+        .collect();
     names.join(", ")
 }
 
-/// The hint a refusal ends with: options that leave the refused column out and serve every
-/// other column that can be, pasteable as they are (names escaped, `nulls=zero` where a kept
-/// column has nulls).
+/// The hint a refusal ends with: options that leave the refused columns out and serve every
+/// other column that can be, pasteable as they are (names escaped, `pad=` for each
+/// variable-length list kept, `nulls=zero` where a kept column has nulls). Every hint of one
+/// refusal keeps the same columns, so any of them mounts.
 struct Hint<'a> {
     cols: &'a Columns<'a>,
-    servable: Vec<usize>,
-    /// The file where each servable column has nulls, if it has any.
+    /// The file where each column of a known mapping has nulls, if it has any.
     nulls: HashMap<usize, Option<String>>,
     nulls_error: bool,
     padded: Vec<&'a str>,
+    /// Columns that go into a `stack=` of the options: their tensor is the stack's.
+    stacked: HashSet<usize>,
+    /// Tensor names the options' stacks take.
+    stack_names: Vec<&'a str>,
 }
 
 impl<'a> Hint<'a> {
     async fn new(source: &Source, cols: &'a Columns<'a>, opts: &'a Options) -> Result<Hint<'a>> {
-        let servable = cols.servable(opts);
         let mut nulls = HashMap::new();
         for &i in &cols.selected {
             if cols.mapped[&i].is_some() {
                 nulls.insert(i, column_has_nulls(source, i, cols.is_list(i)).await?);
             }
         }
+        let stacked = opts
+            .stacks
+            .iter()
+            .flat_map(|(_, members)| members)
+            .filter_map(|c| cols.index.get(c.as_str()).copied())
+            .collect();
         Ok(Hint {
             cols,
-            servable,
             nulls,
             nulls_error: opts.nulls == Nulls::Error,
             padded: opts.pads.iter().map(|(c, _)| c.as_str()).collect(),
+            stacked,
+            stack_names: opts.stacks.iter().map(|(n, _)| n.as_str()).collect(),
         })
     }
 
-    /// The options that leave `refused` out and keep every other column that can be served:
-    /// the variable-length lists not padded yet too, with the `pad=` they need.
-    fn leave_out(&self, refused: &str, pronoun: &str) -> String {
-        let lists: Vec<usize> = self
+    fn has_nulls(&self, i: usize) -> bool {
+        self.nulls.get(&i).is_some_and(Option::is_some)
+    }
+
+    /// The selected columns, but `excluded`, that a mount can serve together: those of a
+    /// tensor mapping (variable-length lists given a `pad=`), less any whose tensors would not
+    /// be valid file names or would take a name an earlier one takes (`x.mask` beside a
+    /// column `x` with nulls).
+    fn keep(&self, excluded: &[usize]) -> Vec<usize> {
+        let candidates: Vec<usize> = self
             .cols
             .selected
             .iter()
             .copied()
-            .filter(|&i| self.cols.is_list(i))
-            .filter(|&i| !self.padded.contains(&self.cols.name(i)))
+            .filter(|i| !excluded.contains(i))
+            .filter(|i| {
+                matches!(
+                    self.cols.mapped[i],
+                    Some(Mapped::Fixed { .. } | Mapped::Cell { .. } | Mapped::List { .. })
+                )
+            })
             .collect();
-        let keep: Vec<usize> = self
-            .cols
-            .selected
-            .iter()
-            .copied()
-            .filter(|i| self.servable.contains(i) || lists.contains(i))
-            .filter(|&i| self.cols.name(i) != refused)
-            .collect();
+        // Masks are named if any candidate has nulls; should every such column be dropped,
+        // the names claimed are still those of the columns kept.
+        let masks = candidates.iter().any(|&i| self.has_nulls(i));
+        let mut taken: HashSet<String> = self.stack_names.iter().map(|n| n.to_string()).collect();
+        let mut keep = Vec::new();
+        for i in candidates {
+            if self.stacked.contains(&i) {
+                keep.push(i);
+                continue;
+            }
+            let name = self.cols.name(i);
+            let mut names = vec![name.to_string()];
+            if self.cols.is_list(i) {
+                names.push(format!("{name}.len"));
+            }
+            if masks && self.has_nulls(i) {
+                names.push(format!("{name}.mask"));
+            }
+            let fits = names
+                .iter()
+                .all(|n| valid_file_name(n) && !taken.contains(n));
+            if fits {
+                taken.extend(names);
+                keep.push(i);
+            }
+        }
+        keep
+    }
+
+    /// `leave WHAT out with` the options that serve `keep`.
+    fn options_for(&self, keep: &[usize], what: &str) -> String {
         if keep.is_empty() {
             return "no other column of the dataset can be served".into();
         }
-        let names = |v: &[usize]| -> String {
-            let names: Vec<String> = v
-                .iter()
-                .map(|&i| crate::options::escape(self.cols.name(i)))
-                .collect();
-            names.join(":")
-        };
-        let zero = self.nulls_error && keep.iter().any(|i| self.nulls[i].is_some());
+        let escaped = |i: usize| crate::options::escape(self.cols.name(i));
+        let columns: Vec<String> = keep.iter().map(|&i| escaped(i)).collect();
+        let columns = columns.join(":");
+        let zero = self.nulls_error && keep.iter().any(|&i| self.has_nulls(i));
         let zero = if zero { ",nulls=zero" } else { "" };
-        let columns = names(&keep);
         let pads: Vec<String> = keep
             .iter()
-            .filter(|i| lists.contains(i))
-            .map(|&i| format!("pad={}:L", crate::options::escape(self.cols.name(i))))
+            .filter(|&&i| self.cols.is_list(i) && !self.padded.contains(&self.cols.name(i)))
+            .map(|&i| format!("pad={}:L", escaped(i)))
             .collect();
         match pads.len() {
-            0 => format!("leave {pronoun} out with columns={columns}{zero}"),
+            0 => format!("leave {what} out with columns={columns}{zero}"),
             n => format!(
-                "leave {pronoun} out with columns={columns} and give the variable-length {} a length L (longer ones are cut) with {}{zero}",
+                "leave {what} out with columns={columns} and give the variable-length {} a length L (longer ones are cut) with {}{zero}",
                 if n == 1 { "list" } else { "lists" },
                 pads.join(",")
             ),
         }
     }
-}
 
-impl Hint<'_> {
-    /// `, or` and the columns= that leaves out every column with nulls, where one is left.
+    /// The options that leave the columns `refused` out and keep every other column that can
+    /// be served.
+    fn leave_out(&self, refused: &[usize], pronoun: &str) -> String {
+        self.options_for(&self.keep(refused), pronoun)
+    }
+
+    /// `, or` and the options that leave every column with nulls out, where one is left.
     fn or_leave_out_nulls(&self) -> String {
-        let keep: Vec<String> = self
-            .servable
+        let with_nulls: Vec<usize> = self
+            .cols
+            .selected
             .iter()
-            .filter(|i| self.nulls.get(i).is_none_or(Option::is_none))
-            .map(|&i| crate::options::escape(self.cols.name(i)))
+            .copied()
+            .filter(|&i| self.has_nulls(i))
             .collect();
-        match keep.is_empty() {
-            true => String::new(),
-            false => format!(
-                ", or leave the columns with nulls out with columns={}",
-                keep.join(":")
-            ),
+        match self.keep(&with_nulls) {
+            keep if keep.is_empty() => String::new(),
+            keep => format!(", or {}", self.options_for(&keep, "the columns with nulls")),
         }
     }
 
     /// `, or` and the hint, where there is another column to serve.
-    fn or_leave_out(&self, refused: &str, pronoun: &str) -> String {
-        match self.leave_out(refused, pronoun) {
-            h if h.starts_with("no other") => String::new(),
-            h => format!(", or {h}"),
+    fn or_leave_out(&self, refused: &[usize], pronoun: &str) -> String {
+        match self.keep(refused) {
+            keep if keep.is_empty() => String::new(),
+            keep => format!(", or {}", self.options_for(&keep, pronoun)),
         }
     }
 }
@@ -623,9 +661,7 @@ fn refused_fields(cols: &Columns, hint: &Hint) -> Vec<String> {
     cols.selected
         .iter()
         .filter_map(|i| match &cols.mapped[i] {
-            Some(Mapped::Refused(why)) => {
-                Some(format!("{why}; {}", hint.leave_out(cols.name(*i), "it")))
-            }
+            Some(Mapped::Refused(why)) => Some(format!("{why}; {}", hint.leave_out(&[*i], "it"))),
             _ => None,
         })
         .collect()
@@ -655,7 +691,7 @@ fn unsupported_types(cols: &Columns, hint: &Hint) -> Option<String> {
     Some(format!(
         "{what} {} {verb} no tensor mapping (strings, structs, maps and decimals are not served); {}",
         unsupported.join(", "),
-        hint.leave_out("", it)
+        hint.leave_out(&[], it)
     ))
 }
 
@@ -795,7 +831,7 @@ fn items(
                         "column '{name}' is a variable-length list ({}); give it a fixed length with pad={}:L (longer lists are cut){}",
                         type_name(cols.schema.field(i).data_type()),
                         crate::options::escape(name),
-                        hint.or_leave_out(name, "it")
+                        hint.or_leave_out(&[i], "it")
                     ));
                     continue;
                 }
@@ -911,14 +947,14 @@ fn tensors_of(items: &[Item]) -> Vec<Tensor> {
 }
 
 /// Every tensor must be a distinct, valid file name.
-fn check_tensor_names(tensors: &[Tensor], hint: &Hint, problems: &mut Vec<String>) {
+fn check_tensor_names(tensors: &[Tensor], items: &[Item], hint: &Hint, problems: &mut Vec<String>) {
     let mut names = HashSet::new();
     for t in tensors {
         if !valid_file_name(&t.name) {
             problems.push(format!(
                 "tensor '{}' cannot be a file name; rename it with stack={}",
                 t.name,
-                hint.or_leave_out(&t.name, "its column")
+                hint.or_leave_out(&items[t.item].fields(), "its column")
             ));
         } else if !names.insert(t.name.as_str()) {
             problems.push(format!(
@@ -949,9 +985,13 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
     let mut items = items(&cols, opts, &stack_of, &hint, &mut problems);
     mark_nulls(&mut items, &cols, &hint, &mut problems);
     let tensors = tensors_of(&items);
-    check_tensor_names(&tensors, &hint, &mut problems);
+    check_tensor_names(&tensors, &items, &hint, &mut problems);
     if items.is_empty() && problems.is_empty() {
         problems.push("the dataset has no columns to serve".into());
+    }
+    // Each refusal is one line; a line break in a name it quotes is shown as its escape.
+    for p in &mut problems {
+        *p = p.replace('\n', "\\n").replace('\r', "\\r");
     }
     let roots: BTreeSet<usize> = items.iter().flat_map(Item::fields).collect();
     Ok(View {

@@ -90,3 +90,47 @@ def test_the_mount_shows_its_type_and_an_absolute_source(mounter, shuf_ds):
         assert device == os.path.realpath(shuf_ds.path)
     finally:
         tfs.unmount(mp)
+
+
+def test_every_hint_of_a_refusal_mounts_and_keeps_every_servable_column(mounter, tmp_path):
+    """A dataset refused for many reasons at once: every hint printed, pasted back as it is,
+    mounts; none keeps a column another refusal names (a name that cannot be a file, one that a
+    `.mask` or `.len` tensor would take); a name with a line break is escaped, the line kept
+    whole; a variable-length list is kept with its pad=."""
+    data = tmp_path / "many"
+    data.mkdir()
+    n = 64
+    ids = np.arange(n, dtype=np.int64)
+    long_name = "x" * 252  # 252 + len(".npy") > 255
+    table = pa.table({
+        "id": ids,
+        "a/b": ids.astype(np.int32),
+        "..": ids.astype(np.int32),
+        long_name: ids.astype(np.int32),
+        "n\nl": ids.astype(np.int16),
+        "x": pa.array([None if i % 7 == 0 else float(i) for i in ids], pa.float64()),
+        "x.mask": ids,
+        "l": pa.array([list(range(i % 5)) for i in ids], pa.list_(pa.int64())),
+        "l.len": ids.astype(np.int32),
+        "s": pa.array([str(i) for i in ids]),
+    })
+    pq.write_table(table, data / "part-0.parquet", row_group_size=32)
+
+    proc = tfs.run(["inspect", data])
+    line = tfs.error_line(proc)
+    listed = [ln[len("  - "):] for ln in proc.stdout.splitlines() if ln.startswith("  - ")]
+    assert len(listed) >= 5, proc.stdout
+    assert any("n\\nl" in ln for ln in listed) or "n\\nl" in line, proc.stdout
+    never = {"a/b", "..", long_name, "s"}
+    for refusal in [line, *listed]:
+        opts = tfs.hint_options(refusal)
+        assert opts, f"no hint in: {refusal}"
+        m = mounter(data, "shuffle=none", "batch_size=32", *opts)
+        names = {t["name"] for t in m.dataset()["tensors"]}
+        assert not names & never, (refusal, names)
+        assert "id" in names and "n\nl" in names, (refusal, names)
+        # The mask of x, or the column x.mask, never both; the same for l.len.
+        assert ("x" in names) <= ("x.mask" in names), names
+        assert ("l" in names) <= ("l.len" in names), names
+        np.testing.assert_array_equal(np.load(m.p("epoch-0", "000001", "n\nl.npy")), ids[32:].astype(np.int16))
+        m.unmount()

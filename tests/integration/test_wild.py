@@ -154,29 +154,10 @@ def parse_opts(options):
             c, _, L = v.rpartition(":")
             pads[c] = int(L)
         elif k == "columns":
-            cols = split_escaped(v)
+            cols = tfs.split_escaped(v)
         elif k == "nulls":
             nulls_zero = v == "zero"
     return pads, cols, nulls_zero
-
-
-def split_escaped(v: str) -> list[str]:
-    """columns=a\\:b:c -> ['a:b', 'c'] (a backslash escapes the next character)."""
-    out, cur, i = [], "", 0
-    while i < len(v):
-        ch = v[i]
-        if ch == "\\" and i + 1 < len(v):
-            cur += v[i + 1]
-            i += 2
-            continue
-        if ch == ":":
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-        i += 1
-    out.append(cur)
-    return out
 
 
 def read_reference(path: Path, reader: str) -> pa.Table:
@@ -479,61 +460,6 @@ REFUSAL_LINES = {
 }
 
 
-# The hint at the end of a refusal: `with columns=...` (which may carry more options after a
-# comma), and where only variable-length lists are left to serve, the pad= (and nulls=) they need:
-#   ... leave it out with columns=tok:fl and give the variable-length lists a length L (longer
-#   ones are cut) with pad=tok:L,pad=fl:L,nulls=zero (and 2 more: listed above)
-HINT = re.compile(
-    r"\bwith (columns=.*?)"
-    r"(?: and give the variable-length lists? a length L \(longer ones are cut\) with (pad=.*?))?"
-    r"(?: \(and \d+ more: [^()]*\))?$"
-)
-
-
-def hint_options(line: str) -> list[str] | None:
-    """The options a refusal line offers as the way to leave the culprit out: its `columns=...`
-    (which may carry more options after a comma), plus pad=C:8 for each pad=C:L it offers for a
-    column the hint keeps, plus the nulls=zero offered with them. None when there is no
-    columns= hint."""
-    m = HINT.search(line)
-    if not m:
-        return None
-    opts = split_options(m.group(1))
-    kept = set()
-    for o in opts:
-        if o.startswith("columns="):
-            kept |= set(split_escaped(o[len("columns="):]))
-    if m.group(2):
-        for o in split_options(m.group(2)):
-            if o.startswith("pad="):
-                assert o.endswith(":L"), f"a pad= hint without :L: {o!r} in {line}"
-                continue  # added below, with the other pad=C:L the line offers
-            opts.append(o)
-    for c in re.findall(r"pad=((?:\\.|[^\s\\])+?):L(?=[\s,;]|$)", line):
-        cname = split_escaped(c)
-        if len(cname) == 1 and cname[0] in kept and f"pad={c}:{PAD_L}" not in opts:
-            opts.append(f"pad={c}:{PAD_L}")
-    return opts
-
-
-def split_options(s: str) -> list[str]:
-    """Split an -o string at unescaped commas."""
-    out, cur, i = [], "", 0
-    while i < len(s):
-        if s[i] == "\\" and i + 1 < len(s):
-            cur += s[i : i + 2]
-            i += 2
-            continue
-        if s[i] == ",":
-            out.append(cur)
-            cur = ""
-        else:
-            cur += s[i]
-        i += 1
-    out.append(cur)
-    return [o for o in out if o]
-
-
 def plain_type(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return plain_type(t.value_type)
@@ -572,7 +498,7 @@ def check_refused(mounter, src: Path, entry: dict, proc=None):
     want = REFUSAL_LINES.get(entry["name"])
     assert want is not None, f"{entry['name']}: refused with a line no test pins: {bare!r}"
     assert bare == tfs.ERROR_PREFIX + want, f"{entry['name']}: the refusal changed:\n got:  {bare}\n want: {tfs.ERROR_PREFIX + want}"
-    hint = hint_options(line)
+    hint = tfs.hint_options(line, PAD_L)
     if hint is None:
         return line
     # The hint keeps every column that is plainly servable (a number, bool, date or timestamp,
@@ -580,7 +506,7 @@ def check_refused(mounter, src: Path, entry: dict, proc=None):
     kept = set()
     for o in hint:
         if o.startswith("columns="):
-            kept |= set(split_escaped(o[len("columns="):]))
+            kept |= set(tfs.split_escaped(o[len("columns="):]))
     if kept:
         plain = plainly_servable(src, entry)
         lost = [c for c in plain if c not in kept and c not in entry["refuse"]]
@@ -589,9 +515,9 @@ def check_refused(mounter, src: Path, entry: dict, proc=None):
     kept = set()
     for o in hint:
         if o.startswith("columns="):
-            kept |= set(split_escaped(o[len("columns="):]))
+            kept |= set(tfs.split_escaped(o[len("columns="):]))
     keep = [o for o in opts if not o.startswith("columns=")
-            and not (o.startswith("pad=") and split_escaped(o[4:].rpartition(":")[0])[0] not in kept)]
+            and not (o.startswith("pad=") and tfs.split_escaped(o[4:].rpartition(":")[0])[0] not in kept)]
     hopts = [*keep, *[o for o in hint if o not in keep]]
     proc2 = tfs.run(["inspect", src, "-o", ",".join(hopts)], timeout=60)
     err2 = [x for x in proc2.stderr.splitlines() if x.strip()]
@@ -703,7 +629,7 @@ def test_only_variable_length_lists_left_the_refusal_offers_pad(corpus, mounter,
     want_line, want_hint, want_tensors = ONLY_LISTS_CASES[name]
     line = mount_refusal(mounter, src)
     assert line == tfs.ERROR_PREFIX + want_line
-    hint = hint_options(line)
+    hint = tfs.hint_options(line, PAD_L)
     assert hint == want_hint, line
     m = check_served(mounter, src, entry, hint)
     assert [t["name"] for t in m.dataset()["tensors"]] == want_tensors

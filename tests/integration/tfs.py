@@ -536,3 +536,78 @@ def assert_same_as_local(m: "Mount", local: "Mount", dirs=("epoch-0",)):
     st = stats(m)
     assert st["remote_requests"] > 0 and st["remote_bytes"] > 0, st
     return rj
+
+
+def split_escaped(v: str) -> list[str]:
+    """columns=a\\:b:c -> ['a:b', 'c'] (a backslash escapes the next character; `\\n` and
+    `\\r` are line breaks)."""
+    out, cur, i = [], "", 0
+    while i < len(v):
+        ch = v[i]
+        if ch == "\\" and i + 1 < len(v):
+            cur += {"n": "\n", "r": "\r"}.get(v[i + 1], v[i + 1])
+            i += 2
+            continue
+        if ch == ":":
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+        i += 1
+    out.append(cur)
+    return out
+
+
+# The hint at the end of a refusal: `with columns=...` (which may carry more options after a
+# comma), and where only variable-length lists are left to serve, the pad= (and nulls=) they need:
+#   ... leave it out with columns=tok:fl and give the variable-length lists a length L (longer
+#   ones are cut) with pad=tok:L,pad=fl:L,nulls=zero (and 2 more: listed above)
+HINT = re.compile(
+    r"\bwith (columns=.*?)"
+    r"(?: and give the variable-length lists? a length L \(longer ones are cut\) with (pad=.*?))?"
+    r"(?: \(and \d+ more: [^()]*\))?$"
+)
+
+
+def hint_options(line: str, pad_len: int = 8) -> list[str] | None:
+    """The options a refusal line offers as the way to leave the culprit out: its `columns=...`
+    (which may carry more options after a comma), plus pad=C:PAD_LEN for each pad=C:L it offers for a
+    column the hint keeps, plus the nulls=zero offered with them. None when there is no
+    columns= hint."""
+    m = HINT.search(line)
+    if not m:
+        return None
+    opts = split_options(m.group(1))
+    kept = set()
+    for o in opts:
+        if o.startswith("columns="):
+            kept |= set(split_escaped(o[len("columns="):]))
+    if m.group(2):
+        for o in split_options(m.group(2)):
+            if o.startswith("pad="):
+                assert o.endswith(":L"), f"a pad= hint without :L: {o!r} in {line}"
+                continue  # added below, with the other pad=C:L the line offers
+            opts.append(o)
+    for c in re.findall(r"pad=((?:\\.|[^\s\\])+?):L(?=[\s,;]|$)", line):
+        cname = split_escaped(c)
+        if len(cname) == 1 and cname[0] in kept and f"pad={c}:{pad_len}" not in opts:
+            opts.append(f"pad={c}:{pad_len}")
+    return opts
+
+
+def split_options(s: str) -> list[str]:
+    """Split an -o string at unescaped commas."""
+    out, cur, i = [], "", 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            cur += s[i : i + 2]
+            i += 2
+            continue
+        if s[i] == ",":
+            out.append(cur)
+            cur = ""
+        else:
+            cur += s[i]
+        i += 1
+    out.append(cur)
+    return [o for o in out if o]
