@@ -13,6 +13,7 @@ use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Schema, TimeUnit};
 use serde_json::json;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemKind {
@@ -271,7 +272,7 @@ fn check_schemas(source: &Source) -> Option<String> {
             a.fields()
                 .iter()
                 .zip(b.fields())
-                .find(|(x, y)| x.data_type() != y.data_type())
+                .find(|(x, y)| as_served(x.data_type()) != as_served(y.data_type()))
                 .map(|(x, y)| {
                     format!(
                         "column '{}' is {} and {}",
@@ -289,6 +290,26 @@ fn check_schemas(source: &Source) -> Option<String> {
         }
     }
     None
+}
+
+/// A column's type as far as its tensor is concerned, which files may write differently and
+/// still agree, as pyarrow reads them as one dataset: dictionary-encoded or plain, and a list's
+/// element named `element` (the Parquet spec), `item` (pyarrow before 13) or otherwise.
+fn as_served(dt: &DataType) -> DataType {
+    let element = |f: &arrow::datatypes::FieldRef| {
+        Arc::new(arrow::datatypes::Field::new(
+            "item",
+            as_served(f.data_type()),
+            true,
+        ))
+    };
+    match dt {
+        DataType::Dictionary(_, values) => as_served(values),
+        DataType::List(f) => DataType::List(element(f)),
+        DataType::LargeList(f) => DataType::LargeList(element(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(element(f), *n),
+        dt => dt.clone(),
+    }
 }
 
 /// What the statistics say of a column's nulls.

@@ -1,6 +1,8 @@
 """More mappings and edge cases: every timestamp unit (with and without a time zone), pad on
 lists of other element types, an empty file inside the dataset, one batch larger than the data."""
 
+import base64
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,3 +86,47 @@ def test_empty_file_in_dataset_and_one_big_batch(mounter, tmp_path):
     g = mounter(path, "shuffle=global", "batch_size=300")
     got = np.concatenate([tfs.load_safetensors(g.p("epoch-0", f"{i:06d}.safetensors"))["id"] for i in range(3)])
     assert np.array_equal(np.sort(got), ids)
+
+
+def test_files_that_write_one_type_differently_are_one_dataset(mounter, tmp_path):
+    """Files whose columns differ only in how they are written, as pyarrow reads them as one
+    dataset: a column dictionary-encoded in one file and plain in the next, a list whose
+    element is named `element` in one file and `item` (pyarrow before 13) in the next, and the
+    same for a fixed-size list. Served as one dataset, equal to pyarrow's reading."""
+    import pyarrow.dataset as pads
+
+    src = tmp_path / "mixed"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    for f, compliant in enumerate((True, False)):
+        n = 300
+        ids = np.arange(f * n, (f + 1) * n, dtype=np.int64)
+        k = rng.integers(0, 4, n).astype(np.int64)
+        lists = [rng.integers(0, 100, int(m)).tolist() for m in rng.integers(0, 5, n)]
+        vec = rng.standard_normal((n, 3)).astype(np.float32)
+        table = pa.table({
+            "id": ids,
+            "k": pa.array(k).dictionary_encode() if f == 0 else pa.array(k),
+            "l": pa.array(lists, pa.list_(pa.int64())),
+            "v": tfs.fsl(vec, 3),
+        })
+        pq.write_table(table, src / f"part-{f}.parquet", row_group_size=100, use_compliant_nested_type=compliant)
+    names = [pq.read_schema(src / f"part-{f}.parquet").field("l").type.value_field.name for f in (0, 1)]
+    assert names == ["element", "item"], "the premise: the list elements are named differently"
+    stored = base64.b64decode(pq.read_metadata(src / "part-0.parquet").metadata[b"ARROW:schema"])
+    stored = pa.ipc.read_schema(pa.py_buffer(stored))
+    assert pa.types.is_dictionary(stored.field("k").type), "the premise: k is stored as a dictionary"
+
+    want = pads.dataset(str(src), format="parquet").to_table()
+    m = mounter(src, "shuffle=none", "batch_size=256", "pad=l:4")
+    dj = m.dataset()
+    assert dj["rows"] == 600
+    k_ref = np.array(want.column("k").to_pylist(), dtype=np.int64)
+    l_ref, l_len = tfs.pad_ref(want.column("l").to_pylist(), 4)
+    v_ref = np.array(want.column("v").to_pylist(), dtype=np.float32)
+    for b in range(dj["batches_per_epoch"]):
+        rows = slice(b * 256, (b + 1) * 256)
+        check_batch(m, "epoch-0", b, {
+            "id": np.arange(600, dtype=np.int64)[rows], "k": k_ref[rows],
+            "l": l_ref.astype(np.int64)[rows], "l.len": l_len[rows], "v": v_ref[rows],
+        })
