@@ -135,7 +135,18 @@ fn map_column(
 ) -> Option<Mapped> {
     let spec = unischema.and_then(|u| u.field(field.name()));
     let Some(spec) = spec.filter(|s| s.codec.is_cell()) else {
-        return map_type(field.data_type());
+        return match map_type(field.data_type()) {
+            // Parquet stores an empty fixed-size list as a null at the list's level, which
+            // neither the statistics nor the reader (arrow-rs) tell from a null row.
+            Some(Mapped::Fixed { inner, .. }) if inner.contains(&0) => {
+                Some(Mapped::Refused(format!(
+                    "column '{}' ({}) has a dimension of 0, which tensorfs does not serve",
+                    field.name(),
+                    type_name(field.data_type())
+                )))
+            }
+            mapped => mapped,
+        };
     };
     let binary = matches!(
         field.data_type(),

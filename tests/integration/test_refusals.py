@@ -34,6 +34,8 @@ BAD_TYPES = {
     "attrs_map": pa.array([[("k", i)] for i in range(300)], type=pa.map_(pa.string(), pa.int32())),
     "price_dec": pa.array([decimal.Decimal(i) / 4 for i in range(300)], type=pa.decimal128(10, 2)),
     "tokens_list": pa.array([[i, i + 1][: i % 3] for i in range(300)], type=pa.list_(pa.int32())),
+    # Parquet writes an empty fixed-size list as a null at the list's level.
+    "empty_fsl": pa.array([[]] * 300, pa.list_(pa.int32(), 0)),
 }
 
 
