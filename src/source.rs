@@ -438,16 +438,8 @@ impl Source {
         if listed.is_empty() {
             bail!("source '{source}' does not exist (or holds nothing)");
         }
-        let mut objects: Vec<ObjectMeta> = listed
-            .into_iter()
-            .filter(|m| m.location.as_ref().ends_with(".parquet"))
-            .collect();
-        if objects.is_empty() {
-            bail!("source '{source}' holds no *.parquet objects");
-        }
-        objects.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
         let strip = prefix.as_ref().len();
-        Ok(objects
+        let mut objects: Vec<(String, ObjectMeta)> = listed
             .into_iter()
             .map(|m| {
                 let name = m.location.as_ref()[strip..]
@@ -455,7 +447,13 @@ impl Source {
                     .to_string();
                 (name, m)
             })
-            .collect())
+            .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
+            .collect();
+        if objects.is_empty() {
+            bail!("source '{source}' holds no *.parquet objects");
+        }
+        objects.sort_by(|a, b| a.1.location.as_ref().cmp(b.1.location.as_ref()));
+        Ok(objects)
     }
 
     fn fact_path(&self, file: usize, what: &str) -> Option<(std::path::PathBuf, [u8; 32])> {
@@ -689,6 +687,14 @@ impl Source {
         }
         Ok(batch)
     }
+}
+
+/// Whether an object below the prefix lies in, or is, a file or directory whose name starts with
+/// `_` or `.`: a writer's metadata and scratch (`_metadata`, Spark's `_temporary/`, Delta's
+/// `_delta_log/` checkpoints, `.hoodie/`), never rows of the dataset, as pyarrow and Spark
+/// read a directory.
+fn hidden(name: &str) -> bool {
+    name.split('/').any(|part| part.starts_with(['_', '.']))
 }
 
 /// The Unischema in `_common_metadata` under `prefix`, where Petastorm wrote one.

@@ -156,9 +156,21 @@ def test_lexicographic_file_order_and_other_files_ignored(mounter, tmp_path):
     (src / "_SUCCESS").write_text("")
     (src / "README.txt").write_text("not data\n")
     (src / "part-0.parquet.crc").write_bytes(b"\x00\x01")
+    # Parquet files a writer keeps beside the data, which pyarrow and Spark skip: under a name
+    # starting with '_' or '.' (a schema-only _common_metadata style file, Spark's scratch,
+    # a Delta log checkpoint, a hidden file). A subdirectory holds data.
+    extra = pa.table({"id": pa.array(np.arange(1000, 1010, dtype=np.int64))})
+    for rel in ("_meta.parquet", ".hidden.parquet", "_temporary/0/part-0.parquet",
+                "_delta_log/00000000000000000010.checkpoint.parquet", "sub/.x/part-0.parquet"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(extra, src / rel)
+    (src / "sub").mkdir(exist_ok=True)
+    pq.write_table(pa.table({"id": pa.array(np.arange(300, 350, dtype=np.int64))}), src / "sub" / "part-0.parquet")
     m = mounter(src, "shuffle=none", "batch_size=300")
     dj = m.dataset()
-    assert [os.path.basename(f["path"]) for f in dj["files"]] == ["part-10.parquet", "part-2.parquet", "part-9.parquet"]
+    assert [f["path"].removeprefix(str(src) + "/") for f in dj["files"]] == [
+        "part-10.parquet", "part-2.parquet", "part-9.parquet", "sub/part-0.parquet"]
+    assert dj["rows"] == 350
     got = tfs.load_safetensors(m.p("epoch-0", "000000.safetensors"))["id"]
     tfs.assert_array(got, np.arange(300, dtype=np.int64), "id")
 
