@@ -387,7 +387,10 @@ impl Options {
             return Ok(());
         }
         let Some(value) = value else {
-            return Err(unknown(key));
+            return Err(match KNOWN.contains(&key) {
+                true => OptionError(format!("mount option {key} needs a value: {key}=VALUE")),
+                false => unknown(key),
+            });
         };
         if self.apply_content(key, value)? || self.apply_runtime(key, value)? {
             return Ok(());
@@ -779,6 +782,13 @@ mod tests {
     }
 
     #[test]
+    fn an_option_given_twice_takes_its_last_value() {
+        let o = Options::parse(&["columns=a:b,batch_size=8", "columns=c,batch_size=16"]).unwrap();
+        assert_eq!(o.columns, Some(vec!["c".to_string()]));
+        assert_eq!(o.batch_size, 16);
+    }
+
+    #[test]
     fn generic_and_store_options() {
         let o = Options::parse(&[
             "defaults,nofail,_netdev,x-systemd.automount,ro,aws_endpoint=http://127.0.0.1:9000,aws_secret_access_key=s3cr3t",
@@ -799,6 +809,7 @@ mod tests {
         assert!(err(&["batchsize=8"]).contains("did you mean 'batch_size'"));
         assert!(err(&["partition=8"]).contains("did you mean 'partitions'"));
         assert!(!err(&["frobnicate=1"]).contains("did you mean"));
+        assert!(err(&["batch_size"]).contains("batch_size needs a value"));
         assert!(err(&["verbose"]).contains("'verbose'"));
         assert!(err(&["cast=a:float128"]).contains("float128"));
         assert!(err(&["cast=a"]).contains("cast=a"));

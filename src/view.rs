@@ -758,7 +758,7 @@ fn check_stacks_and_pads(
         {
             None => problems.push(format!("mount option pad={c}: no column '{c}' is served")),
             Some(&i) if !cols.is_list(i) => problems.push(format!(
-                "mount option pad={c}: column '{c}' is not a variable-length list ({})",
+                "mount option pad={c}: column '{c}' is not a variable-length list of scalars ({})",
                 type_name(cols.schema.field(i).data_type())
             )),
             Some(_) => {}
