@@ -90,6 +90,10 @@ check "no glob expansion" \
     "src|dir|-o|columns=*" \
     src dir -o "columns=*"
 
+check "an escaped comma stays in its value, even before a generic option's name" \
+    'src|dir|-o|columns=a\,ro,seed=1,stack=s:b\\,cast=x\,y:float16' \
+    src dir -o 'columns=a\,ro,seed=1,nodev,stack=s:b\\,cast=x\,y:float16'
+
 check "-f (fake) mounts nothing" "" -f src dir -o batch_size=8
 
 check_fails "missing mountpoint" src

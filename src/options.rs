@@ -101,6 +101,7 @@ const GENERIC: &[&str] = &[
     "relatime",
     "norelatime",
     "strictatime",
+    "nostrictatime",
     "nodiratime",
     "diratime",
     "sync",

@@ -121,3 +121,13 @@ def test_mount_t_fuse_tensorfs_and_an_fstab_line(mounter, shuf_ds, mount_helper,
     assert bad.returncode != 0
     assert "batch_size" in bad.stderr
     assert not tfs.is_mounted(mnt)
+
+
+def test_the_mount_helper_passes_the_options_tensorfs_takes():
+    """mount/test-helper.sh runs mount.fuse.tensorfs against a fake tensorfs that prints its
+    arguments: generic mount(8) options dropped, the rest kept whole (escaped commas too)."""
+    if REPO is None:
+        pytest.skip("needs the repository's mount/ directory")
+    proc = subprocess.run(["sh", str(REPO / "mount" / "test-helper.sh")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all cases passed" in proc.stdout
