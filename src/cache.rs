@@ -273,8 +273,9 @@ impl DiskCache {
                 }
                 subdirs
             };
-            for sub in walk(&ep.path(), &mut found) {
-                walk(&sub, &mut found);
+            let subdirs = walk(&ep.path(), &mut found);
+            for sub in &subdirs {
+                walk(sub, &mut found);
             }
             for (item, path) in found {
                 match (std::fs::metadata(&path), meta_len(&path)) {
@@ -296,6 +297,11 @@ impl DiskCache {
                     }
                 }
             }
+            // Directories an earlier run's evictions left empty (only empty ones go).
+            for sub in &subdirs {
+                let _ = std::fs::remove_dir(sub);
+            }
+            let _ = std::fs::remove_dir(ep.path());
         }
         self.used.store(used, Ordering::Relaxed);
     }
@@ -373,8 +379,22 @@ impl DiskCache {
         let _ = std::fs::remove_file(&path);
         if item.batch().is_some() {
             let _ = std::fs::remove_file(meta_path(&path));
+            self.remove_empty_dirs(&path);
         }
         Stats::set(&stats.c.cache_bytes, self.used());
+    }
+
+    /// Removes the directories a removed batch file leaves empty, its batch's and then its
+    /// epoch's, so that epochs gone by leave no trace. A writer that finds its directory gone
+    /// makes it again (`rename_into`).
+    fn remove_empty_dirs(&self, path: &Path) {
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| *d != self.batches) {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
     }
 
     /// Keeps an item from eviction for `grace` (a path handed out to GPUDirect readers).
@@ -699,14 +719,18 @@ const EVICTION_BATCH_FROM: usize = 1024;
 
 /// Renames `from` to `to`, making `to`'s directory (private) where the rename finds it
 /// missing: made only then, not checked before every write. (Made whether or not it exists by
-/// then: another writer may be making it at the same moment.)
+/// then: another writer may be making it at the same moment, and an eviction that empties it
+/// may remove it again before the rename, hence a few tries.)
 fn rename_into(from: &Path, to: &Path) -> Result<()> {
-    match (std::fs::rename(from, to), to.parent()) {
-        (Err(e), Some(dir)) if e.kind() == ErrorKind::NotFound => {
-            private_dir(dir)?;
-            Ok(std::fs::rename(from, to)?)
+    let mut tries = 0;
+    loop {
+        match (std::fs::rename(from, to), to.parent()) {
+            (Err(e), Some(dir)) if e.kind() == ErrorKind::NotFound && tries < 3 => {
+                tries += 1;
+                private_dir(dir)?;
+            }
+            (r, _) => return Ok(r?),
         }
-        (r, _) => Ok(r?),
     }
 }
 
@@ -898,7 +922,6 @@ mod tests {
                         unit: None,
                     })
                     .to_vec(),
-                10,
             )),
             &Stats::default(),
         )
@@ -1143,8 +1166,42 @@ mod tests {
         std::fs::write(c.tmp.join("999999999-0"), b"partial").unwrap();
         let c = cache(dir.path(), 1 << 20);
         assert!(!c.path(item).exists());
+        assert!(
+            !c.path(item).parent().unwrap().exists(),
+            "its empty epoch directory too"
+        );
         assert!(!c.tmp.join("999999999-0").exists());
         assert_eq!(c.used(), 0);
+    }
+
+    #[test]
+    fn a_removed_batch_file_leaves_no_empty_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 20);
+        let npy = |tensor| Item::Npy {
+            epoch: 3,
+            batch: 7,
+            tensor,
+        };
+        let st = Item::Safetensors { epoch: 3, batch: 8 };
+        for item in [npy(0), npy(1), st] {
+            c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
+        }
+        let batch_dir = c.path(npy(0)).parent().unwrap().to_path_buf();
+        let epoch_dir = c.path(st).parent().unwrap().to_path_buf();
+        c.remove(npy(0), &stats);
+        assert!(batch_dir.is_dir(), "it still holds a file");
+        c.remove(npy(1), &stats);
+        assert!(!batch_dir.exists());
+        assert!(epoch_dir.is_dir());
+        c.remove(st, &stats);
+        assert!(!epoch_dir.exists());
+        assert!(c.batches.is_dir());
+        // A later write makes its directories again.
+        c.store_batch_file(npy(1), &[b"abc"], &near, &stats)
+            .unwrap();
+        assert!(c.open_batch_file(npy(1), &stats).is_some());
     }
 
     #[test]

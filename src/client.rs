@@ -2,6 +2,7 @@
 //! ahead of a job by opening them; `tensorfs stats` shows the counters of
 //! `.tensorfs/stats.json`.
 
+use crate::layout::batch_name;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -106,20 +107,19 @@ pub fn warm(
         .iter()
         .filter_map(|t| t["name"].as_str().map(String::from))
         .collect();
-    let width = batches.saturating_sub(1).to_string().len().max(6);
     let mut files: Vec<PathBuf> = Vec::new();
     for e in epochs.clone() {
         for (sub, count) in &dirs {
             for i in 0..*count {
                 let base = mountpoint.join(format!("epoch-{e}")).join(sub);
                 if format != Format::Npy {
-                    files.push(base.join(format!("{i:0width$}.safetensors")));
+                    files.push(base.join(format!("{}.safetensors", batch_name(i))));
                 }
                 if format != Format::Safetensors {
                     files.extend(
                         tensors
                             .iter()
-                            .map(|t| base.join(format!("{i:0width$}/{t}.npy"))),
+                            .map(|t| base.join(format!("{}/{t}.npy", batch_name(i)))),
                     );
                 }
             }

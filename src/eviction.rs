@@ -30,7 +30,9 @@ impl Eviction {
         let plan = orders.plan();
         let per_epoch = plan.epoch_rows().max(1);
         let bs = plan.options().batch_size;
-        let now = epoch * per_epoch + batch * bs;
+        // Saturating: an epoch number far past any job's (epoch-4294967295) still orders right.
+        let rows_before = move |e: u64, i: u64| e.saturating_mul(per_epoch).saturating_add(i * bs);
+        let now = rows_before(epoch, batch);
         let (this, next) = (self.orders.epoch(epoch), self.orders.epoch(epoch + 1));
         let cache = self.cache.clone();
         let repeat = plan.epochs_repeat();
@@ -69,9 +71,7 @@ impl Eviction {
                     // Every epoch reads it again: it is needed when the readers come round.
                     (i * bs + per_epoch - batch * bs % per_epoch) % per_epoch
                 } else {
-                    (e * per_epoch + i * bs)
-                        .checked_sub(now)
-                        .unwrap_or(u64::MAX)
+                    rows_before(e, i).checked_sub(now).unwrap_or(u64::MAX)
                 }
             }
         })

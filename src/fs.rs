@@ -287,9 +287,7 @@ impl Fs {
 
     /// The batch a name in directory `b` is.
     fn parse_batch(&self, b: Batches, s: &str) -> Option<u64> {
-        self.layout
-            .parse_batch(s)
-            .filter(|&i| i < self.plan().count(b) && i < MAX_BATCHES)
+        layout::parse_batch(s).filter(|&i| i < self.plan().count(b) && i < MAX_BATCHES)
     }
 
     fn batch_file_size(&self, b: Batches, i: u64, kind: FileKind) -> u64 {
@@ -423,7 +421,7 @@ impl Fs {
         let n = self.plan().count(b);
         if k < 2 * n {
             let i = k / 2;
-            let name = self.layout.batch_name(i);
+            let name = layout::batch_name(i);
             return Ok(Some(if k.is_multiple_of(2) {
                 entry(Node::Safetensors(d, i), file, format!("{name}.safetensors"))
             } else {

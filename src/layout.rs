@@ -73,9 +73,19 @@ impl Item {
     }
 }
 
-/// Digits in batch file names: six, or more for an epoch of a million batches or more.
-pub fn name_width(batches: u64) -> usize {
-    batches.saturating_sub(1).to_string().len().max(6)
+/// Batch `i`'s name, `{i:06d}`: its directory's, and its safetensors file's stem. Six digits, and
+/// as many as it has past batch 999999, so that one name never depends on the epoch's length.
+pub fn batch_name(i: u64) -> String {
+    format!("{i:06}")
+}
+
+/// The batch a name is: the name `batch_name` gives it, and no other spelling.
+pub fn parse_batch(s: &str) -> Option<u64> {
+    let i = s
+        .parse()
+        .ok()
+        .filter(|_| s.bytes().all(|c| c.is_ascii_digit()))?;
+    (batch_name(i) == s).then_some(i)
 }
 
 /// A decimal number as names write it: digits, no leading zero.
@@ -99,8 +109,14 @@ pub fn epoch_name(epoch: u64) -> String {
     format!("epoch-{epoch}")
 }
 
+/// The last epoch a mount shows: `epoch-N` resolves for any N up to it. Bounded so that epoch
+/// numbers and the row counts reckoned from them never overflow.
+pub const MAX_EPOCH: u64 = u32::MAX as u64;
+
 pub fn parse_epoch(name: &str) -> Option<u64> {
-    name.strip_prefix("epoch-").and_then(number)
+    name.strip_prefix("epoch-")
+        .and_then(number)
+        .filter(|&e| e <= MAX_EPOCH)
 }
 
 pub fn rank_name(rank: u64, world: u64) -> String {
@@ -118,20 +134,11 @@ pub fn parse_rank(name: &str) -> Option<(u64, u64)> {
 /// The files of a mount: names and sizes from the tensor view and the batch count alone.
 pub struct Layout {
     tensors: Vec<Tensor>,
-    /// Digits in a batch file name.
-    width: usize,
 }
 
 impl Layout {
-    pub fn new(tensors: Vec<Tensor>, batches_per_epoch: u64) -> Layout {
-        Layout {
-            tensors,
-            width: name_width(batches_per_epoch),
-        }
-    }
-
-    pub fn width(&self) -> usize {
-        self.width
+    pub fn new(tensors: Vec<Tensor>) -> Layout {
+        Layout { tensors }
     }
 
     pub fn tensors(&self) -> usize {
@@ -152,21 +159,10 @@ impl Layout {
         format!("{}.npy", self.tensor_name(t))
     }
 
-    /// Batch `i`'s name: its directory's, and its safetensors file's stem.
-    pub fn batch_name(&self, i: u64) -> String {
-        format!("{i:0width$}", width = self.width)
-    }
-
-    /// The batch a name is: exactly `width` digits.
-    pub fn parse_batch(&self, s: &str) -> Option<u64> {
-        let ok = s.len() == self.width && s.bytes().all(|c| c.is_ascii_digit());
-        ok.then(|| s.parse().ok()).flatten()
-    }
-
     pub fn file_name(&self, i: u64, kind: FileKind) -> String {
         match kind {
-            FileKind::Safetensors => format!("{}.safetensors", self.batch_name(i)),
-            FileKind::Npy(t) => format!("{}/{}", self.batch_name(i), self.npy_name(t)),
+            FileKind::Safetensors => format!("{}.safetensors", batch_name(i)),
+            FileKind::Npy(t) => format!("{}/{}", batch_name(i), self.npy_name(t)),
         }
     }
 
@@ -196,12 +192,12 @@ impl Layout {
     pub fn parse_batch_file(&self, epoch: u64, dir: Option<&str>, name: &str) -> Option<Item> {
         match dir {
             None => {
-                let batch = self.parse_batch(name.strip_suffix(".safetensors")?)?;
+                let batch = parse_batch(name.strip_suffix(".safetensors")?)?;
                 Some(Item::Safetensors { epoch, batch })
             }
             Some(dir) => Some(Item::Npy {
                 epoch,
-                batch: self.parse_batch(dir)?,
+                batch: parse_batch(dir)?,
                 tensor: self.parse_npy(name)?,
             }),
         }
@@ -317,6 +313,8 @@ mod tests {
         assert_eq!(number(""), None);
         assert_eq!(number("1x"), None);
         assert_eq!(parse_epoch("epoch-12"), Some(12));
+        assert_eq!(parse_epoch("epoch-4294967295"), Some(MAX_EPOCH));
+        assert_eq!(parse_epoch("epoch-4294967296"), None);
         assert_eq!(parse_epoch("epoch-012"), None);
         assert_eq!(parse_rank("rank-1-of-4"), Some((1, 4)));
         assert_eq!(parse_rank("rank-4-of-4"), None);
@@ -328,8 +326,13 @@ mod tests {
             }),
             "epoch-3/rank-1-of-2"
         );
-        assert_eq!(name_width(10), 6);
-        assert_eq!(name_width(1_000_001), 7);
+        assert_eq!(batch_name(7), "000007");
+        assert_eq!(batch_name(1_234_567), "1234567");
+        assert_eq!(parse_batch("000007"), Some(7));
+        assert_eq!(parse_batch("1234567"), Some(1_234_567));
+        for wrong in ["7", "0000007", "01234567", "+00007", "00000a", ""] {
+            assert_eq!(parse_batch(wrong), None, "{wrong}");
+        }
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl Dataset {
 
     /// The files of this dataset's mount.
     pub fn layout(&self) -> Arc<Layout> {
-        Arc::new(Layout::new(self.view.tensors.clone(), self.plan.batches()))
+        Arc::new(Layout::new(self.view.tensors.clone()))
     }
 
     /// Opens the local cache for this dataset and these content options.

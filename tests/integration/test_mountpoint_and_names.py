@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import tfs
+from tfs import batch_name
 
 
 def test_a_mount_point_with_files_is_refused_unless_nonempty(mounter, shuf_ds):
@@ -134,3 +135,27 @@ def test_every_hint_of_a_refusal_mounts_and_keeps_every_servable_column(mounter,
         assert ("l" in names) <= ("l.len" in names), names
         np.testing.assert_array_equal(np.load(m.p("epoch-0", "000001", "n\nl.npy")), ids[32:].astype(np.int16))
         m.unmount()
+
+
+def test_batch_names_are_six_digits_and_widen_only_past_999999(mounter, tmp_path):
+    """Batch i is `{i:06d}` whatever the epoch's length: batch 0 of an epoch of a million and one
+    batches is 000000, its last is 1000000, and no other spelling names a batch."""
+    data = tmp_path / "long"
+    data.mkdir()
+    rows = 1_000_001
+    pq.write_table(pa.table({"v": np.arange(rows, dtype=np.int32)}), data / "part-0.parquet", row_group_size=250_000)
+    m = mounter(data, "shuffle=none", "batch_size=1")
+    assert m.dataset()["batches_per_epoch"] == rows
+    for i in (0, 999_999, 1_000_000):
+        name = batch_name(i)
+        assert tfs.load_safetensors(m.p("epoch-0", name + ".safetensors"))["v"].tolist() == [i]
+        assert np.load(m.p("epoch-0", name, "v.npy")).tolist() == [i]
+    assert batch_name(1_000_000) == "1000000"
+    for wrong in ("0000000", "01000000", "1000001", "00000", "999999 "):
+        assert not os.path.exists(m.p("epoch-0", wrong + ".safetensors")), wrong
+        assert not os.path.exists(m.p("epoch-0", wrong)), wrong
+    # The last epoch a mount shows, and none past it.
+    last = "epoch-4294967295"
+    assert tfs.load_safetensors(m.p(last, batch_name(7) + ".safetensors"))["v"].tolist() == [7]
+    assert not os.path.exists(m.p("epoch-4294967296"))
+    assert not os.path.exists(m.p("epoch-18446744073709551615"))
