@@ -6,6 +6,8 @@ import mmap
 import os
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from safetensors import safe_open
 
@@ -51,21 +53,52 @@ def test_all_files_are_the_batches_back_to_back(mounter, shuf_ds, mode):
     assert np.array_equal(np.sort(ids), np.arange(2600))
 
 
-def test_a_read_builds_only_the_batches_it_spans(mounter, shuf_ds):
-    m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "prefetch=0")
-    before = tfs.stats(m)["batches_built"]
-    fd = os.open(m.p("epoch-0", "all", "id.npy"), os.O_RDONLY | os.O_DIRECT)
-    try:
+FAR = 100  # a batch well past what the kernel reads ahead of np.load's header read
+
+
+def read_far_batch(path: str, how: str, built) -> tuple[np.ndarray, int]:
+    """Batch FAR's rows of the int64 tensor `path`, read as `how`, and the batches the read
+    built (`built()` counts them)."""
+    off = tfs.DATA_OFFSET + FAR * BS * 8
+    if how == "mmap":
+        # np.load reads the header first; the kernel reads a few pages ahead of it.
+        arr = np.load(path, mmap_mode="r")
+        # The kernel reads around a page fault (the mount's whole readahead window) unless the
+        # mapping says its reads are random; docs/reading.md says so.
+        arr._mmap.madvise(mmap.MADV_RANDOM)
+        before = built()
+        return np.array(arr[FAR * BS : (FAR + 1) * BS]), built() - before
+    before = built()
+    return read_at(path, how, off), built() - before
+
+
+def read_at(path: str, how: str, off: int) -> np.ndarray:
+    if how == "direct":
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         buf = mmap.mmap(-1, 4096)
-        # Batch 5's first rows, at an aligned offset, with O_DIRECT.
-        off = tfs.DATA_OFFSET + 5 * BS * 8
-        assert os.preadv(fd, [buf], off) == 4096
+        try:
+            assert os.preadv(fd, [buf], off) == 4096
+        finally:
+            os.close(fd)
+        return np.frombuffer(buf, dtype=np.int64)[:BS]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return np.frombuffer(os.pread(fd, BS * 8, off), dtype=np.int64)
     finally:
         os.close(fd)
-    built = tfs.stats(m)["batches_built"] - before
-    assert 1 <= built <= 2, f"a 4 KiB read built {built} batches"
-    want = tfs.load_safetensors(m.p("epoch-0", batch_name(5) + ".safetensors"))["id"]
-    assert np.frombuffer(buf, dtype=np.int64)[:BS].tolist() == want.tolist()[:BS]
+
+
+@pytest.mark.parametrize("how", ["direct", "pread", "mmap"])
+def test_a_read_builds_only_the_batches_it_spans(mounter, tmp_path, how):
+    data = tmp_path / "ids"
+    data.mkdir()
+    pq.write_table(pa.table({"id": np.arange(1 << 16, dtype=np.int64)}), data / "p.parquet", row_group_size=8192)
+    m = mounter(data, "shuffle=window", f"batch_size={BS}", "prefetch=0")
+    got, built = read_far_batch(m.p("epoch-0", "all", "id.npy"), how, lambda: tfs.stats(m)["batches_built"])
+    # A 4 KiB page holds two batches of this tensor.
+    assert 1 <= built <= 2, f"a read of batch {FAR} ({how}) built {built} batches"
+    want = tfs.load_safetensors(m.p("epoch-0", batch_name(FAR) + ".safetensors"))["id"]
+    assert got.tolist() == want.tolist()
 
 
 def test_gds_links_the_all_files_to_the_main_tree(mounter, shuf_ds):
