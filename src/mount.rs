@@ -735,6 +735,15 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         dataset.plan.batches(),
         dataset.view.tensors.len()
     );
+    if let Some(w) = opts.world_size
+        && dataset.plan.rank_batches(w) == 0
+    {
+        // Valid (every batch is in the epoch directories), but rarely what was meant.
+        tracing::warn!(
+            "the rank views of world_size={w} hold no batch: every partition has fewer than \
+             batch_size rows, or the epoch fewer than {w} batches (see `tensorfs inspect`)"
+        );
+    }
     raise_readahead(mountpoint);
     ready.report(&Ok(()));
     drop(ready);
