@@ -16,6 +16,7 @@ use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ pub const DATASET_JSON: &str = "dataset.json";
 const GDS: &str = "gds";
 const META: &str = ".tensorfs";
 const STATS_JSON: &str = "stats.json";
+/// stats.json's size is a multiple of this.
+const STATS_JSON_STEP: u64 = 4096;
 /// The extended attribute that names a batch file's backing file.
 pub const PATH_XATTR: &str = "user.tensorfs.path";
 /// How long a backing file handed out by path stays pinned in the cache.
@@ -185,6 +188,8 @@ pub struct Fs {
     sizes: HashMap<(u64, FileKind), u64>,
     /// Interned epoch and rank directories, and whether each is under `gds/`.
     dirs: Mutex<Dirs>,
+    /// stats.json's size (see `stats_json`): it only grows.
+    stats_size: AtomicU64,
 }
 
 impl Fs {
@@ -215,6 +220,7 @@ impl Fs {
             dataset_json,
             sizes,
             dirs: Mutex::default(),
+            stats_size: AtomicU64::new(0),
         }
     }
 
@@ -281,6 +287,12 @@ impl Fs {
         v["memory_bytes"] = serde_json::json!(self.materializer.builder().memory());
         v["readers"] = serde_json::json!(self.prefetcher.depths());
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
+        // Padded with spaces (whitespace a JSON document may end with) to a size that only
+        // grows, in steps of 4 KiB: the size a stat reports is then the size the next open
+        // reads, though the counters change between the two.
+        let want = (out.len() as u64 + 1).next_multiple_of(STATS_JSON_STEP);
+        let size = self.stats_size.fetch_max(want, Ordering::Relaxed).max(want);
+        out.resize(size as usize - 1, b' ');
         out.push(b'\n');
         out
     }
@@ -311,9 +323,9 @@ impl Fs {
             }
             Node::AllDir(_) => (Kind::Dir, 0),
             Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
-            // Its content changes all the time: like a /proc file, it has no size to promise;
-            // it is opened direct-io and read to its end.
-            Node::StatsJson => (Kind::File, 0),
+            // Its content changes all the time: each open reads a snapshot of it (direct-io),
+            // padded to the size reported here.
+            Node::StatsJson => (Kind::File, self.stats_json().len() as u64),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
                 let (b, gds) = self.dir_entry(d)?;
                 match gds {

@@ -182,6 +182,20 @@ def test_stats_json_reads_are_whole(mounter, shuf_ds):
     assert not torn, f"{len(torn)} of {reads} reads of stats.json were not one JSON document, e.g. ...{torn[0]!r}"
 
 
+def test_stats_json_is_the_size_a_stat_reports(mounter, shuf_ds):
+    """Like every file of the mount, stats.json is as long as its stat says (padded with
+    whitespace, which ends a JSON document), while its counters change."""
+    m = mounter(shuf_ds.path, "shuffle=window", "batch_size=64")
+    path = m.p(".tensorfs", "stats.json")
+    for i in range(20):
+        tfs.sha256(m.p("epoch-0", batch_name(i) + ".safetensors"))
+        size = os.stat(path).st_size
+        raw = read_stats(m)
+        assert len(raw) == size, (i, len(raw), size)
+        assert size % 4096 == 0 and raw.endswith(b"\n")
+        json.loads(raw)
+
+
 # --------------------------------------------------------------------------------------------
 # 1. Warm remount
 # --------------------------------------------------------------------------------------------
