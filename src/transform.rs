@@ -115,12 +115,19 @@ fn flatten(array: &dyn Array) -> Result<Flat> {
             let list = array.as_fixed_size_list();
             let mut flat = flatten(list.values().as_ref())?;
             if let Some(rows) = valid {
+                // A row's elements: n items, each of them every element of an inner list.
                 let size = flat.dtype.size();
-                let elems = flat.valid.get_or_insert_with(|| vec![true; rows.len() * n]);
+                let per_row = n
+                    * (flat.data.len() / size)
+                        .checked_div(rows.len() * n)
+                        .unwrap_or(0);
+                let elems = flat
+                    .valid
+                    .get_or_insert_with(|| vec![true; rows.len() * per_row]);
                 for (r, ok) in rows.iter().enumerate() {
                     if !ok {
-                        elems[r * n..(r + 1) * n].fill(false);
-                        flat.data[r * n * size..(r + 1) * n * size].fill(0);
+                        elems[r * per_row..(r + 1) * per_row].fill(false);
+                        flat.data[r * per_row * size..(r + 1) * per_row * size].fill(0);
                     }
                 }
             }
@@ -465,5 +472,33 @@ mod tests {
         assert_eq!(cast(floats.clone(), DType::F64, DType::Bool), vec![1, 1, 0]);
         let h = cast(floats, DType::F64, DType::F16);
         assert_eq!(f16::from_le_bytes([h[0], h[1]]).to_f64(), 1.5);
+    }
+
+    #[test]
+    fn a_null_row_of_a_nested_fixed_size_list_zeroes_that_row_only() {
+        use arrow::array::{FixedSizeListArray, Int32Array};
+        use arrow::buffer::NullBuffer;
+        use arrow::datatypes::Field;
+        use std::sync::Arc;
+        // int32[4 rows][2][2], row 1 null at the outer level, one leaf (row 2) null.
+        let leaf = Int32Array::from_iter((1..=16).map(|v| (v != 10).then_some(v)));
+        let pair = Arc::new(Field::new("item", DataType::Int32, true));
+        let inner = FixedSizeListArray::new(pair, 2, Arc::new(leaf), None);
+        let row = Arc::new(Field::new("item", inner.data_type().clone(), true));
+        let nulls = NullBuffer::from(vec![true, false, true, true]);
+        let outer = FixedSizeListArray::new(row, 2, Arc::new(inner), Some(nulls));
+        let flat = flatten(&outer).unwrap();
+        let values: Vec<i32> = flat
+            .data
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut want: Vec<i32> = (1..=16).collect();
+        want[4..8].fill(0);
+        want[9] = 0;
+        assert_eq!(values, want);
+        let valid = flat.valid.unwrap();
+        let want_valid: Vec<bool> = (0..16).map(|i| !(4..8).contains(&i) && i != 9).collect();
+        assert_eq!(valid, want_valid);
     }
 }

@@ -240,6 +240,12 @@ def make_nulls(path):
         vec_null = rng.random(n) < 0.15
         flag = rng.random(n) < 0.5
         flag_null = rng.random(n) < 0.1
+        # Nested: int16 [2, 3] per row, null at the outer level and at the leaves.
+        grid = rng.integers(-100, 100, (n, 2, 3)).astype(np.int16)
+        grid_null = rng.random(n) < 0.15
+        leaf_null = rng.random((n, 2, 3)) < 0.05
+        grid_ok = ~(grid_null[:, None, None] | leaf_null)
+        pairs = pa.FixedSizeListArray.from_arrays(pa.array(grid.reshape(-1), mask=leaf_null.reshape(-1)), 3)
         table = pa.table(
             {
                 "id": pa.array(ids),
@@ -247,6 +253,7 @@ def make_nulls(path):
                 "cnt": pa.array(cnt, mask=cnt_null),
                 "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1)), 2, mask=pa.array(vec_null)),
                 "flag": pa.array(flag, mask=flag_null),
+                "grid": pa.FixedSizeListArray.from_arrays(pairs, 2, mask=pa.array(grid_null)),
             }
         )
         tables.append((fname, table))
@@ -260,6 +267,8 @@ def make_nulls(path):
             "vec.mask": np.repeat((~vec_null).astype(np.uint8)[:, None], 2, axis=1),
             "flag": np.where(flag_null, False, flag),
             "flag.mask": (~flag_null).astype(np.uint8),
+            "grid": np.where(grid_ok, grid, 0).astype(np.int16),
+            "grid.mask": grid_ok.astype(np.uint8),
         }
         for k, v in parts.items():
             ref.setdefault(k, []).append(v)
@@ -277,8 +286,8 @@ def test_nulls_zero_with_mask(mounter, tmp_path):
     dj = m.dataset()
     tensors = {t["name"]: t for t in dj["tensors"]}
     assert set(tensors) == set(ds.ref), "a .mask tensor exactly for each column with nulls"
-    assert main_names(tensor_names(dj)) == ["id", "score", "cnt", "vec", "flag"]
-    for name in ("score", "cnt", "vec", "flag"):
+    assert main_names(tensor_names(dj)) == ["id", "score", "cnt", "vec", "flag", "grid"]
+    for name in ("score", "cnt", "vec", "flag", "grid"):
         assert tensors[name + ".mask"]["dtype"] == "uint8"
         assert tensors[name + ".mask"]["shape"] == tensors[name]["shape"]
     got = batches(ds.ref, ds.rows, bs)
