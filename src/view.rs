@@ -751,12 +751,14 @@ fn check_stacks_and_pads(
         }
     }
     for (c, _) in &opts.pads {
-        match cols
-            .index
-            .get(c.as_str())
-            .filter(|i| cols.selected.contains(i))
-        {
-            None => problems.push(format!("mount option pad={c}: no column '{c}' is served")),
+        match cols.index.get(c.as_str()) {
+            None => problems.push(format!(
+                "mount option pad={c}: the dataset has no column '{c}' (it has: {})",
+                all_names(cols.schema)
+            )),
+            // Left out by columns=: nothing to pad. (A hint's columns= pasted beside the pad=
+            // that was refused mounts.)
+            Some(i) if !cols.selected.contains(i) => {}
             Some(&i) if !cols.is_list(i) => problems.push(format!(
                 "mount option pad={c}: column '{c}' is not a variable-length list of scalars ({})",
                 type_name(cols.schema.field(i).data_type())
@@ -886,11 +888,14 @@ fn items(
         });
     }
     for (c, _) in &opts.casts {
+        // A column left out by columns= has nothing to cast, as with pad=.
         let known = items.iter().any(|it| it.name == *c)
-            || opts.stacks.iter().any(|(_, members)| members.contains(c));
+            || opts.stacks.iter().any(|(_, members)| members.contains(c))
+            || cols.index.contains_key(c.as_str());
         if !known {
             problems.push(format!(
-                "mount option cast={c}: no column or stack '{c}' is served"
+                "mount option cast={c}: the dataset has no column or stack '{c}' (it has: {})",
+                all_names(cols.schema)
             ));
         }
     }

@@ -173,6 +173,8 @@ BAD_OPTIONS = [
     ("seed=abc", "seed"),
     ("memory_limit=12Q", "memory_limit"),
     ("pad=id:abc", "pad"),
+    ("pad=nosuchcol:4", "nosuchcol"),
+    ("cast=nosuchcol:float16", "nosuchcol"),
     ("stack=s:id+x", "stack"),  # int64 + float32: not one dtype
 ]
 
@@ -182,6 +184,13 @@ def test_refused_option(shuf_ds, mounter, opt, name):
     mnt = mounter.mountpoint()
     line = refuse(["mount", shuf_ds.path, mnt, "-o", f"{opt},cache_dir={mnt.parent / 'cache'}"], mnt)
     assert name in line, f"{name!r} not named in: {line}"
+
+
+def test_options_naming_a_column_that_columns_leaves_out_are_no_error(shuf_ds, mounter):
+    """A columns= hint pasted beside the cast= or pad= the user gave mounts: options on a
+    column of the dataset that columns= leaves out have nothing to do."""
+    m = mounter(shuf_ds.path, "columns=id", "cast=x:float16", "pad=x:4")
+    assert [t["name"] for t in m.dataset()["tensors"]] == ["id"]
 
 
 def test_refused_option_in_a_repeated_o(shuf_ds, mounter):
