@@ -428,9 +428,15 @@ impl Source {
                 object_store::Error::NotFound { .. } => {
                     anyhow!("source '{source}' does not exist")
                 }
-                e if source.starts_with("http://") && e.to_string().contains("builder error") => {
+                // The HTTP client refusing a plain http:// URL it was not allowed.
+                e if e.to_string().contains("builder error") => {
+                    let key = match source.split_once("://").map(|(scheme, _)| scheme) {
+                        Some("s3" | "s3a") => "aws_allow_http",
+                        Some("az" | "abfs" | "abfss" | "azure" | "adl") => "azure_allow_http",
+                        _ => "client_allow_http",
+                    };
                     anyhow!(
-                        "source '{source}' cannot be listed: plain http:// needs -o client_allow_http=true"
+                        "source '{source}' cannot be listed: a plain http:// endpoint needs -o {key}=true"
                     )
                 }
                 e => anyhow!("source '{source}' cannot be listed: {e}"),

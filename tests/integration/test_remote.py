@@ -563,3 +563,14 @@ def test_refused_unreachable_endpoint(mounter, remote):
     line, took = refusal(mounter, src, "http://127.0.0.1:1", timeout=90)
     assert src.rstrip("/") in line, line
     assert took < 60, f"the refusal took {took:.0f} s"
+
+
+def test_refused_plain_http_endpoint_names_aws_allow_http(mounter, remote):
+    """object_store refuses a plain http:// endpoint unless allowed: the line names the option."""
+    src = remote.src("main")
+    mnt = mounter.mountpoint()
+    opts = [o for o in s3_opts(remote.s3.url) if not o.startswith("aws_allow_http")]
+    proc = tfs.run(["mount", src, mnt, "-o", ",".join([*opts, f"cache_dir={mnt.parent / 'c'}"])], timeout=90)
+    line = tfs.error_line(proc)
+    assert proc.returncode != 0 and not tfs.is_mounted(mnt)
+    assert "aws_allow_http=true" in line and src.rstrip("/") in line, line
