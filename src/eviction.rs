@@ -30,7 +30,7 @@ impl Eviction {
         let plan = orders.plan();
         let per_epoch = plan.epoch_rows().max(1);
         let bs = plan.options().batch_size;
-        // Saturating: an epoch number far past any job's (epoch-4294967295) still orders right.
+        // Saturating: an epoch number far past any job's (up to 2^63 - 1) still orders right.
         let rows_before = move |e: u64, i: u64| e.saturating_mul(per_epoch).saturating_add(i * bs);
         let now = rows_before(epoch, batch);
         let (this, next) = (self.orders.epoch(epoch), self.orders.epoch(epoch + 1));

@@ -109,9 +109,9 @@ pub fn epoch_name(epoch: u64) -> String {
     format!("epoch-{epoch}")
 }
 
-/// The last epoch a mount shows: `epoch-N` resolves for any N up to it. Bounded so that epoch
-/// numbers and the row counts reckoned from them never overflow.
-pub const MAX_EPOCH: u64 = u32::MAX as u64;
+/// The last epoch a mount shows: `epoch-N` resolves for any N up to it (2^63 - 1). Bounded so
+/// that the epochs after one (a prefetcher looks ahead into them) never overflow.
+pub const MAX_EPOCH: u64 = i64::MAX as u64;
 
 pub fn parse_epoch(name: &str) -> Option<u64> {
     name.strip_prefix("epoch-")
@@ -313,8 +313,8 @@ mod tests {
         assert_eq!(number(""), None);
         assert_eq!(number("1x"), None);
         assert_eq!(parse_epoch("epoch-12"), Some(12));
-        assert_eq!(parse_epoch("epoch-4294967295"), Some(MAX_EPOCH));
-        assert_eq!(parse_epoch("epoch-4294967296"), None);
+        assert_eq!(parse_epoch("epoch-9223372036854775807"), Some(MAX_EPOCH));
+        assert_eq!(parse_epoch("epoch-9223372036854775808"), None);
         assert_eq!(parse_epoch("epoch-012"), None);
         assert_eq!(parse_rank("rank-1-of-4"), Some((1, 4)));
         assert_eq!(parse_rank("rank-4-of-4"), None);

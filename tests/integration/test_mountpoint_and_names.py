@@ -155,7 +155,7 @@ def test_batch_names_are_six_digits_and_widen_only_past_999999(mounter, tmp_path
         assert not os.path.exists(m.p("epoch-0", wrong + ".safetensors")), wrong
         assert not os.path.exists(m.p("epoch-0", wrong)), wrong
     # The last epoch a mount shows, and none past it.
-    last = "epoch-4294967295"
-    assert tfs.load_safetensors(m.p(last, batch_name(7) + ".safetensors"))["v"].tolist() == [7]
-    assert not os.path.exists(m.p("epoch-4294967296"))
+    for far in ("epoch-4294967296", "epoch-9223372036854775807"):
+        assert tfs.load_safetensors(m.p(far, batch_name(7) + ".safetensors"))["v"].tolist() == [7]
+    assert not os.path.exists(m.p("epoch-9223372036854775808"))
     assert not os.path.exists(m.p("epoch-18446744073709551615"))
