@@ -131,7 +131,7 @@ pub fn parse_rank(name: &str) -> Option<(u64, u64)> {
         .filter(|&(r, w)| r < w)
 }
 
-/// The files of a mount: names and sizes from the tensor view and the batch count alone.
+/// The files of a mount: names and sizes from the tensor view alone.
 pub struct Layout {
     tensors: Vec<Tensor>,
 }
