@@ -70,7 +70,7 @@ struct Entry {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
+pub struct Stamp {
     ino: u64,
     size: u64,
     mtime_ns: i128,
@@ -78,7 +78,7 @@ struct Stamp {
 }
 
 impl Stamp {
-    fn of(md: &std::fs::Metadata) -> Stamp {
+    pub fn of(md: &std::fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
         Stamp {
             ino: md.ino(),
@@ -537,6 +537,52 @@ impl DiskCache {
         let meta = meta_bytes(len, crc, &self.identity(item));
         let file = self.write(item, parts, Some(&meta), distance, stats)?;
         Ok((file, self.path(item)))
+    }
+
+    /// Reserves `bytes` of the capacity for a file kept outside the index (a one-open file
+    /// built ahead, [`crate::ahead`]), evicting for it only items that `distance` says are never
+    /// needed again: `false` where that leaves too little room. Given back with
+    /// [`DiskCache::unreserve`].
+    pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
+        let _one_at_a_time = self.reserving.lock().unwrap();
+        if self.used() + bytes > self.capacity {
+            let never: Vec<(Item, u64)> = self
+                .entries
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, e)| e.pinned_until.is_none_or(|t| t < Instant::now()))
+                .map(|(item, e)| (*item, e.bytes))
+                .collect();
+            for (item, size) in never {
+                if self.used() + bytes <= self.capacity {
+                    break;
+                }
+                if distance(item) == u64::MAX {
+                    self.remove(item, stats);
+                    Stats::add(&stats.c.cache_evictions, 1);
+                    Stats::add(&stats.c.cache_evicted_bytes, size);
+                }
+            }
+        }
+        if self.used() + bytes > self.capacity {
+            return false;
+        }
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        Stats::set(&stats.c.cache_bytes, self.used());
+        true
+    }
+
+    /// Gives back what [`DiskCache::reserve_spare`] reserved.
+    pub fn unreserve(&self, bytes: u64, stats: &Stats) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+        Stats::set(&stats.c.cache_bytes, self.used());
+    }
+
+    /// A new file in the cache's temp directory, for reading and writing, that the caller
+    /// removes (or a later start does, once this process is gone).
+    pub fn scratch_file(&self) -> Result<(File, PathBuf)> {
+        self.tmp_file()
     }
 
     /// A new temp file, open for reading too: once renamed into place it is the handle a

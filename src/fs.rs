@@ -7,6 +7,7 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
+use crate::ahead::Ahead;
 use crate::error::{Error, Result, enoent};
 use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
 use crate::materialize::Materializer;
@@ -113,7 +114,8 @@ pub enum Openable {
     Batch,
     /// dataset.json: fixed for the mount's life.
     Fixed,
-    /// `all.safetensors`, `all/NAME.npy`: served by the daemon from the batches a read spans.
+    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::ahead`]) where
+    /// there is one, else served by the daemon from the batches a read spans.
     Concatenated,
     /// stats.json: new content on every open.
     Live(Vec<u8>),
@@ -171,6 +173,7 @@ struct Dirs {
 pub struct Tree {
     pub materializer: Arc<Materializer>,
     pub prefetcher: Prefetcher,
+    pub ahead: Ahead,
     pub layout: Arc<Layout>,
     pub epochs: u64,
     pub world_size: Option<u64>,
@@ -180,6 +183,7 @@ pub struct Tree {
 pub struct Fs {
     materializer: Arc<Materializer>,
     prefetcher: Prefetcher,
+    ahead: Ahead,
     layout: Arc<Layout>,
     epochs: u64,
     world_size: Option<u64>,
@@ -197,6 +201,7 @@ impl Fs {
         let Tree {
             materializer,
             prefetcher,
+            ahead,
             layout,
             epochs,
             world_size,
@@ -214,6 +219,7 @@ impl Fs {
         Fs {
             materializer,
             prefetcher,
+            ahead,
             layout,
             epochs,
             world_size,
@@ -556,11 +562,27 @@ impl Fs {
         }
     }
 
-    /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered).
+    /// Counts an open of a one-open file answered by passthrough.
+    pub fn opened_by_passthrough(&self) {
+        Stats::add(&self.stats().c.passthrough_opens, 1);
+    }
+
+    /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered); a
+    /// one-open file opened built ahead has the next epoch's built.
     pub fn note_reader(&self, ino: u64) {
-        if let Ok(node) = self.node(ino) {
-            self.accessed(node);
+        let Ok(node) = self.node(ino) else { return };
+        if let Some((d, kind)) = node.all_file()
+            && let Ok(dir) = self.dir(d)
+        {
+            self.ahead.reader_at(dir, kind);
         }
+        self.accessed(node);
+    }
+
+    /// One-open file `ino` built whole ahead, unchanged since, if it is.
+    pub fn built_ahead(&self, ino: u64) -> Option<Arc<File>> {
+        let (d, kind) = self.node(ino).ok()?.all_file()?;
+        self.ahead.ready(self.dir(d).ok()?, kind)
     }
 
     /// A batch file's backing file, materialised on the local cache first if it must be.
@@ -802,6 +824,10 @@ impl Fs {
                 at += take;
             }
             base += len;
+        }
+        // Past its middle: time to build the next epoch's file.
+        if end * 2 >= base {
+            self.ahead.reader_at(b, kind);
         }
         Ok(out)
     }

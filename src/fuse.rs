@@ -108,6 +108,13 @@ impl Opener {
         started: std::time::Instant,
         reply: ReplyOpen,
     ) {
+        let passthrough = self.answer(ino, fh, file, reply);
+        self.fs.opened(ino, started.elapsed(), passthrough);
+    }
+
+    /// Answers an open of a file served from `file` where there is one (by passthrough where
+    /// the inode's mode allows), else by the daemon: whether it went by passthrough.
+    fn answer(&self, ino: u64, fh: u64, file: Option<Arc<File>>, reply: ReplyOpen) -> bool {
         let passthrough = self.passthrough.load(Ordering::Relaxed);
         let (mode, refused) = self
             .open_files
@@ -116,14 +123,16 @@ impl Opener {
             tracing::warn!("FUSE passthrough refused ({e}): reads are served by the daemon");
             self.passthrough.store(false, Ordering::Relaxed);
         }
-        self.fs
-            .opened(ino, started.elapsed(), matches!(mode, Mode::Passthrough(_)));
         match mode {
             Mode::Passthrough(id) => {
                 // The kernel takes no caching flags with passthrough (EIO otherwise).
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+                true
             }
-            Mode::Cached => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Mode::Cached => {
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+                false
+            }
         }
     }
 }
@@ -223,9 +232,22 @@ impl Filesystem for FuseAdapter {
                 self.open_files.open_snapshot(fh, snapshot);
                 return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
-            // Their bytes never change: the kernel keeps them cached across opens.
-            Openable::Fixed | Openable::Concatenated => {
+            // Its bytes never change: the kernel keeps them cached across opens.
+            Openable::Fixed => {
                 return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+            }
+            // From the file built ahead where there is one, else by the daemon; a reader that
+            // has the next epoch's built meanwhile.
+            Openable::Concatenated => {
+                let file = self.fs.built_ahead(ino.0);
+                let from_file = file.is_some();
+                if self.opener().answer(ino.0, fh, file, reply) {
+                    self.fs.opened_by_passthrough();
+                }
+                if from_file {
+                    self.fs.note_reader(ino.0);
+                }
+                return;
             }
             Openable::Batch => {}
         }

@@ -9,6 +9,7 @@
 //! them, `fs` is the tree, `fuse` the adapter to the kernel, and `mount` ties them together.
 //! docs/architecture.md draws it.
 
+pub mod ahead;
 pub mod builder;
 pub mod cache;
 pub mod client;

@@ -80,6 +80,15 @@ impl Materializer {
         &self.cache
     }
 
+    pub fn cache_arc(&self) -> Arc<DiskCache> {
+        self.cache.clone()
+    }
+
+    /// How far ahead of the readers each cache item is needed ([`Eviction::distance_fn`]).
+    pub fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
+        self.eviction.distance_fn()
+    }
+
     /// The cache item of file `kind` of batch `batch` of `epoch`. Where epochs repeat
     /// (`shuffle=none`), every epoch's is epoch 0's: one file, built once, for all of them.
     pub fn item(&self, kind: FileKind, epoch: u64, batch: u64) -> Item {

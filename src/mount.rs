@@ -1,6 +1,7 @@
 //! Opening a dataset and mounting it: what `tensorfs mount` and `tensorfs inspect` share, the
 //! checks made before anything is mounted, daemonising, and the FUSE session's life.
 
+use crate::ahead::Ahead;
 use crate::builder::{Builder, Limits, Parts};
 use crate::cache::DiskCache;
 use crate::eviction::Eviction;
@@ -175,6 +176,13 @@ impl Dataset {
             eviction,
             readers.clone(),
         ));
+        let ahead = Ahead::new(
+            materializer.clone(),
+            layout.clone(),
+            runtime.clone(),
+            opts.epochs,
+            opts.prefetch > 0,
+        );
         let prefetcher = Prefetcher::new(
             materializer.clone(),
             readers,
@@ -186,6 +194,7 @@ impl Dataset {
         Ok(Fs::new(Tree {
             materializer,
             prefetcher,
+            ahead,
             layout,
             epochs: opts.epochs,
             world_size: opts.world_size,

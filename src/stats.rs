@@ -64,6 +64,12 @@ counters!(
     stall_count,
     stall_ns,
     passthrough_opens,
+    // One-open files of a reader's next epoch built whole ahead of it, their bytes, those the
+    // cache had no room for, and opens answered from them.
+    ahead_files_built,
+    ahead_bytes_built,
+    ahead_skipped,
+    ahead_opens,
     daemon_reads,
     daemon_read_bytes,
 );

@@ -103,6 +103,8 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
         ("warm all/*.npy, mmap batch slices", "tfs_all_mmap", "all_local_mmap"),
         ("shuffled epoch 1, shuffle=window (batch files)", "tfs_window_e1", "st_local"),
         ("shuffled epoch 2, shuffle=window (all.safetensors, 1 MiB reads)", "tfs_window_e2_all", "all_local_seq"),
+        ("shuffled epoch 3, shuffle=window (all.safetensors built ahead, 1 MiB reads)", "tfs_window_e3_ahead",
+         "all_local_seq"),
     )]
     if any(m and l for _, m, l in vs_local):
         print("\nthrough the mount / the same bytes from a local file (MB/s):")

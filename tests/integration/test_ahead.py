@@ -1,0 +1,95 @@
+"""One-open files of the next epoch built whole ahead of their reader (src/ahead.rs): a reader
+of a directory's all.safetensors or all/NAME.npy past its middle has the next epoch's built on
+the local cache, and the next epoch's open is served from it (by passthrough where the kernel
+takes it). The bytes are the same as those the daemon serves: the batch files back to back."""
+
+import glob
+import os
+import time
+
+import numpy as np
+import pytest
+
+import tfs
+from tfs import batch_name
+
+BS, N = 256, 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
+
+
+def concatenated(m: tfs.Mount, rel_dir: str, n: int, tensors=("id", "x")) -> bytes:
+    """The data of the directory's batch files, tensor by tensor: what its all files hold."""
+    got = [tfs.load_safetensors(m.p(rel_dir, batch_name(i) + ".safetensors")) for i in range(n)]
+    return b"".join(np.concatenate([b[t] for b in got]).tobytes() for t in tensors)
+
+
+def wait_built(m: tfs.Mount, at_least: int) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        s = tfs.stats(m)
+        if s["ahead_files_built"] >= at_least or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["window", "global"])
+def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter, shuf_ds, mode):
+    m = mounter(shuf_ds.path, f"shuffle={mode}", f"batch_size={BS}", "world_size=3", "epochs=3")
+    # A reader of epoch 0's files has epoch 1's built.
+    tfs.read_exact(m.p("epoch-0", "all.safetensors"))
+    tfs.read_exact(m.p("epoch-0", "all", "x.npy"))
+    tfs.read_exact(m.p("epoch-0", "rank-2-of-3", "all.safetensors"))
+    s = wait_built(m, 3)
+    assert s["ahead_files_built"] == 3 and s["ahead_skipped"] == 0, s
+    for rel_dir, n in (("epoch-1", N), ("epoch-1/rank-2-of-3", N // 3)):
+        raw = tfs.read_exact(m.p(rel_dir, "all.safetensors"))
+        assert raw[tfs.DATA_OFFSET :] == concatenated(m, rel_dir, n), rel_dir
+    x = np.load(m.p("epoch-1", "all", "x.npy"), mmap_mode="r")
+    assert np.asarray(x).tobytes() == concatenated(m, "epoch-1", N, ("x",))
+    del x
+    s = tfs.stats(m)
+    assert s["ahead_opens"] >= 3, s
+    if s["passthrough_opens"] == 0:
+        pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
+    assert s["passthrough_opens"] >= 3, s
+    # Opening epoch 1's files built ahead has epoch 2's built; nothing past the listed epochs.
+    s = wait_built(m, 6)
+    assert s["ahead_files_built"] == 6, s
+    raw = tfs.read_exact(m.p("epoch-2", "all.safetensors"))
+    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-2", N)
+    time.sleep(0.5)
+    assert tfs.stats(m)["ahead_files_built"] == 6
+    # Every epoch a permutation, read through the files built ahead.
+    ids = np.load(m.p("epoch-2", "rank-2-of-3", "all", "id.npy"))
+    assert len(set(ids.tolist())) == len(ids)
+
+
+def test_a_file_changed_after_it_was_built_is_not_served(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
+    tfs.read_exact(m.p("epoch-0", "all.safetensors"))
+    assert wait_built(m, 1)["ahead_files_built"] == 1
+    built = [p for p in glob.glob(str(m.cache / "v1" / "tmp" / "*")) if os.path.getsize(p) > 0]
+    assert len(built) == 1, built
+    with open(built[0], "r+b") as f:
+        f.seek(tfs.DATA_OFFSET)
+        f.write(b"\xff" * 64)
+    raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
+    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1", N)
+    assert tfs.stats(m)["ahead_opens"] == 0
+
+
+def test_nothing_is_built_ahead_without_prefetch_or_room(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2", "prefetch=0")
+    tfs.read_exact(m.p("epoch-0", "all.safetensors"))
+    time.sleep(0.5)
+    assert tfs.stats(m)["ahead_files_built"] == 0
+    # A cache smaller than the file: not built, and the next epoch is served by the daemon.
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2", "cache_size=16K")
+    tfs.read_exact(m.p("epoch-0", "all.safetensors"))
+    deadline = time.monotonic() + 30
+    while tfs.stats(m)["ahead_skipped"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s = tfs.stats(m)
+    assert s["ahead_skipped"] == 1 and s["ahead_files_built"] == 0, s
+    assert s["cache_bytes"] <= s["cache_capacity"], s
+    raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
+    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1", N)
