@@ -295,7 +295,7 @@ def run(a) -> int:
                 waited = time.monotonic() - waited
                 log(f"shuffle={mode}: epoch 3's all.safetensors built ahead {waited:.2f} s after epoch 2's was read "
                     f"(epoch 2 read in {res.get(f'tfs_{mode}_e2_all')['seconds']:.2f} s)")
-                res.add(f"tfs_{mode}_e3_ahead", f"tensorfs shuffle={mode}, epoch 3, all.safetensors built ahead",
+                res.add(f"tfs_{mode}_e3_ahead", f"tensorfs shuffle={mode}, epoch 3, built ahead",
                         *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
                 if m.stats()["ahead_opens"] < 1:
                     log(f"shuffle={mode}: epoch 3's all.safetensors was not served from the file built ahead")
@@ -404,9 +404,9 @@ def run(a) -> int:
             cold = res.get("tfs_cold")
             if cold:
                 log(f"stall experiment, file://: consumer at half of {cold['mb_s']:.1f} MB/s")
-                for layout in ("batch", "all"):
+                for layout, shuffled in (("batch", False), ("all", False), ("batch", True), ("all", True)):
                     stalls.append(stall_experiment(binary, f"file://{data}", opts, scratch, caches, cold["mb_s"], n_batches,
-                                                   "file", a.stall_prefetch, B, rg_first_rows, layout))
+                                                   "file", a.stall_prefetch, B, rg_first_rows, layout, shuffled))
             cold_s3 = res.get("tfs_cold_s3")
             if cold_s3 and s3 is not None:
                 log(f"stall experiment, S3: consumer at half of {cold_s3['mb_s']:.1f} MB/s")

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
@@ -56,7 +57,8 @@ impl Drop for Built {
 }
 
 enum State {
-    Building,
+    /// Being built; set to stop it (its reader came first).
+    Building(Arc<AtomicBool>),
     Ready(Built),
     /// Not built: no room in the cache, or the build failed (said in the log).
     Skipped,
@@ -108,8 +110,18 @@ impl Ahead {
     pub fn ready(&self, dir: Batches, kind: FileKind) -> Option<Arc<File>> {
         let key = self.key(dir, kind);
         let mut files = self.files.lock().unwrap();
-        let State::Ready(built) = files.get(&key)? else {
-            return None;
+        let built = match files.get(&key)? {
+            State::Ready(built) => built,
+            State::Building(stop) => {
+                // Its reader came before it was done: a reader this fast is served by the
+                // daemon sooner than by waiting, and a build going on beside it would gather
+                // every batch twice.
+                if !stop.swap(true, Ordering::Relaxed) {
+                    Stats::add(&self.materializer.stats().c.ahead_late, 1);
+                }
+                return None;
+            }
+            State::Skipped => return None,
         };
         let now = built.file.metadata().ok().map(|md| Stamp::of(&md));
         if now != Some(built.stamp) {
@@ -137,12 +149,13 @@ impl Ahead {
             return;
         }
         let (here, key) = (self.key(dir, kind), self.key(next, kind));
+        let stop = Arc::new(AtomicBool::new(false));
         {
             let mut files = self.files.lock().unwrap();
             if files.contains_key(&key) {
                 return;
             }
-            files.insert(key, State::Building);
+            files.insert(key, State::Building(stop.clone()));
             // Epochs gone by: their files are read by nobody now (removed as they drop).
             files.retain(|k, _| *k == here || *k == key || !same_chain(k, &key) || !older(k, &key));
         }
@@ -151,28 +164,38 @@ impl Ahead {
             layout: self.layout.clone(),
             runtime: self.runtime.clone(),
             key,
+            stop,
         };
         let files = self.files.clone();
-        self.runtime.spawn_blocking(move || {
-            let state = match job.build() {
-                Ok(Some(built)) => State::Ready(built),
-                Ok(None) => State::Skipped,
-                Err(e) => {
-                    tracing::warn!(
-                        "building {:?} of {} ahead: {} (its reads are served by the daemon)",
-                        key.kind,
-                        crate::layout::dir_name(key.dir),
-                        crate::describe(&e)
-                    );
-                    State::Skipped
+        // A thread of its own in SCHED_IDLE: the build takes only CPU time nothing else wants
+        // (its gathers run on the workers, which are idle-class too while no reader waits).
+        let spawned = std::thread::Builder::new()
+            .name("tensorfs-ahead".into())
+            .spawn(move || {
+                crate::pool::idle_class();
+                let state = match job.build() {
+                    Ok(Some(built)) => State::Ready(built),
+                    Ok(None) => State::Skipped,
+                    Err(e) => {
+                        tracing::warn!(
+                            "building {:?} of {} ahead: {} (its reads are served by the daemon)",
+                            key.kind,
+                            crate::layout::dir_name(key.dir),
+                            crate::describe(&e)
+                        );
+                        State::Skipped
+                    }
+                };
+                let mut files = files.lock().unwrap();
+                // Unless it was dropped meanwhile as an epoch gone by.
+                if let Some(slot) = files.get_mut(&key) {
+                    *slot = state;
                 }
-            };
-            let mut files = files.lock().unwrap();
-            // Unless it was dropped meanwhile as an epoch gone by.
-            if let Some(slot) = files.get_mut(&key) {
-                *slot = state;
-            }
-        });
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to build ahead: {e}");
+            self.files.lock().unwrap().insert(key, State::Skipped);
+        }
     }
 }
 
@@ -196,10 +219,11 @@ struct Job {
     layout: Arc<Layout>,
     runtime: Handle,
     key: Key,
+    stop: Arc<AtomicBool>,
 }
 
 impl Job {
-    /// The file, written whole; `None` where the cache has no room for it.
+    /// The file, written whole; `None` where the cache has no room for it, or it was stopped.
     fn build(&self) -> Result<Option<Built>> {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
@@ -232,7 +256,10 @@ impl Job {
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 cache.unreserve(bytes, &stats);
-                return Err(e);
+                return match self.stop.load(Ordering::Relaxed) {
+                    true => Ok(None),
+                    false => Err(e),
+                };
             }
         };
         // Dropping it removes the file and gives its bytes back.
@@ -266,6 +293,9 @@ impl Job {
         }
         file.set_len(base)?;
         for j in 0..plan.count(dir) {
+            if self.stop.load(Ordering::Relaxed) {
+                anyhow::bail!("stopped: its reader came first");
+            }
             let (epoch, g) = dir.global(j);
             let batch = match kind {
                 FileKind::Safetensors => Some(self.runtime.block_on(builder.batch(epoch, g))?),

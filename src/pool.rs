@@ -37,6 +37,13 @@ fn set_class(tid: libc::pid_t, class: Class) -> bool {
     unsafe { libc::sched_setscheduler(tid, policy, &param) == 0 }
 }
 
+/// Moves the calling thread to `SCHED_IDLE` (at nice [`NICE`] where that is refused), for a
+/// thread that does only work ahead of any reader, to its end.
+pub fn idle_class() {
+    lower_own_priority();
+    set_class(0, Class::Idle);
+}
+
 /// Readers waiting for a build, and the workers' thread ids.
 #[derive(Default)]
 struct Waiters {

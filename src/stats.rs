@@ -70,6 +70,8 @@ counters!(
     ahead_bytes_built,
     ahead_skipped,
     ahead_opens,
+    // Opens of a file still being built ahead (the build is then stopped).
+    ahead_late,
     daemon_reads,
     daemon_read_bytes,
 );

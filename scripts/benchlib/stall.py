@@ -88,36 +88,56 @@ class AllFiles:
             os.close(fd)
 
 
+def paced(reader, n_batches, rate):
+    """Reads every batch, then 'computes' for the time that batch takes at RATE bytes/s: (seconds
+    opening, seconds reading, [(wait, batch)], seconds computing, wall seconds), batch 0's
+    open and read left out."""
+    opened = readt = slept = 0.0
+    waits = []
+    t0 = time.perf_counter()
+    for i in range(n_batches):
+        o, r = reader.read(i)
+        if i > 0:
+            opened += o
+            readt += r
+            waits.append((o + r, i))
+        compute = reader.tensor_bytes(i) / rate
+        time.sleep(compute)
+        slept += compute
+    return opened, readt, waits, slept, time.perf_counter() - t0
+
+
 def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batches, name, prefetch, batch_size,
-                     rg_first_rows, layout="batch"):
+                     rg_first_rows, layout="batch", shuffled=False):
     """A consumer needing half the cold throughput: per batch, read it (`layout` "batch": open
     and read its batch file; "all": pread its rows of every all/NAME.npy, each opened once),
-    then 'compute' for the time that batch takes at 0.5 × cold_mb_s. Returns the measurements."""
+    then 'compute' for the time that batch takes at 0.5 × cold_mb_s. With `shuffled`, the
+    mount is shuffle=window and the consumer goes through epoch 0 at that pace first, then
+    epoch 1 (a new order, gathered from the cached columns) is measured. Returns the
+    measurements."""
     rate = 0.5 * cold_mb_s * MB  # bytes/s the consumer consumes
     name = name if layout == "batch" else f"{name}, all/"
-    tag = name.replace(", all/", "-all")
+    name = f"{name}, shuffled epoch 1" if shuffled else name
+    tag = name.replace(", all/", "-all").replace(", shuffled epoch 1", "-e1")
     cache = scratch / f"cache-stall-{tag}"
     shutil.rmtree(cache, ignore_errors=True)
     caches.drop()
+    if shuffled:
+        options = [*(o for o in options if not o.startswith(("shuffle=", "epochs="))), "shuffle=window", "epochs=2"]
     m = Mount(binary, source, scratch / f"mnt-stall-{tag}", [*options, f"prefetch={prefetch}", f"cache_dir={cache}"])
     reader = None
+
+    def open_reader(epoch):
+        root = m.mnt / f"epoch-{epoch}"
+        return BatchFiles(root, n_batches) if layout == "batch" else AllFiles(root, n_batches, batch_size)
+
     try:
-        root = m.mnt / "epoch-0"
-        reader = BatchFiles(root, n_batches) if layout == "batch" else AllFiles(root, n_batches, batch_size)
-        opened = readt = 0.0
-        waits = []
-        slept = 0.0
-        t0 = time.perf_counter()
-        for i in range(n_batches):
-            o, r = reader.read(i)
-            if i > 0:
-                opened += o
-                readt += r
-                waits.append((o + r, i))
-            compute = reader.tensor_bytes(i) / rate  # tensor bytes at half the cold rate
-            time.sleep(compute)
-            slept += compute
-        wall = time.perf_counter() - t0
+        if shuffled:
+            reader = open_reader(0)
+            paced(reader, n_batches, rate)
+            reader.close()
+        reader = open_reader(1 if shuffled else 0)
+        opened, readt, waits, slept, wall = paced(reader, n_batches, rate)
         stats = m.stats()
         # The same reads again, now that every batch is materialised: what open+read costs
         # when nothing waits (the copy itself).
@@ -151,5 +171,6 @@ def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batc
         "slow": [(i, round(1e3 * w, 2)) for w, i in slow],
         "daemon": {k: stats.get(k) for k in ("stall_count", "stall_ns", "stall_p99_us", "opens",
                                                "prefetch_scheduled", "prefetch_deferred",
-                                               "passthrough_opens", "batch_file_hits", "batch_file_misses")},
+                                               "passthrough_opens", "batch_file_hits", "batch_file_misses",
+                                               "ahead_files_built", "ahead_opens")},
     }
