@@ -399,6 +399,54 @@ impl Builder {
             .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))
     }
 
+    /// Batch `i` of `epoch` gathered on the calling thread (a thread that builds ahead in
+    /// `SCHED_IDLE`, whose gathers must not take the workers from readers): every tensor, or
+    /// tensor `only`. Its row groups are loaded as for any build; the rows are not kept.
+    pub fn gather_here(
+        &self,
+        runtime: &Handle,
+        epoch: u64,
+        i: u64,
+        only: Option<usize>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let epoch = self.plan().same_as(epoch);
+        if let Some(b) = self.batches.get(&(epoch, i)) {
+            return Ok(match only {
+                None => b.tensors.clone(),
+                Some(t) => vec![b.tensors[t].clone()],
+            });
+        }
+        let (_build, picks, decoded) = runtime.block_on(async {
+            let build = self.builds.acquire().await?;
+            let order = self.orders.epoch(epoch);
+            let plan = self.plan();
+            let picks = Picks::new(
+                plan.batch_rows(&order, i)
+                    .into_iter()
+                    .map(|r| plan.locate(r)),
+            );
+            let decoded = futures::future::try_join_all(
+                picks.row_groups.iter().map(|&g| self.row_group(g, false)),
+            )
+            .await?;
+            anyhow::Ok((build, picks, decoded))
+        })?;
+        let cpu_started = crate::pool::thread_cpu_ns();
+        let picks: Vec<(&Columns, usize)> = picks
+            .rows
+            .iter()
+            .map(|&(k, r)| (decoded[k].as_ref(), r))
+            .collect();
+        let rows = match only {
+            None => transform::gather(&self.view, &picks),
+            Some(t) => vec![transform::gather_tensor(&self.view, t, &picks)],
+        };
+        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+        Stats::add(&self.stats.c.gather_cpu_ns, cpu);
+        Stats::add(&self.stats.c.batches_built, 1);
+        Ok(rows)
+    }
+
     /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of
     /// building them, in that order: the prefetcher starts a row group's decode well before the
     /// first batch that needs it.

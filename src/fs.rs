@@ -7,7 +7,7 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
-use crate::ahead::Ahead;
+use crate::ahead::{Ahead, Opening};
 use crate::error::{Error, Result, enoent};
 use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
 use crate::materialize::Materializer;
@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch::Receiver;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
@@ -579,10 +580,24 @@ impl Fs {
         self.accessed(node);
     }
 
-    /// One-open file `ino` built whole ahead, unchanged since, if it is.
-    pub fn built_ahead(&self, ino: u64) -> Option<Arc<File>> {
+    /// How an open of one-open file `ino` is served ([`Ahead::for_open`]).
+    pub fn open_all(&self, ino: u64) -> Opening {
+        match self.all_file(ino) {
+            Some((dir, kind)) => self.ahead.for_open(dir, kind),
+            None => Opening::Daemon,
+        }
+    }
+
+    /// One-open file `ino` once the build it waits for has ended, if it was built.
+    pub async fn all_when_built(&self, ino: u64, ended: Receiver<bool>) -> Option<Arc<File>> {
+        let (dir, kind) = self.all_file(ino)?;
+        self.ahead.when_built(dir, kind, ended).await
+    }
+
+    /// The directory and file of one-open file `ino`.
+    fn all_file(&self, ino: u64) -> Option<(Batches, FileKind)> {
         let (d, kind) = self.node(ino).ok()?.all_file()?;
-        self.ahead.ready(self.dir(d).ok()?, kind)
+        Some((self.dir(d).ok()?, kind))
     }
 
     /// A batch file's backing file, materialised on the local cache first if it must be.
@@ -627,15 +642,25 @@ impl Fs {
             return Err(Error::answer(libc::EINVAL));
         }
         match self.node(ino)? {
-            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
-                Ok(self.all_link(node)?.into_bytes())
-            }
+            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => match self.all_built(ino) {
+                Some(path) => Ok(path.into_os_string().into_encoded_bytes()),
+                None => Ok(self.all_link(node)?.into_bytes()),
+            },
             node => self.handed_out_path(node).await,
         }
     }
 
-    /// Where a `gds/` link to a one-open file points: the same file in the main tree, by a
-    /// relative path (no backing file holds its bytes; a cuFile reader reads it in
+    /// The path of one-open file `ino`'s file built ahead, if there is one now; a reader asking
+    /// for it is a reader of the file, and has the next epoch's built.
+    fn all_built(&self, ino: u64) -> Option<PathBuf> {
+        let (dir, kind) = self.all_file(ino)?;
+        let path = self.ahead.built_path(dir, kind)?;
+        self.ahead.reader_at(dir, kind);
+        Some(path)
+    }
+
+    /// Where a `gds/` link to a one-open file points while no file built ahead holds it: the
+    /// same file in the main tree, by a relative path (a cuFile reader reads it in
     /// compatibility mode).
     fn all_link(&self, node: Node) -> Result<String> {
         let (d, kind) = node.all_file().ok_or(Error::answer(libc::EINVAL))?;
@@ -657,19 +682,38 @@ impl Fs {
 
     /// The names of a node's extended attributes.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        Ok(if self.is_batch_file(ino) {
+        let built = || {
+            self.is_all_file(ino)
+                && self
+                    .all_file(ino)
+                    .is_some_and(|(dir, kind)| self.ahead.built_path(dir, kind).is_some())
+        };
+        Ok(if self.is_batch_file(ino) || built() {
             format!("{PATH_XATTR}\0").into_bytes()
         } else {
             Vec::new()
         })
     }
 
-    /// `user.tensorfs.path`: the backing file's path, materialised and pinned.
+    /// `user.tensorfs.path`: the backing file's path, materialised and pinned; for a one-open
+    /// file, its file built ahead while there is one.
     pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>> {
+        if name == PATH_XATTR && self.is_all_file(ino) {
+            return self
+                .all_built(ino)
+                .map(|path| path.into_os_string().into_encoded_bytes())
+                .ok_or(Error::answer(libc::ENODATA));
+        }
         if name != PATH_XATTR || !self.is_batch_file(ino) {
             return Err(Error::answer(libc::ENODATA));
         }
         self.handed_out_path(self.node(ino)?).await
+    }
+
+    /// Whether `ino` is a one-open file of the main tree.
+    fn is_all_file(&self, ino: u64) -> bool {
+        self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
+            && self.node(ino).is_ok_and(|n| n.all_file().is_some())
     }
 
     /// A read of an open file: from its backing file where the open found it materialised
@@ -825,8 +869,11 @@ impl Fs {
             }
             base += len;
         }
-        // Past its middle: time to build the next epoch's file.
-        if end * 2 >= base {
+        // Time to build the next epoch's file: at once from epoch 1 on, when its rows are
+        // gathered from cached columns; in epoch 0, whose row groups are decoded as it is read,
+        // past its middle (a build from the start would fetch and decode them beside the
+        // reader, in another order).
+        if b.global(0).0 >= 1 || end * 2 >= base {
             self.ahead.reader_at(b, kind);
         }
         Ok(out)

@@ -1,6 +1,7 @@
 //! The thin fuser adapter: each callback is translated into a call on [`Fs`]; reads are
 //! answered from tokio tasks, so the FUSE threads never wait on a batch build.
 
+use crate::ahead::Opening;
 use crate::fs::{Attr, Fs, Kind, Openable};
 use crate::open_files::{Mode, OpenFiles, ReadFrom};
 use fuser::{
@@ -239,13 +240,26 @@ impl Filesystem for FuseAdapter {
             // From the file built ahead where there is one, else by the daemon; a reader that
             // has the next epoch's built meanwhile.
             Openable::Concatenated => {
-                let file = self.fs.built_ahead(ino.0);
-                let from_file = file.is_some();
-                if self.opener().answer(ino.0, fh, file, reply) {
-                    self.fs.opened_by_passthrough();
-                }
-                if from_file {
-                    self.fs.note_reader(ino.0);
+                let (fs, opener) = (self.fs.clone(), self.opener());
+                let finish = move |file: Option<Arc<File>>, reply| {
+                    let from_file = file.is_some();
+                    if opener.answer(ino.0, fh, file, reply) {
+                        fs.opened_by_passthrough();
+                    }
+                    if from_file {
+                        fs.note_reader(ino.0);
+                    }
+                };
+                match self.fs.open_all(ino.0) {
+                    Opening::Ready(file) => finish(Some(file), reply),
+                    Opening::Daemon => finish(None, reply),
+                    Opening::Soon(ended) => {
+                        let fs = self.fs.clone();
+                        self.runtime.spawn(async move {
+                            let file = fs.all_when_built(ino.0, ended).await;
+                            finish(file, reply)
+                        });
+                    }
                 }
                 return;
             }

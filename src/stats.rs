@@ -70,7 +70,9 @@ counters!(
     ahead_bytes_built,
     ahead_skipped,
     ahead_opens,
-    // Opens of a file still being built ahead (the build is then stopped).
+    // Opens of a file being built ahead: waiting for it (at least a quarter built), or
+    // before that (the build is then stopped).
+    ahead_waits,
     ahead_late,
     daemon_reads,
     daemon_read_bytes,

@@ -40,6 +40,13 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
     tfs.read_exact(m.p("epoch-0", "rank-2-of-3", "all.safetensors"))
     s = wait_built(m, 3)
     assert s["ahead_files_built"] == 3 and s["ahead_skipped"] == 0, s
+    # Built ahead, the file has a backing path: under gds/ and as user.tensorfs.path.
+    path = os.readlink(m.p("gds", "epoch-1", "all.safetensors"))
+    assert os.path.isabs(path), path
+    assert os.getxattr(m.p("epoch-1", "all.safetensors"), "user.tensorfs.path").decode() == path
+    assert "user.tensorfs.path" in os.listxattr(m.p("epoch-1", "all.safetensors"))
+    with open(path, "rb") as f:
+        assert f.read() == tfs.read_exact(m.p("epoch-1", "all.safetensors"))
     for rel_dir, n in (("epoch-1", N), ("epoch-1/rank-2-of-3", N // 3)):
         raw = tfs.read_exact(m.p(rel_dir, "all.safetensors"))
         assert raw[tfs.DATA_OFFSET :] == concatenated(m, rel_dir, n), rel_dir
