@@ -81,6 +81,32 @@ impl Picks {
     }
 }
 
+impl Picks {
+    /// The batch's rows from its row groups `decoded` (in `row_groups` order): every tensor,
+    /// or tensor `only`; the CPU time counted.
+    fn gather(
+        &self,
+        view: &View,
+        decoded: &[Arc<Columns>],
+        only: Option<usize>,
+        stats: &Stats,
+    ) -> Vec<Vec<u8>> {
+        let cpu_started = crate::pool::thread_cpu_ns();
+        let picks: Vec<(&Columns, usize)> = self
+            .rows
+            .iter()
+            .map(|&(k, r)| (decoded[k].as_ref(), r))
+            .collect();
+        let rows = match only {
+            None => transform::gather(view, &picks),
+            Some(t) => vec![transform::gather_tensor(view, t, &picks)],
+        };
+        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+        Stats::add(&stats.c.gather_cpu_ns, cpu);
+        rows
+    }
+}
+
 impl Weighted for Picks {
     fn weight(&self) -> usize {
         self.rows.len() * std::mem::size_of::<(usize, usize)>()
@@ -362,39 +388,12 @@ impl Builder {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;
-        let picks = self
-            .picks
-            .get_or_build((epoch, i), async {
-                let order = self.orders.epoch(epoch);
-                let plan = self.plan();
-                let rows = plan.batch_rows(&order, i).into_iter();
-                Ok(Arc::new(Picks::new(rows.map(|r| plan.locate(r)))))
-            })
-            .await?;
-        let decoded = futures::future::try_join_all(
-            picks.row_groups.iter().map(|&g| self.row_group(g, false)),
-        )
-        .await?;
-
+        let (picks, decoded) = self.located(epoch, i).await?;
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
         let stats = self.stats.clone();
         self.pool
-            .run(move || {
-                let cpu_started = crate::pool::thread_cpu_ns();
-                let picks: Vec<(&Columns, usize)> = picks
-                    .rows
-                    .iter()
-                    .map(|&(k, r)| (decoded[k].as_ref(), r))
-                    .collect();
-                let rows = match only {
-                    None => transform::gather(&view, &picks),
-                    Some(t) => vec![transform::gather_tensor(&view, t, &picks)],
-                };
-                let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
-                Stats::add(&stats.c.gather_cpu_ns, cpu);
-                rows
-            })
+            .run(move || picks.gather(&view, &decoded, only, &stats))
             .await
             .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))
     }
@@ -416,35 +415,30 @@ impl Builder {
                 Some(t) => vec![b.tensors[t].clone()],
             });
         }
-        let (_build, picks, decoded) = runtime.block_on(async {
-            let build = self.builds.acquire().await?;
-            let order = self.orders.epoch(epoch);
-            let plan = self.plan();
-            let picks = Picks::new(
-                plan.batch_rows(&order, i)
-                    .into_iter()
-                    .map(|r| plan.locate(r)),
-            );
-            let decoded = futures::future::try_join_all(
-                picks.row_groups.iter().map(|&g| self.row_group(g, false)),
-            )
-            .await?;
-            anyhow::Ok((build, picks, decoded))
+        let (_build, (picks, decoded)) = runtime.block_on(async {
+            anyhow::Ok((self.builds.acquire().await?, self.located(epoch, i).await?))
         })?;
-        let cpu_started = crate::pool::thread_cpu_ns();
-        let picks: Vec<(&Columns, usize)> = picks
-            .rows
-            .iter()
-            .map(|&(k, r)| (decoded[k].as_ref(), r))
-            .collect();
-        let rows = match only {
-            None => transform::gather(&self.view, &picks),
-            Some(t) => vec![transform::gather_tensor(&self.view, t, &picks)],
-        };
-        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
-        Stats::add(&self.stats.c.gather_cpu_ns, cpu);
+        let rows = picks.gather(&self.view, &decoded, only, &self.stats);
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(rows)
+    }
+
+    /// Where the rows of batch `i` of `epoch` are, and their row groups, decoded or loaded.
+    async fn located(&self, epoch: u64, i: u64) -> Result<(Arc<Picks>, Vec<Arc<Columns>>)> {
+        let picks = self
+            .picks
+            .get_or_build((epoch, i), async {
+                let order = self.orders.epoch(epoch);
+                let plan = self.plan();
+                let rows = plan.batch_rows(&order, i).into_iter();
+                Ok(Arc::new(Picks::new(rows.map(|r| plan.locate(r)))))
+            })
+            .await?;
+        let decoded = futures::future::try_join_all(
+            picks.row_groups.iter().map(|&g| self.row_group(g, false)),
+        )
+        .await?;
+        Ok((picks, decoded))
     }
 
     /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of
