@@ -297,7 +297,7 @@ impl Job {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
         let stats = self.materializer.stats().clone();
-        let cache = self.materializer.cache_arc();
+        let cache = self.materializer.cache().clone();
         let rows = plan.dir_rows(dir);
         let bytes = self.layout.size(kind, rows);
         let distance = self.materializer.distance_fn();

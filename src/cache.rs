@@ -545,26 +545,7 @@ impl DiskCache {
     /// [`DiskCache::unreserve`].
     pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
         let _one_at_a_time = self.reserving.lock().unwrap();
-        if self.used() + bytes > self.capacity {
-            let never: Vec<(Item, u64)> = self
-                .entries
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(_, e)| e.pinned_until.is_none_or(|t| t < Instant::now()))
-                .map(|(item, e)| (*item, e.bytes))
-                .collect();
-            for (item, size) in never {
-                if self.used() + bytes <= self.capacity {
-                    break;
-                }
-                if distance(item) == u64::MAX {
-                    self.remove(item, stats);
-                    Stats::add(&stats.c.cache_evictions, 1);
-                    Stats::add(&stats.c.cache_evicted_bytes, size);
-                }
-            }
-        }
+        self.make_room_from(bytes, distance, u64::MAX, stats);
         if self.used() + bytes > self.capacity {
             return false;
         }
@@ -723,6 +704,17 @@ impl DiskCache {
     /// Evicts, furthest next use first, until `bytes` more fit under the capacity (and, in a
     /// cache of many items, some more).
     fn make_room(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) {
+        self.make_room_from(bytes, distance, 0, stats)
+    }
+
+    /// [`DiskCache::make_room`], evicting only items at least `nearest` ahead.
+    fn make_room_from(
+        &self,
+        bytes: u64,
+        distance: &dyn Fn(Item) -> u64,
+        nearest: u64,
+        stats: &Stats,
+    ) {
         if self.used() + bytes <= self.capacity {
             return;
         }
@@ -739,6 +731,7 @@ impl DiskCache {
         let mut candidates: Vec<(u64, Item, u64)> = unpinned
             .into_iter()
             .map(|(item, bytes)| (distance(item), item, bytes))
+            .filter(|&(d, _, _)| d >= nearest)
             .collect();
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         // A cache of many items frees a sixty-fourth of itself beyond what this write needs, so

@@ -684,9 +684,9 @@ impl Fs {
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         let built = || {
             self.is_all_file(ino)
-                && self
-                    .all_file(ino)
-                    .is_some_and(|(dir, kind)| self.ahead.built_path(dir, kind).is_some())
+                && (self.all_file(ino))
+                    .and_then(|(dir, kind)| self.ahead.built_path(dir, kind))
+                    .is_some()
         };
         Ok(if self.is_batch_file(ino) || built() {
             format!("{PATH_XATTR}\0").into_bytes()

@@ -76,12 +76,8 @@ impl Materializer {
         self.builder.stats()
     }
 
-    pub fn cache(&self) -> &DiskCache {
+    pub fn cache(&self) -> &Arc<DiskCache> {
         &self.cache
-    }
-
-    pub fn cache_arc(&self) -> Arc<DiskCache> {
-        self.cache.clone()
     }
 
     /// How far ahead of the readers each cache item is needed ([`Eviction::distance_fn`]).
