@@ -11,8 +11,8 @@
 //! middle in epoch 0, which is decoded as it is read), or one that opens it built ahead or asks
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
 //! epochs last. The build runs on a thread of its own in `SCHED_IDLE`. An open that comes while
-//! the build is under way waits for it if a quarter is written, and else stops it and is served
-//! by the daemon. Each file takes its bytes of `cache_size` (evicting only cache items that are
+//! the build is under way waits for it if a quarter is written and the rest is due within
+//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes of `cache_size` (evicting only cache items that are
 //! never needed again); where they are not to be had, nothing is built. A file is built in the
 //! cache's temp directory, kept while its epoch and the next are read, and removed after; never
 //! indexed, so a restart removes what a crash left. It is used only while unchanged since
@@ -30,6 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
@@ -41,32 +42,74 @@ struct Key {
     kind: FileKind,
 }
 
-/// A file built whole, removed (and its bytes of the cache given back) when dropped; a reader
-/// with it open reads on.
-struct Built {
-    file: Arc<File>,
-    path: PathBuf,
-    stamp: Stamp,
+/// Bytes of the cache reserved for a file built ahead, and the file once it is created: both
+/// given back when dropped (a build that fails or is stopped, a built file gone by); a reader
+/// with the file open reads on.
+struct Reserved {
     bytes: u64,
+    path: Option<PathBuf>,
     cache: Arc<DiskCache>,
     stats: Arc<Stats>,
 }
 
-impl Drop for Built {
+impl Drop for Reserved {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
         self.cache.unreserve(self.bytes, &self.stats);
     }
 }
 
+/// A file built whole.
+struct Built {
+    file: Arc<File>,
+    path: PathBuf,
+    stamp: Stamp,
+    _reserved: Reserved,
+}
+
+/// The longest an open waits for the build of its file: past a few seconds a reader's own
+/// timeouts and the kernel's hung-task watchdog (an open waiting on FUSE is in D state) come
+/// into play, and the daemon serves the file at about the rate the build writes it.
+const LONGEST_WAIT: Duration = Duration::from_secs(5);
+
 /// A build under way: how far it is, and the means to stop it or to wait for its end.
-struct Progress {
+pub struct Progress {
     stop: AtomicBool,
     /// Batches written, of `total`.
     written: AtomicU64,
     total: u64,
+    started: Instant,
     /// Turns true (or its sender is dropped) when the build has ended, however it ended.
     ended: watch::Receiver<bool>,
+}
+
+impl Progress {
+    /// Whether an open now is better served by waiting for the build than by the daemon.
+    fn worth_waiting(&self) -> bool {
+        let written = self.written.load(Ordering::Relaxed);
+        worth_waiting(written, self.total, self.started.elapsed())
+    }
+
+    /// Stops the build (its reader came first), counted once.
+    fn stop(&self, stats: &Stats) {
+        if !self.stop.swap(true, Ordering::Relaxed) {
+            Stats::add(&stats.c.ahead_late, 1);
+        }
+    }
+}
+
+/// Whether to wait for a build that has written `written` of `total` batches in `elapsed`: once a
+/// quarter is written (the rest then takes less than the daemon serving the whole file: here the
+/// build writes ~550 MB/s and the daemon serves ~700 MB/s, against ~8 GB/s from the built file),
+/// and where the rest, at the rate so far, is due within half of [`LONGEST_WAIT`].
+fn worth_waiting(written: u64, total: u64, elapsed: Duration) -> bool {
+    if written * 4 < total || written == 0 {
+        return false;
+    }
+    let rest = elapsed.mul_f64((total - written) as f64 / written as f64);
+    rest <= LONGEST_WAIT / 2
 }
 
 enum State {
@@ -119,24 +162,20 @@ impl Ahead {
     }
 
     /// How an open of file `kind` of `dir` is served: from the file built ahead; after waiting
-    /// for a build that is at least a quarter done (the rest of it takes less than the daemon
-    /// serving the whole file: here the build writes ~550 MB/s and the daemon serves
-    /// ~700 MB/s, against ~8 GB/s from the built file); else by the daemon, stopping a build
-    /// that has barely begun (the reader is faster than it, and a build beside the daemon's
-    /// reads would gather every batch twice).
+    /// for a build near its end ([`worth_waiting`]); else by the daemon, stopping the build (the
+    /// reader is faster than it, and a build beside the daemon's reads would gather every batch
+    /// twice).
     pub fn for_open(&self, dir: Batches, kind: FileKind) -> Opening {
         let key = self.key(dir, kind);
         let stats = self.materializer.stats();
         let files = self.files.lock().unwrap();
         match files.get(&key) {
-            Some(State::Building(p)) if p.written.load(Ordering::Relaxed) * 4 >= p.total => {
+            Some(State::Building(p)) if p.worth_waiting() => {
                 Stats::add(&stats.c.ahead_waits, 1);
-                Opening::Soon(p.ended.clone())
+                Opening::Soon(p.clone())
             }
             Some(State::Building(p)) => {
-                if !p.stop.swap(true, Ordering::Relaxed) {
-                    Stats::add(&stats.c.ahead_late, 1);
-                }
+                p.stop(stats);
                 Opening::Daemon
             }
             _ => {
@@ -152,15 +191,21 @@ impl Ahead {
         }
     }
 
-    /// After [`Opening::Soon`]: the file once its build has ended, if it was built.
+    /// After [`Opening::Soon`]: the file once its build has ended, if it was built. A build
+    /// that has not ended within [`LONGEST_WAIT`] is stopped, and the daemon serves the file.
     pub async fn when_built(
         &self,
         dir: Batches,
         kind: FileKind,
-        mut ended: watch::Receiver<bool>,
+        progress: Arc<Progress>,
     ) -> Option<Arc<File>> {
+        let mut ended = progress.ended.clone();
         // An error: the build's end dropped the sender; either way it has ended.
-        let _ = ended.wait_for(|&done| done).await;
+        let waited = tokio::time::timeout(LONGEST_WAIT, ended.wait_for(|&done| done)).await;
+        if waited.is_err() {
+            progress.stop(self.materializer.stats());
+            return None;
+        }
         let (file, _) = self.built(self.key(dir, kind))?;
         Stats::add(&self.materializer.stats().c.ahead_opens, 1);
         Some(file)
@@ -207,6 +252,7 @@ impl Ahead {
             stop: AtomicBool::new(false),
             written: AtomicU64::new(0),
             total: plan.count(next),
+            started: Instant::now(),
             ended,
         });
         {
@@ -264,7 +310,7 @@ impl Ahead {
 pub enum Opening {
     Ready(Arc<File>),
     /// Once the build has ended ([`Ahead::when_built`]).
-    Soon(watch::Receiver<bool>),
+    Soon(Arc<Progress>),
     Daemon,
 }
 
@@ -309,40 +355,31 @@ impl Job {
             Stats::add(&stats.c.ahead_skipped, 1);
             return Ok(None);
         }
-        let (file, path) = match cache.scratch_file() {
-            Ok(f) => f,
-            Err(e) => {
-                cache.unreserve(bytes, &stats);
-                return Err(e);
-            }
+        let mut reserved = Reserved {
+            bytes,
+            path: None,
+            cache: cache.clone(),
+            stats: stats.clone(),
         };
+        let (file, path) = cache.scratch_file()?;
+        reserved.path = Some(path.clone());
         let written = self
             .write(&file, rows)
             .and_then(|()| Ok(Stamp::of(&file.metadata()?)))
             .with_context(|| format!("writing {}", path.display()));
         let stamp = match written {
             Ok(stamp) => stamp,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                cache.unreserve(bytes, &stats);
-                return match self.progress.stop.load(Ordering::Relaxed) {
-                    true => Ok(None),
-                    false => Err(e),
-                };
-            }
-        };
-        // Dropping it removes the file and gives its bytes back.
-        let built = Built {
-            file: Arc::new(file),
-            path,
-            stamp,
-            bytes,
-            cache,
-            stats: stats.clone(),
+            Err(_) if self.progress.stop.load(Ordering::Relaxed) => return Ok(None),
+            Err(e) => return Err(e),
         };
         Stats::add(&stats.c.ahead_files_built, 1);
         Stats::add(&stats.c.ahead_bytes_built, bytes);
-        Ok(Some(built))
+        Ok(Some(Built {
+            file: Arc::new(file),
+            path,
+            stamp,
+            _reserved: reserved,
+        }))
     }
 
     /// Writes the file's header, then each batch's rows of each of its tensors where they go
@@ -404,5 +441,20 @@ mod tests {
         ));
         assert!(same_chain(&key(rank(1), st), &key(rank(4), st)));
         assert!(!older(&key(Batches::Epoch(4), st), &next));
+    }
+
+    #[test]
+    fn an_open_waits_only_for_a_build_near_its_end() {
+        let s = Duration::from_secs;
+        // Less than a quarter written: never, however fast.
+        assert!(!worth_waiting(0, 100, s(0)));
+        assert!(!worth_waiting(24, 100, Duration::from_millis(1)));
+        // A quarter in 0.5 s: the rest is due in 1.5 s.
+        assert!(worth_waiting(25, 100, Duration::from_millis(500)));
+        // A quarter of a large file in 10 s: the rest would take 30 s.
+        assert!(!worth_waiting(25, 100, s(10)));
+        // Nearly done after a long build: the last batch is due at once.
+        assert!(worth_waiting(99, 100, s(60)));
+        assert!(worth_waiting(100, 100, s(600)));
     }
 }

@@ -7,7 +7,7 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
-use crate::ahead::{Ahead, Opening};
+use crate::ahead::{Ahead, Opening, Progress};
 use crate::error::{Error, Result, enoent};
 use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
 use crate::materialize::Materializer;
@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch::Receiver;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
@@ -589,9 +588,9 @@ impl Fs {
     }
 
     /// One-open file `ino` once the build it waits for has ended, if it was built.
-    pub async fn all_when_built(&self, ino: u64, ended: Receiver<bool>) -> Option<Arc<File>> {
+    pub async fn all_when_built(&self, ino: u64, progress: Arc<Progress>) -> Option<Arc<File>> {
         let (dir, kind) = self.all_file(ino)?;
-        self.ahead.when_built(dir, kind, ended).await
+        self.ahead.when_built(dir, kind, progress).await
     }
 
     /// The directory and file of one-open file `ino`.

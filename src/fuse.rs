@@ -253,10 +253,10 @@ impl Filesystem for FuseAdapter {
                 match self.fs.open_all(ino.0) {
                     Opening::Ready(file) => finish(Some(file), reply),
                     Opening::Daemon => finish(None, reply),
-                    Opening::Soon(ended) => {
+                    Opening::Soon(progress) => {
                         let fs = self.fs.clone();
                         self.runtime.spawn(async move {
-                            let file = fs.all_when_built(ino.0, ended).await;
+                            let file = fs.all_when_built(ino.0, progress).await;
                             finish(file, reply)
                         });
                     }

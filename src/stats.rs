@@ -70,8 +70,8 @@ counters!(
     ahead_bytes_built,
     ahead_skipped,
     ahead_opens,
-    // Opens of a file being built ahead: waiting for it (at least a quarter built), or
-    // before that (the build is then stopped).
+    // Opens of a file being built ahead: waiting for it (near its end), or not (the build is
+    // then stopped; also a wait that outlasted its limit).
     ahead_waits,
     ahead_late,
     daemon_reads,
