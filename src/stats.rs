@@ -68,6 +68,8 @@ counters!(
     // cache had no room for, and opens answered from them.
     ahead_files_built,
     ahead_bytes_built,
+    // Of those, built over a file gone by (its pages and blocks reused).
+    ahead_written_over,
     ahead_skipped,
     ahead_opens,
     // Opens of a file being built ahead: waiting for it (near its end), or not (the build is

@@ -4,6 +4,7 @@ the local cache, and the next epoch's open is served from it (by passthrough whe
 takes it). The bytes are the same as those the daemon serves: the batch files back to back."""
 
 import glob
+import mmap
 import os
 import time
 
@@ -100,3 +101,41 @@ def test_nothing_is_built_ahead_without_prefetch_or_room(mounter, shuf_ds):
     assert s["cache_bytes"] <= s["cache_capacity"], s
     raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
     assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1", N)
+
+
+def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, shuf_ds):
+    """A built file of an epoch behind the reader is written over by the next build, unless a
+    reader still has it open or its path was handed out: those read on, unchanged."""
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=8")
+
+    def read_epoch(e: int) -> bytes:
+        raw = tfs.read_exact(m.p(f"epoch-{e}", "all.safetensors"))
+        assert wait_built(m, e + 1)["ahead_files_built"] == e + 1
+        return raw
+
+    read_epoch(0)
+    read_epoch(1)
+    # Reading epoch 2 lets epoch 1's file go, which epoch 3's build writes over.
+    read_epoch(2)
+    assert tfs.stats(m)["ahead_written_over"] == 1
+    expect3 = concatenated(m, "epoch-3", N)
+    assert read_epoch(3)[tfs.DATA_OFFSET :] == expect3
+    assert tfs.stats(m)["ahead_written_over"] == 2
+    # Epoch 3's file held by a memory map alone (its descriptor closed) while epoch 4 is read:
+    # not written over.
+    with open(m.p("epoch-3", "all.safetensors"), "rb") as f:
+        held = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert read_epoch(4)[tfs.DATA_OFFSET :] == concatenated(m, "epoch-4", N)
+    assert tfs.stats(m)["ahead_written_over"] == 2
+    assert held[tfs.DATA_OFFSET :] == expect3
+    held.close()
+    # Epoch 5's path handed out (gds/; that has epoch 6 built, over epoch 4's file, nobody's),
+    # then epoch 6 read: epoch 7 is built in a new file, epoch 5's is not written over.
+    path5 = os.readlink(m.p("gds", "epoch-5", "all.safetensors"))
+    with open(path5, "rb") as by_path:
+        read_epoch(5)
+        assert tfs.stats(m)["ahead_written_over"] == 3
+        read_epoch(6)
+        assert tfs.stats(m)["ahead_written_over"] == 3
+        assert by_path.read()[tfs.DATA_OFFSET :] == concatenated(m, "epoch-5", N)
+    assert tfs.read_exact(m.p("epoch-7", "all.safetensors"))[tfs.DATA_OFFSET :] == concatenated(m, "epoch-7", N)
