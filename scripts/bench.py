@@ -267,7 +267,7 @@ def run(a) -> int:
                 shutil.rmtree(cache, ignore_errors=True)
                 caches.drop()
                 m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
-                          [*base, f"shuffle={mode}", "epochs=4", f"cache_dir={cache}"])
+                          [*base, f"shuffle={mode}", "epochs=6", f"cache_dir={cache}"])
                 mounts.append(m)
                 n = m.dataset()["batches_per_epoch"]
                 for e, what in ((0, "epoch 0 (cold)"), (1, "epoch 1 (cached columns)")):
@@ -295,10 +295,26 @@ def run(a) -> int:
                 waited = time.monotonic() - waited
                 log(f"shuffle={mode}: epoch 3's all.safetensors built ahead {waited:.2f} s after epoch 2's was read "
                     f"(epoch 2 read in {res.get(f'tfs_{mode}_e2_all')['seconds']:.2f} s)")
+                started = time.monotonic()
                 res.add(f"tfs_{mode}_e3_ahead", f"tensorfs shuffle={mode}, epoch 3, built ahead",
                         *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
                 if m.stats()["ahead_opens"] < 1:
                     log(f"shuffle={mode}: epoch 3's all.safetensors was not served from the file built ahead")
+                # How fast the next file is built: epoch 4's (a new file) from epoch 3's first
+                # read, then epoch 5's (written over epoch 3's, which nobody holds now) from
+                # epoch 4's.
+                rates = {}
+                for e, how in ((4, "new"), (5, "written_over")):
+                    if e == 5:
+                        started = time.monotonic()
+                        read_file_sequentially(m.mnt / "epoch-4" / "all.safetensors", a.rows)
+                    while m.stats()["ahead_files_built"] < e - 2 and time.monotonic() - started < 300:
+                        time.sleep(0.005)
+                    rates[how] = res.get(f"tfs_{mode}_e3_ahead")["bytes"] / 1e6 / (time.monotonic() - started)
+                over = m.stats()["ahead_written_over"]
+                meta.setdefault("ahead_build_mb_s", {})[mode] = {**rates, "files_written_over": over}
+                log(f"shuffle={mode}: the next epoch's all.safetensors built at {rates['new']:.0f} MB/s as a new file, "
+                    f"{rates['written_over']:.0f} MB/s over a file gone by ({over} written over)")
                 m.unmount()
                 mounts.remove(m)
                 shutil.rmtree(cache, ignore_errors=True)

@@ -12,14 +12,15 @@
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
 //! epochs last. The build runs on a thread of its own in `SCHED_IDLE`. An open that comes while
 //! the build is under way waits for it if a quarter is written and the rest is due within
-//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes of `cache_size` (evicting only cache items that are
-//! never needed again); where they are not to be had, nothing is built. A file is built in the
-//! cache's temp directory, kept while its epoch and the next are read, and removed after; never
+//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes of
+//! `cache_size` (evicting only cache items that are never needed again); where they are not to
+//! be had, nothing is built. A file is built in the
+//! cache's temp directory, kept while its epoch and the next are read, and let go after; never
 //! indexed, so a restart removes what a crash left. A file gone by that nobody has open, and
 //! whose path was never handed out, is written over by the next build rather than removed: its
 //! pages are in the page cache and its blocks allocated, where a new file's are not (measured
-//! below, at [`Ahead::retire`]). It is used only while unchanged since
-//! written (inode, size, mtime, ctime), the rule of batch files checked in this mount.
+//! at [`nobodys`]). It is used only while unchanged since written (inode, size, mtime, ctime),
+//! the rule of batch files checked in this mount.
 
 use crate::cache::{DiskCache, Stamp};
 use crate::layout::{FileKind, Layout};
@@ -75,7 +76,7 @@ struct Built {
     path_given: AtomicBool,
 }
 
-/// A built file gone by, nobody's any more: the next build writes over it.
+/// A built file gone by, nobody's any more: the next build of its chain writes over it.
 struct Spare {
     file: File,
     reserved: Reserved,
@@ -113,9 +114,9 @@ impl Progress {
 }
 
 /// Whether to wait for a build that has written `written` of `total` batches in `elapsed`: once a
-/// quarter is written (the rest then takes less than the daemon serving the whole file: here the
-/// build writes ~550 MB/s and the daemon serves ~700 MB/s, against ~8 GB/s from the built file),
-/// and where the rest, at the rate so far, is due within half of [`LONGEST_WAIT`].
+/// quarter is written (the rest then takes less than the daemon serving the whole file: here
+/// builds wrote 0.55–1.4 GB/s and the daemon serves ~0.7 GB/s, against ~8 GB/s from the built
+/// file), and where the rest, at the rate so far, is due within half of [`LONGEST_WAIT`].
 fn worth_waiting(written: u64, total: u64, elapsed: Duration) -> bool {
     if written * 4 < total || written == 0 {
         return false;
@@ -140,12 +141,7 @@ pub struct Ahead {
     /// Off with `prefetch=0`, which builds nothing a read does not span.
     enabled: bool,
     files: Arc<Mutex<HashMap<Key, State>>>,
-    spares: Arc<Mutex<Vec<Spare>>>,
 }
-
-/// Files gone by kept to be written over: one per chain being built covers a reader of one
-/// directory's `all.safetensors`, or of a few `all/NAME.npy` files, epoch after epoch.
-const SPARES: usize = 4;
 
 impl Ahead {
     pub fn new(
@@ -162,7 +158,6 @@ impl Ahead {
             epochs,
             enabled,
             files: Arc::default(),
-            spares: Arc::default(),
         }
     }
 
@@ -271,6 +266,7 @@ impl Ahead {
         }
         let (here, key) = (self.key(dir, kind), self.key(next, kind));
         let (ended_tx, ended) = watch::channel(false);
+        let mut spare = None;
         let progress = Arc::new(Progress {
             stop: AtomicBool::new(false),
             written: AtomicU64::new(0),
@@ -291,7 +287,10 @@ impl Ahead {
                 .collect();
             for k in gone_by {
                 if let Some(State::Ready(built)) = files.remove(&k) {
-                    self.retire(built);
+                    // One is written over by this build; the others are removed as they drop.
+                    if spare.is_none() {
+                        spare = nobodys(built);
+                    }
                 }
             }
         }
@@ -301,7 +300,7 @@ impl Ahead {
             runtime: self.runtime.clone(),
             key,
             progress,
-            spares: self.spares.clone(),
+            spare,
         };
         let files = self.files.clone();
         // A thread of its own in SCHED_IDLE: the build takes only CPU time nothing else wants
@@ -338,35 +337,33 @@ impl Ahead {
     }
 }
 
-impl Ahead {
-    /// A built file of an epoch gone by, just taken out of `files` (under its lock, so no open
-    /// can be handed it any more): kept as a spare where nobody holds it (every open of it
-    /// holds a clone of `file` until its release; a memory map keeps the open) and its path was
-    /// never handed out; else removed as it drops, and a reader with it open reads on.
-    ///
-    /// Written over, a file's pages are in the page cache and its blocks allocated. A new one
-    /// took pages never touched since boot or freed by the file removed before it, and blocks
-    /// freed (and discarded) by that removal: 1M rows, batch_size 1024, each next epoch's
-    /// `all.safetensors` (272 MB) was built at 1.16–1.21 GB/s in new files and 1.40–1.46 GB/s
-    /// written over (two and three runs), where gathering its rows alone takes 0.14 s.
-    fn retire(&self, built: Built) {
-        let Built {
-            file,
-            path,
-            reserved,
-            path_given,
-            ..
-        } = built;
-        let mut spares = self.spares.lock().unwrap();
-        if path_given.into_inner() || spares.len() >= SPARES {
-            return;
-        }
-        match Arc::try_unwrap(file) {
-            Ok(file) => {
-                debug_assert_eq!(reserved.path.as_ref(), Some(&path));
-                spares.push(Spare { file, reserved });
-            }
-            Err(_) => tracing::debug!("{} is open: removed, not written over", path.display()),
+/// A built file of an epoch gone by, just taken out of `files` (under its lock, so no open can
+/// be handed it any more), to be written over by the next build of its chain: where nobody
+/// holds it (every open of it holds a clone of `file` until its release, and a memory map keeps
+/// the open) and its path was never handed out. Else `None`: removed as it drops, and a reader
+/// with it open reads on.
+///
+/// Written over, a file's pages are in the page cache and its blocks allocated. A new one
+/// took pages never touched since boot or freed by the file removed before it, and blocks
+/// freed (and discarded) by that removal: 1M rows, batch_size 1024, each next epoch's
+/// `all.safetensors` (272 MB) was built at 1.16–1.21 GB/s in new files and 1.40–1.46 GB/s
+/// written over (two and three runs), where gathering its rows alone takes 0.14 s.
+fn nobodys(built: Built) -> Option<Spare> {
+    let Built {
+        file,
+        path,
+        reserved,
+        path_given,
+        ..
+    } = built;
+    if path_given.into_inner() {
+        return None;
+    }
+    match Arc::try_unwrap(file) {
+        Ok(file) => Some(Spare { file, reserved }),
+        Err(_) => {
+            tracing::debug!("{} is open: removed, not written over", path.display());
+            None
         }
     }
 }
@@ -400,12 +397,13 @@ struct Job {
     runtime: Handle,
     key: Key,
     progress: Arc<Progress>,
-    spares: Arc<Mutex<Vec<Spare>>>,
+    /// A file gone by to write over, if there is one.
+    spare: Option<Spare>,
 }
 
 impl Job {
     /// The file, written whole; `None` where the cache has no room for it, or it was stopped.
-    fn build(&self) -> Result<Option<Built>> {
+    fn build(mut self) -> Result<Option<Built>> {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
         let stats = self.materializer.stats().clone();
@@ -413,7 +411,7 @@ impl Job {
         let rows = plan.dir_rows(dir);
         let bytes = self.layout.size(kind, rows);
         let distance = self.materializer.distance_fn();
-        let spare = self.spares.lock().unwrap().pop();
+        let spare = self.spare.take();
         // A spare's bytes of the cache are reserved already: only more than those are asked for.
         let had = spare.as_ref().map_or(0, |s| s.reserved.bytes);
         if bytes > had && !cache.reserve_spare(bytes - had, &*distance, &stats) {

@@ -90,6 +90,9 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     if meta.get("open_us"):
         print(f"\nopen+close of a materialised batch file: {meta['open_us']['mount']:.0f} us through the mount, "
               f"{meta['open_us']['local']:.0f} us for the local copy")
+    for mode, r in (meta.get("ahead_build_mb_s") or {}).items():
+        print(f"\nshuffle={mode}: the next epoch's all.safetensors built ahead at {r['new']:.0f} MB/s as a new file, "
+              f"{r['written_over']:.0f} MB/s over a file gone by ({r['files_written_over']} written over)")
     for key, label in (("tensorfs_cold_file_stats", "cold, file://"), ("tensorfs_cold_s3_stats", "cold, S3")):
         st = meta.get(key)
         if st:
