@@ -65,15 +65,23 @@ impl Drop for Reserved {
     }
 }
 
-/// A file built whole.
+/// A file built whole (its path is its reservation's).
 struct Built {
     file: Arc<File>,
-    path: PathBuf,
     stamp: Stamp,
     reserved: Reserved,
     /// Its path was handed out (`gds/`, `user.tensorfs.path`): a reader may open it behind
     /// our back, so it is never written over.
     path_given: AtomicBool,
+}
+
+impl Built {
+    fn path(&self) -> &std::path::Path {
+        self.reserved
+            .path
+            .as_deref()
+            .expect("a built file has its path")
+    }
 }
 
 /// A built file gone by, nobody's any more: the next build of its chain writes over it.
@@ -193,7 +201,7 @@ impl Ahead {
             }
             _ => {
                 drop(files);
-                match self.built(key) {
+                match self.built(key, false) {
                     Some((file, _)) => {
                         Stats::add(&stats.c.ahead_opens, 1);
                         Opening::Ready(file)
@@ -219,7 +227,7 @@ impl Ahead {
             progress.stop(self.materializer.stats());
             return None;
         }
-        let (file, _) = self.built(self.key(dir, kind))?;
+        let (file, _) = self.built(self.key(dir, kind), false)?;
         Stats::add(&self.materializer.stats().c.ahead_opens, 1);
         Some(file)
     }
@@ -227,16 +235,13 @@ impl Ahead {
     /// The path of file `kind` of `dir` if it is built ahead now (for `gds/` and
     /// `user.tensorfs.path`); nothing waits or stops.
     pub fn built_path(&self, dir: Batches, kind: FileKind) -> Option<PathBuf> {
-        let key = self.key(dir, kind);
-        let path = self.built(key).map(|(_, path)| path)?;
-        if let Some(State::Ready(built)) = self.files.lock().unwrap().get(&key) {
-            built.path_given.store(true, Ordering::Relaxed);
-        }
-        Some(path)
+        self.built(self.key(dir, kind), true).map(|(_, path)| path)
     }
 
-    /// The file built ahead as `key`, if it is and is unchanged since it was written.
-    fn built(&self, key: Key) -> Option<(Arc<File>, PathBuf)> {
+    /// The file built ahead as `key`, if it is and is unchanged since it was written; marked as
+    /// one whose path is handed out where `give_path` (under the lock that retires files gone
+    /// by, so none is written over once its path is out).
+    fn built(&self, key: Key, give_path: bool) -> Option<(Arc<File>, PathBuf)> {
         let mut files = self.files.lock().unwrap();
         let State::Ready(built) = files.get(&key)? else {
             return None;
@@ -245,12 +250,15 @@ impl Ahead {
         if now != Some(built.stamp) {
             tracing::warn!(
                 "{} changed since it was built: removed, its reads are served by the daemon",
-                built.path.display()
+                built.path().display()
             );
             files.insert(key, State::Skipped);
             return None;
         }
-        Some((built.file.clone(), built.path.clone()))
+        if give_path {
+            built.path_given.store(true, Ordering::Relaxed);
+        }
+        Some((built.file.clone(), built.path().to_path_buf()))
     }
 
     /// A reader is at file `kind` of `dir` (past its middle, or opened built ahead): build the
@@ -351,7 +359,6 @@ impl Ahead {
 fn nobodys(built: Built) -> Option<Spare> {
     let Built {
         file,
-        path,
         reserved,
         path_given,
         ..
@@ -362,7 +369,7 @@ fn nobodys(built: Built) -> Option<Spare> {
     match Arc::try_unwrap(file) {
         Ok(file) => Some(Spare { file, reserved }),
         Err(_) => {
-            tracing::debug!("{} is open: removed, not written over", path.display());
+            tracing::debug!("{:?} is open: removed, not written over", reserved.path);
             None
         }
     }
@@ -462,7 +469,6 @@ impl Job {
         Stats::add(&stats.c.ahead_written_over, u64::from(over));
         Ok(Some(Built {
             file: Arc::new(file),
-            path,
             stamp,
             reserved,
             path_given: AtomicBool::new(false),
