@@ -19,11 +19,13 @@ to NumPy arrays, in these ways:
                             with safetensors.numpy.load_file (from file:// and from S3)
   tensorfs warm             the same after a first full read (remounted on the same cache_dir)
   tensorfs shuffled         shuffle=window and shuffle=global, epochs 0 (cold) and 1 (reshuffled,
-                            gathered from the columns cached during epoch 0), each checked to be a
-                            permutation of the rows; then epoch 2 read as its all.safetensors
-                            with 1 MiB reads (one open; gathered into memory, no batch files),
-                            and epoch 3's all.safetensors, which that reader had built whole on
-                            the cache ahead of it (src/ahead.rs), once built
+                            gathered from the columns cached during epoch 0) back to back, and
+                            epoch 2 once its batch files are built ahead in idle time (the walk
+                            through the next epoch, src/prefetch.rs), each checked to be a
+                            permutation of the rows; then, remounted, epoch 3 read as its
+                            all.safetensors with 1 MiB reads (one open; gathered into memory, no
+                            batch files), and epoch 4's all.safetensors, which that reader had
+                            built whole on the cache ahead of it (src/ahead.rs), once built
   a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
                             a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
                             make_reader and through tensorfs cold and warm (petastorm_dataset.py)
@@ -266,8 +268,11 @@ def run(a) -> int:
                 cache = scratch / f"cache-{mode}"
                 shutil.rmtree(cache, ignore_errors=True)
                 caches.drop()
+                # Batch files: epochs 0 and 1 back to back, then epoch 2 once its files are
+                # built ahead (epochs=3: nothing past it, so the one-open rows below, on a
+                # second mount of the same cache, find no batch files of their epochs).
                 m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
-                          [*base, f"shuffle={mode}", "epochs=6", f"cache_dir={cache}"])
+                          [*base, f"shuffle={mode}", "epochs=3", f"cache_dir={cache}"])
                 mounts.append(m)
                 n = m.dataset()["batches_per_epoch"]
                 for e, what in ((0, "epoch 0 (cold)"), (1, "epoch 1 (cached columns)")):
@@ -280,37 +285,55 @@ def run(a) -> int:
                            for k in ("decode_cpu_ns", "gather_cpu_ns", "batch_write_cpu_ns")}
                     meta.setdefault("build_cpu_us_per_batch", {})[f"{mode}_e{e}"] = per
                     log(f"shuffle={mode} epoch {e}, workers' CPU per batch: {per['decode_cpu_ns']:.0f} us decoding, "
-                        f"{per['gather_cpu_ns']:.0f} us gathering, {per['batch_write_cpu_ns']:.0f} us writing its file")
+                        f"{per['gather_cpu_ns']:.0f} us gathering, {per['batch_write_cpu_ns']:.0f} us writing its file; "
+                        f"{before['next_epoch_files_built']} batch files of epoch 1 built ahead before epoch 1 was read"
+                        * (e == 1))
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
-                # A third order, read through its one-open file: gathered into memory tensor by
-                # tensor and served by the daemon, no batch file written.
-                res.add(f"tfs_{mode}_e2_all", f"tensorfs shuffle={mode}, epoch 2, all.safetensors",
-                        *read_file_sequentially(m.mnt / "epoch-2" / "all.safetensors", a.rows))
-                # That reader has epoch 3's all.safetensors built whole on the cache meanwhile
-                # (src/ahead.rs); a trainer busy with epoch 2 would not wait for it. The wait
-                # here is logged beside epoch 2's read time.
+                # Epoch 2's batch files, built in idle time from epoch 1's first read on (the
+                # walk through the next epoch, src/prefetch.rs); a trainer busy with epoch 1, or
+                # saving a checkpoint, would not wait for them. The wait is logged.
+                waited, built = time.monotonic(), m.settled("next_epoch_files_built")
+                log(f"shuffle={mode}: {built} batch files built ahead of their epoch, the last "
+                    f"{time.monotonic() - waited - 1:.2f} s after epoch 1 was read "
+                    f"(epoch 1 read in {res.get(f'tfs_{mode}_e1')['seconds']:.2f} s)")
+                res.add(f"tfs_{mode}_e2_ahead", f"tensorfs shuffle={mode}, epoch 2, batch files built ahead",
+                        *read_safetensors_files(m.mnt / "epoch-2", n))
+                check_permutation(m.mnt / "epoch-2", n, a.rows, f"shuffle={mode} epoch 2")
+                m.unmount()
+                mounts.remove(m)
+                # One-open files, on the same cache (its columns): epoch 3 read as its
+                # all.safetensors with 1 MiB reads, gathered into memory tensor by tensor and
+                # served by the daemon, no batch file written.
+                m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
+                          [*base, f"shuffle={mode}", "epochs=7", f"cache_dir={cache}"])
+                mounts.append(m)
+                res.add(f"tfs_{mode}_e3_all", f"tensorfs shuffle={mode}, epoch 3, all.safetensors",
+                        *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
+                # That reader has epoch 4's all.safetensors built whole on the cache meanwhile
+                # (src/ahead.rs); a trainer busy with epoch 3 would not wait for it. The wait
+                # here is logged beside epoch 3's read time.
                 waited = time.monotonic()
                 while m.stats()["ahead_files_built"] < 1 and time.monotonic() - waited < 300:
                     time.sleep(0.01)
                 waited = time.monotonic() - waited
-                log(f"shuffle={mode}: epoch 3's all.safetensors built ahead {waited:.2f} s after epoch 2's was read "
-                    f"(epoch 2 read in {res.get(f'tfs_{mode}_e2_all')['seconds']:.2f} s)")
+                log(f"shuffle={mode}: epoch 4's all.safetensors built ahead {waited:.2f} s after epoch 3's was read "
+                    f"(epoch 3 read in {res.get(f'tfs_{mode}_e3_all')['seconds']:.2f} s)")
                 started = time.monotonic()
-                res.add(f"tfs_{mode}_e3_ahead", f"tensorfs shuffle={mode}, epoch 3, built ahead",
-                        *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
+                res.add(f"tfs_{mode}_e4_ahead", f"tensorfs shuffle={mode}, epoch 4, all.safetensors built ahead",
+                        *read_file_sequentially(m.mnt / "epoch-4" / "all.safetensors", a.rows))
                 if m.stats()["ahead_opens"] < 1:
-                    log(f"shuffle={mode}: epoch 3's all.safetensors was not served from the file built ahead")
-                # How fast the next file is built: epoch 4's (a new file) from epoch 3's first
-                # read, then epoch 5's (written over epoch 3's, which nobody holds now) from
-                # epoch 4's.
+                    log(f"shuffle={mode}: epoch 4's all.safetensors was not served from the file built ahead")
+                # How fast the next file is built: epoch 5's (a new file) from epoch 4's first
+                # read, then epoch 6's (written over epoch 4's, which nobody holds now) from
+                # epoch 5's.
                 rates = {}
-                for e, how in ((4, "new"), (5, "written_over")):
-                    if e == 5:
+                for e, how in ((5, "new"), (6, "written_over")):
+                    if e == 6:
                         started = time.monotonic()
-                        read_file_sequentially(m.mnt / "epoch-4" / "all.safetensors", a.rows)
-                    while m.stats()["ahead_files_built"] < e - 2 and time.monotonic() - started < 300:
+                        read_file_sequentially(m.mnt / "epoch-5" / "all.safetensors", a.rows)
+                    while m.stats()["ahead_files_built"] < e - 3 and time.monotonic() - started < 300:
                         time.sleep(0.005)
-                    rates[how] = res.get(f"tfs_{mode}_e3_ahead")["bytes"] / 1e6 / (time.monotonic() - started)
+                    rates[how] = res.get(f"tfs_{mode}_e4_ahead")["bytes"] / 1e6 / (time.monotonic() - started)
                 over = m.stats()["ahead_written_over"]
                 meta.setdefault("ahead_build_mb_s", {})[mode] = {**rates, "files_written_over": over}
                 log(f"shuffle={mode}: the next epoch's all.safetensors built at {rates['new']:.0f} MB/s as a new file, "

@@ -5,7 +5,7 @@
 
 use crate::cache::DiskCache;
 use crate::eviction::Eviction;
-use crate::layout::{FileKind, Layout};
+use crate::layout::{FileKind, Item, Layout};
 use crate::plan::{Orders, Plan, Shuffle};
 use crate::pool::{Background, Pool, ReaderWaits};
 use crate::source::Source;
@@ -363,6 +363,14 @@ impl Builder {
     pub fn has_tensor(&self, epoch: u64, i: u64, t: usize) -> bool {
         let epoch = self.plan().same_as(epoch);
         self.batches.contains(&(epoch, i)) || self.tensors.contains(&(epoch, i, t))
+    }
+
+    /// Whether every row group batch `i` of `epoch` draws from is decoded in memory or in the
+    /// local cache: the batch is then gathered without fetching or decoding anything.
+    pub fn row_groups_at_hand(&self, epoch: u64, i: u64) -> bool {
+        let order = self.orders.epoch(self.plan().same_as(epoch));
+        (self.plan().batch_row_groups(&order, i).into_iter())
+            .all(|g| self.decoded.contains(&g) || self.cache.contains(Item::Columns { rg: g }))
     }
 
     /// Whether batch `i` of `epoch`, or any of its tensors alone, is held in memory.

@@ -545,13 +545,30 @@ impl DiskCache {
     /// [`DiskCache::unreserve`].
     pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
         let _one_at_a_time = self.reserving.lock().unwrap();
-        self.make_room_from(bytes, distance, u64::MAX, stats);
-        if self.used() + bytes > self.capacity {
+        if !self.spare_room(bytes, distance, stats) {
             return false;
         }
         self.used.fetch_add(bytes, Ordering::Relaxed);
         Stats::set(&stats.c.cache_bytes, self.used());
         true
+    }
+
+    /// Whether `bytes` more fit once the items that `distance` says are never needed again are
+    /// evicted (they are): room for work done well ahead of its readers, which must not push
+    /// out anything they need ([`crate::prefetch`]'s next epoch).
+    pub fn has_spare_room(
+        &self,
+        bytes: u64,
+        distance: &dyn Fn(Item) -> u64,
+        stats: &Stats,
+    ) -> bool {
+        let _one_at_a_time = self.reserving.lock().unwrap();
+        self.spare_room(bytes, distance, stats)
+    }
+
+    fn spare_room(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
+        self.make_room_from(bytes, distance, u64::MAX, stats);
+        self.used() + bytes <= self.capacity
     }
 
     /// Gives back what [`DiskCache::reserve_spare`] reserved.
@@ -1310,5 +1327,30 @@ mod tests {
         c.store_columns(2, 1, &[&data], &distance, &stats).unwrap();
         assert!(c.used() <= 4096 * 3 + 200);
         assert!(c.contains(Item::Columns { rg: 5 }));
+    }
+
+    #[test]
+    fn spare_room_is_made_only_of_what_is_never_needed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 4096 * 3 + 200);
+        let data = vec![0u8; 10];
+        // Row groups 0 and 1 are needed again; 7 never is.
+        let distance = |i: Item| match i {
+            Item::Columns { rg: 7 } => u64::MAX,
+            Item::Columns { rg } => rg as u64,
+            _ => u64::MAX,
+        };
+        for rg in [0, 1, 7] {
+            c.store_columns(rg, 1, &[&data], &distance, &stats).unwrap();
+        }
+        let one = c.used() / 3;
+        assert!(c.has_spare_room(one, &distance, &stats));
+        assert!(
+            !c.contains(Item::Columns { rg: 7 }),
+            "what is never needed goes"
+        );
+        assert!(!c.has_spare_room(2 * one, &distance, &stats));
+        assert!(c.contains(Item::Columns { rg: 0 }) && c.contains(Item::Columns { rg: 1 }));
     }
 }

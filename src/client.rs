@@ -243,6 +243,10 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "batch_write_cpu_ns") / 1e9
         ),
         format!(
+            "next epoch  {:.0} batch files built ahead of their reader's epoch",
+            n(v, "next_epoch_files_built")
+        ),
+        format!(
             "ahead       {:.0} one-open files built ahead ({:.1} MB, {:.0} over files gone by), {:.0} without room, {:.0} opens from them, {:.0} before they were done",
             n(v, "ahead_files_built"),
             mb("ahead_bytes_built"),

@@ -153,6 +153,13 @@ impl Materializer {
         Ok(())
     }
 
+    /// Builds the batch file `item` far ahead of its reader (the next epoch's, in idle time,
+    /// [`crate::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
+    /// is far off. Whether the cache took it.
+    pub async fn build_ahead(&self, item: Item) -> Result<bool> {
+        Ok(self.build(item).await?.is_some())
+    }
+
     /// Whether the batch file `item` is in the cache and checked since it was indexed: its
     /// open needs nothing from the prefetcher.
     pub fn checked_already(&self, item: Item) -> bool {

@@ -186,6 +186,7 @@ impl Dataset {
         let prefetcher = Prefetcher::new(
             materializer.clone(),
             readers,
+            layout.clone(),
             runtime,
             opts.prefetch,
             opts.epochs,

@@ -8,14 +8,21 @@
 //! will open are built before it asks. Builds share the engine's worker pool (whose semaphore is
 //! fair, so several readers are served in turn) and its single-flight, so a batch is built once
 //! however many readers and prefetches want it.
+//!
+//! Beyond those `prefetch` files, a reader of batch files in a shuffled epoch has the batch
+//! files of the same directory's next epoch built in idle time ([`NextEpoch`]), so that a reader
+//! that comes to it faster than it can be built (a trainer's data loader at the start of an
+//! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
-use crate::layout::FileKind;
+use crate::layout::{FileKind, Item, Layout};
 use crate::materialize::Materializer;
 use crate::plan::{Batches, Plan};
 use crate::readers::Readers;
 use crate::stats::Stats;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// The `depth` batches that follow batch `i` of directory `dir`, crossing into the next epoch
@@ -56,18 +63,28 @@ pub struct Prefetcher {
     epochs: u64,
     memory_limit: u64,
     /// Items being prefetched now.
-    scheduled: Arc<Mutex<HashSet<crate::layout::Item>>>,
+    scheduled: Arc<Mutex<HashSet<Item>>>,
+    next_epoch: Arc<NextEpoch>,
 }
 
 impl Prefetcher {
     pub fn new(
         materializer: Arc<Materializer>,
         readers: Arc<Readers>,
+        layout: Arc<Layout>,
         runtime: Handle,
         depth: u64,
         epochs: u64,
         memory_limit: u64,
     ) -> Prefetcher {
+        let next_epoch = Arc::new(NextEpoch {
+            materializer: materializer.clone(),
+            readers: readers.clone(),
+            layout,
+            depth,
+            memory_limit,
+            walks: Mutex::default(),
+        });
         Prefetcher {
             materializer,
             readers,
@@ -76,6 +93,7 @@ impl Prefetcher {
             epochs,
             memory_limit,
             scheduled: Arc::default(),
+            next_epoch,
         }
     }
 
@@ -106,10 +124,13 @@ impl Prefetcher {
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
         self.build_files(files, &step.kinds, what, last);
         self.decode_row_groups(dir, beyond, &step.kinds, last);
+        if !step.kinds.is_empty() {
+            (self.next_epoch).reader_at(&self.runtime, dir, i, &step.kinds, self.epochs);
+        }
     }
 
     fn over_budget(&self) -> bool {
-        self.materializer.builder().memory() as u64 > self.memory_limit
+        over_budget(&self.materializer, self.memory_limit)
     }
 
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
@@ -258,6 +279,229 @@ impl Prefetcher {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+/// Whether the builder's buffers hold more than the memory budget: work ahead waits.
+fn over_budget(materializer: &Materializer, memory_limit: u64) -> bool {
+    materializer.builder().memory() as u64 > memory_limit
+}
+
+/// How long a walk through a next epoch waits before it looks again where its reader's next
+/// files are not all ready, where it cannot go on for another reason, and how long it keeps
+/// looking before it ends (its reader's next step starts it again).
+const PAUSE_BUSY: Duration = Duration::from_millis(10);
+const PAUSE: Duration = Duration::from_millis(250);
+const GIVE_UP: Duration = Duration::from_secs(30);
+
+/// A reader's directories from epoch to epoch: its epoch directories (`None`), or one rank's
+/// views (rank, world).
+type Chain = Option<(u64, u64)>;
+
+fn chain(dir: Batches) -> Chain {
+    match dir {
+        Batches::Epoch(_) => None,
+        Batches::Rank { rank, world, .. } => Some((rank, world)),
+    }
+}
+
+/// The batch files of the epoch a reader comes to next, built one after another in idle time
+/// while it reads the epoch before: a shuffled epoch's files are built when they are first
+/// needed either way (its rows gathered from the cached columns, the files written to the
+/// cache), and built ahead they are there when the reader comes, however fast it comes.
+///
+/// A walk builds, in reading order, the files the reader opens of each batch of the next
+/// epoch (the same rank's view, for a rank view), one batch at a time through the single
+/// flight readers use, on the workers, only while the reader's next `prefetch` files are all
+/// ready (so it takes no worker from a build the reader needs sooner). It starts from the
+/// reader's first step in an epoch from epoch 1 on, from the middle of epoch 0 (whose row
+/// groups are decoded as it is read); and never with `shuffle=none`, whose epochs share their
+/// files, past the listed epochs, or with `prefetch=0`. It builds only a batch whose row
+/// groups are decoded (in memory or cached), only with room in the cache beside everything
+/// the plan needs again (it evicts only what is never needed), and only within the memory
+/// budget; else it waits, and ends after [`GIVE_UP`]. It ends where its reader comes within
+/// `prefetch` of it: the prefetcher has the batches from there.
+struct NextEpoch {
+    materializer: Arc<Materializer>,
+    readers: Arc<Readers>,
+    layout: Arc<Layout>,
+    depth: u64,
+    memory_limit: u64,
+    /// Each chain's walk: the latest, one at a time.
+    walks: Mutex<HashMap<Chain, Walk>>,
+}
+
+struct Walk {
+    /// The directory it builds.
+    dir: Batches,
+    state: WalkState,
+}
+
+enum WalkState {
+    /// Under way; true in `stop` ends it.
+    Going(Arc<AtomicBool>),
+    /// Ended at batch `at`, where it could not go on for [`GIVE_UP`].
+    Stalled { at: u64 },
+    /// At the end of its directory, where its reader came, or on an error its reader will meet.
+    Done,
+}
+
+impl NextEpoch {
+    /// The reader of `dir`, which opens the files `kinds` of each batch, is at batch `i`:
+    /// start the walk through its next epoch (or go on with a stalled one), unless one is
+    /// under way or done. The mount lists `listed` epochs.
+    fn reader_at(
+        self: &Arc<Self>,
+        runtime: &Handle,
+        dir: Batches,
+        i: u64,
+        kinds: &[FileKind],
+        listed: u64,
+    ) {
+        let plan = self.materializer.plan();
+        let next = dir.next_epoch();
+        if plan.epochs_repeat() || next.global(0).0 >= listed || plan.count(next) == 0 {
+            return;
+        }
+        if dir.global(0).0 == 0 && i * 2 < plan.count(dir) {
+            return;
+        }
+        let mut walks = self.walks.lock().unwrap();
+        let from = match walks.get(&chain(dir)) {
+            Some(w) if w.dir == next => match w.state {
+                WalkState::Stalled { at } => at,
+                WalkState::Going(_) | WalkState::Done => return,
+            },
+            // This epoch's walk, still ahead of its reader: the next one starts after it.
+            Some(Walk {
+                dir: d,
+                state: WalkState::Going(_),
+            }) if *d == dir => return,
+            // An earlier epoch's, gone by.
+            Some(Walk {
+                state: WalkState::Going(stop),
+                ..
+            }) => {
+                stop.store(true, Ordering::Relaxed);
+                0
+            }
+            _ => 0,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let state = WalkState::Going(stop.clone());
+        walks.insert(chain(dir), Walk { dir: next, state });
+        drop(walks);
+        let (me, kinds) = (self.clone(), kinds.to_vec());
+        runtime.spawn(async move {
+            let end = me.walk(dir, next, &kinds, from, &stop).await;
+            let mut walks = me.walks.lock().unwrap();
+            if let Some(w) = walks.get_mut(&chain(next))
+                && w.dir == next
+            {
+                w.state = end;
+            }
+        });
+    }
+
+    /// Builds the files `kinds` of `dir`'s batches from batch `from` on, in reading order,
+    /// for the reader of `behind` (the epoch before).
+    async fn walk(
+        &self,
+        behind: Batches,
+        dir: Batches,
+        kinds: &[FileKind],
+        from: u64,
+        stop: &AtomicBool,
+    ) -> WalkState {
+        let plan = self.materializer.plan();
+        let stats = self.materializer.stats();
+        let mut waiting_since: Option<Instant> = None;
+        let mut j = from;
+        while j < plan.count(dir) {
+            let reader = self.readers.position(dir);
+            if stop.load(Ordering::Relaxed) || reader.is_some_and(|at| at + self.depth >= j) {
+                return WalkState::Done;
+            }
+            let (epoch, g) = dir.global(j);
+            let items: Vec<Item> = (kinds.iter())
+                .map(|&k| self.materializer.item(k, epoch, g))
+                .filter(|&item| !self.materializer.contains(item))
+                .collect();
+            if items.is_empty() {
+                j += 1;
+                continue;
+            }
+            let reading = if reader.is_some() { dir } else { behind };
+            let wait = match self.served(reading, kinds) {
+                true => self.blocked(epoch, g, &items).map(|why| (PAUSE, why)),
+                false => Some((PAUSE_BUSY, "its reader's next files are not all ready")),
+            };
+            if let Some((pause, why)) = wait {
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= GIVE_UP {
+                    tracing::debug!(
+                        "{} built ahead up to batch {j}: {why}",
+                        crate::layout::dir_name(dir)
+                    );
+                    return WalkState::Stalled { at: j };
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+            waiting_since = None;
+            for item in items {
+                match self.materializer.build_ahead(item).await {
+                    Ok(true) => Stats::add(&stats.c.next_epoch_files_built, 1),
+                    // The cache cannot take files (a full disk): readers are served from memory.
+                    Ok(false) => return WalkState::Done,
+                    Err(e) => {
+                        // Its reader meets the same error, and says it in the log then.
+                        tracing::debug!("building {item:?} ahead: {}", crate::describe(&e));
+                        return WalkState::Done;
+                    }
+                }
+            }
+            j += 1;
+        }
+        WalkState::Done
+    }
+
+    /// Whether the reader of `dir` has the files `kinds` of its next `prefetch` batches in
+    /// the cache.
+    fn served(&self, dir: Batches, kinds: &[FileKind]) -> bool {
+        let Some(at) = self.readers.position(dir) else {
+            return true;
+        };
+        let plan = self.materializer.plan();
+        ahead(plan, dir, at, self.depth).into_iter().all(|(d, j)| {
+            let (epoch, g) = d.global(j);
+            (kinds.iter()).all(|&k| {
+                self.materializer
+                    .contains(self.materializer.item(k, epoch, g))
+            })
+        })
+    }
+
+    /// Why batch `g` of `epoch`, whose files `items` are missing, is not built now, if it
+    /// is not.
+    fn blocked(&self, epoch: u64, g: u64, items: &[Item]) -> Option<&'static str> {
+        if over_budget(&self.materializer, self.memory_limit) {
+            return Some("the memory for buffers is taken");
+        }
+        if !self.materializer.builder().row_groups_at_hand(epoch, g) {
+            return Some("its row groups are not decoded yet");
+        }
+        let rows = self.materializer.plan().batch_len(g);
+        let bytes: u64 = (items.iter())
+            .filter_map(|item| item.kind())
+            .map(|kind| self.layout.size(kind, rows))
+            .sum();
+        let distance = self.materializer.distance_fn();
+        let cache = self.materializer.cache();
+        if !cache.has_spare_room(bytes, &*distance, self.materializer.stats()) {
+            return Some("no room in the cache beside what the plan needs again");
+        }
+        None
     }
 }
 

@@ -83,6 +83,12 @@ impl Readers {
         }
     }
 
+    /// The batch the reader of `dir` is at, if it has read any.
+    pub fn position(&self, dir: Batches) -> Option<u64> {
+        let state = self.state.lock().unwrap();
+        state.dirs.get(&dir).filter(|r| r.seen).map(|r| r.at)
+    }
+
     /// Of the batches `beyond` (in reading order) of `dir`'s reader, the (epoch, batch) of those
     /// whose row groups it has not asked for yet; its mark moves to the last of them.
     pub fn not_yet_warmed(&self, dir: Batches, beyond: &[(Batches, u64)]) -> Vec<(u64, u64)> {

@@ -54,6 +54,8 @@ counters!(
     // Prefetch.
     prefetch_scheduled,
     prefetch_deferred,
+    // Batch files of a reader's next epoch built in idle time, well ahead of it.
+    next_epoch_files_built,
     // Serving.
     // Names the kernel looked up one at a time (a listing carries its entries' attributes, so
     // a reader that lists a directory first looks none of them up).

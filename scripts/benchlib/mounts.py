@@ -109,6 +109,18 @@ class Mount:
         with open(self.mnt / "dataset.json", "rb") as f:
             return json.loads(f.read())
 
+    def settled(self, counter: str, quiet: float = 1.0, limit: float = 300) -> int:
+        """The counter once it has not moved for QUIET seconds (or after LIMIT seconds)."""
+        last, since, deadline = None, time.monotonic(), time.monotonic() + limit
+        while time.monotonic() < deadline:
+            now = self.stats()[counter]
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                break
+            time.sleep(0.01)
+        return last
+
     def unmount(self) -> None:
         gc.collect()
         for cmd in (["umount", str(self.mnt)], ["fusermount3", "-u", str(self.mnt)], ["umount", "-l", str(self.mnt)]):

@@ -105,9 +105,10 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
         ("warm batch files (.safetensors)", "tfs_warm", "st_local"),
         ("warm all.safetensors, 1 MiB reads", "tfs_all_seq", "all_local_seq"),
         ("warm all/*.npy, mmap batch slices", "tfs_all_mmap", "all_local_mmap"),
-        ("shuffled epoch 1, shuffle=window (batch files)", "tfs_window_e1", "st_local"),
-        ("shuffled epoch 2, shuffle=window (all.safetensors, 1 MiB reads)", "tfs_window_e2_all", "all_local_seq"),
-        ("shuffled epoch 3, shuffle=window (all.safetensors built ahead, 1 MiB reads)", "tfs_window_e3_ahead",
+        ("shuffled epoch 1, shuffle=window (batch files, right after epoch 0)", "tfs_window_e1", "st_local"),
+        ("shuffled epoch 2, shuffle=window (batch files built ahead)", "tfs_window_e2_ahead", "st_local"),
+        ("shuffled epoch 3, shuffle=window (all.safetensors, 1 MiB reads)", "tfs_window_e3_all", "all_local_seq"),
+        ("shuffled epoch 4, shuffle=window (all.safetensors built ahead, 1 MiB reads)", "tfs_window_e4_ahead",
          "all_local_seq"),
     )]
     if any(m and l for _, m, l in vs_local):
