@@ -17,6 +17,7 @@ use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{OnceCell, Semaphore};
@@ -254,6 +255,12 @@ pub struct Builder {
     tensors: Memo<(u64, u64, usize), TensorRows>,
     /// Each batch's rows, computed once for the gathers of its tensors one by one.
     picks: Memo<(u64, u64), Picks>,
+    /// Whether decoded row groups are kept in the local cache where epochs repeat
+    /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
+    /// for the one-open files on, for which no batch file is written, so that the columns are
+    /// what the cache keeps of them (else every epoch, and every mount, fetched and decoded the
+    /// dataset again).
+    keep_repeated_columns: AtomicBool,
 }
 
 /// What a builder works from.
@@ -309,6 +316,7 @@ impl Builder {
             batches: Memo::new(half / 8),
             tensors: Memo::new(half / 8),
             picks: Memo::new(half / 64),
+            keep_repeated_columns: AtomicBool::new(false),
         })
     }
 
@@ -341,6 +349,7 @@ impl Builder {
     /// Tensor `t` of batch `i` of `epoch`: from the batch where it is in memory, else its rows
     /// alone, gathered on first use.
     pub async fn tensor(&self, epoch: u64, i: u64, t: usize) -> Result<TensorOf> {
+        self.keep_repeated_columns.store(true, Ordering::Relaxed);
         let epoch = self.plan().same_as(epoch);
         if let Some(b) = self.batches.get(&(epoch, i)) {
             return Ok(TensorOf::Batch(b, t));
@@ -416,6 +425,7 @@ impl Builder {
         i: u64,
         only: Option<usize>,
     ) -> Result<Vec<Vec<u8>>> {
+        self.keep_repeated_columns.store(true, Ordering::Relaxed);
         let epoch = self.plan().same_as(epoch);
         if let Some(b) = self.batches.get(&(epoch, i)) {
             return Ok(match only {
@@ -550,9 +560,10 @@ impl Builder {
             (self.runtime.clone(), self.cache.clone(), self.stats.clone());
         let distance = self.eviction.distance_fn();
         let map = self.map_columns();
-        // Where epochs repeat, the batch files are all that is needed again: keeping the
-        // columns too would write every byte twice.
-        let keep = !self.plan().epochs_repeat();
+        // Where epochs repeat, the batch files are all that is needed again for their readers:
+        // keeping the columns too would write every byte twice.
+        let keep =
+            !self.plan().epochs_repeat() || self.keep_repeated_columns.load(Ordering::Relaxed);
         let _fetching = self.fetches.acquire().await?;
         let started = std::time::Instant::now();
         let fetched = match ahead {

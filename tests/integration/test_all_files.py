@@ -119,3 +119,24 @@ def test_the_kernel_reads_ahead_several_mib_of_a_sequential_reader(mounter, shuf
     st = os.stat(m.path)
     with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
         assert int(f.read()) >= 4096
+
+
+@pytest.mark.parametrize("shuffle", ["none", "window"])
+def test_what_a_reader_of_the_all_files_decoded_is_kept_for_later_epochs_and_mounts(mounter, shuf_ds, shuffle):
+    """No batch file is written for a reader of the one-open files: the decoded columns are what
+    the cache keeps of them, with shuffle=none too (where a reader of batch files keeps those
+    instead). A later epoch (nothing built ahead) and a later mount decode nothing and fetch no
+    row group again."""
+    opts = (f"shuffle={shuffle}", "batch_size=256", "epochs=2", "prefetch=0")
+    m = mounter(shuf_ds.path, *opts)
+    first = tfs.read_exact(m.p("epoch-0", "all.safetensors"))
+    s = tfs.stats(m)
+    assert s["row_groups_decoded"] == 13, s
+    assert len(list(m.cache.glob("v1/cols-*/*.cols"))) == 13
+    tfs.read_exact(m.p("epoch-1", "all", "x.npy"))
+    assert tfs.stats(m)["row_groups_decoded"] == 13, tfs.stats(m)
+    m.unmount()
+    again = mounter(shuf_ds.path, *opts, cache=m.cache)
+    assert tfs.read_exact(again.p("epoch-0", "all.safetensors")) == first
+    s = tfs.stats(again)
+    assert s["row_groups_decoded"] == 0 and s["remote_bytes"] == 0, s
