@@ -59,7 +59,17 @@ pub enum NotStored {
 const VERSION: u32 = 1;
 const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
 const META_MAGIC: &[u8; 8] = b"TFSMETA1";
-const COLS_DATA_AT: usize = 4096;
+/// A columns file's data starts at the first multiple of this past its header: 4096 for up to
+/// 504 tensors, more for wider tables.
+const COLS_ALIGN: usize = 4096;
+/// The header's fixed part: magic, version, tensors, rows, identity, data checksum.
+const COLS_FIXED: usize = 8 + 4 + 4 + 8 + 32 + 4;
+
+/// Where the data of a columns file of `tensors` tensors starts: past the fixed part, each
+/// tensor's length and the header's checksum.
+fn cols_data_at(tensors: usize) -> usize {
+    (COLS_FIXED + 8 * tensors + 4).next_multiple_of(COLS_ALIGN)
+}
 
 struct Entry {
     bytes: u64,
@@ -841,7 +851,8 @@ fn meta_path(path: &Path) -> PathBuf {
 }
 
 fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]) -> Vec<u8> {
-    let mut h = Vec::with_capacity(COLS_DATA_AT);
+    let data_at = cols_data_at(tensors.len());
+    let mut h = Vec::with_capacity(data_at);
     h.extend_from_slice(COLS_MAGIC);
     h.extend_from_slice(&VERSION.to_le_bytes());
     h.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
@@ -857,19 +868,15 @@ fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]) -> Vec<u8
     }
     let header_crc = crc32c::crc32c(&h);
     h.extend_from_slice(&header_crc.to_le_bytes());
-    assert!(
-        h.len() <= COLS_DATA_AT,
-        "too many tensors for a columns header"
-    );
-    h.resize(COLS_DATA_AT, 0);
+    h.resize(data_at, 0);
     h
 }
 
 type Parsed = (usize, Vec<std::ops::Range<usize>>);
 
 fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed> {
-    let fixed = 8 + 4 + 4 + 8 + 32 + 4;
-    if b.len() < COLS_DATA_AT || &b[..8] != COLS_MAGIC {
+    let fixed = COLS_FIXED;
+    if b.len() < COLS_ALIGN || &b[..8] != COLS_MAGIC {
         bail!("not a columns file");
     }
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
@@ -878,7 +885,8 @@ fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed
         bail!("of another version");
     }
     let n = u32_at(12) as usize;
-    if n != tensors || fixed + 8 * n + 4 > COLS_DATA_AT {
+    let data_at = cols_data_at(tensors);
+    if n != tensors || b.len() < data_at {
         bail!("of another layout");
     }
     let header_end = fixed + 8 * n;
@@ -890,7 +898,7 @@ fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed
     }
     let rows = u64_at(16) as usize;
     let mut ranges = Vec::with_capacity(n);
-    let mut at = COLS_DATA_AT;
+    let mut at = data_at;
     for t in 0..n {
         let len = u64_at(fixed + 8 * t) as usize;
         ranges.push(at..at + len);
@@ -899,7 +907,7 @@ fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed
     if b.len() != at {
         bail!("truncated ({} of {at} bytes)", b.len());
     }
-    if crc32c::crc32c(&b[COLS_DATA_AT..]) != u32_at(56) {
+    if crc32c::crc32c(&b[data_at..]) != u32_at(56) {
         bail!("corrupt (checksum mismatch)");
     }
     Ok((rows, ranges))
@@ -1001,6 +1009,15 @@ mod tests {
             &[3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
         );
         assert_eq!(&h[76..80], &crc32c::crc32c(&h[..76]).to_le_bytes());
+        // Past 504 tensors the header takes more than 4096 bytes: the data starts at the
+        // next multiple of 4096.
+        let wide: Vec<&[u8]> = vec![b"ab"; 1000];
+        let h = columns_header(1, &wide, &[7; 32]);
+        assert_eq!(h.len(), 8192);
+        let mut file = h.clone();
+        wide.iter().for_each(|t| file.extend_from_slice(t));
+        let (rows, ranges) = parse_columns(&file, &[7; 32], 1000).unwrap();
+        assert_eq!((rows, ranges[999].clone()), (1, 8192 + 1998..8192 + 2000));
         let m = meta_bytes(10, 0xdead_beef, &[1; 32]);
         assert_eq!(m.len(), 60);
         assert_eq!(&m[..12], b"TFSMETA1\x01\0\0\0");

@@ -130,3 +130,23 @@ def test_files_that_write_one_type_differently_are_one_dataset(mounter, tmp_path
             "id": np.arange(600, dtype=np.int64)[rows], "k": k_ref[rows],
             "l": l_ref.astype(np.int64)[rows], "l.len": l_len[rows], "v": v_ref[rows],
         })
+
+
+def test_a_table_of_hundreds_of_columns_is_shuffled(mounter, tmp_path):
+    """600 columns: the cached columns of a row group take a header of more than 4096 bytes.
+    Each shuffled epoch is a permutation of the rows, every column of a row its own."""
+    rows, cols = 300, 600
+    ids = np.arange(rows, dtype=np.int64)
+    table = {"id": ids, **{f"c{k:03d}": ((ids * 7 + k) % 251).astype(np.int16) for k in range(cols)}}
+    d = tmp_path / "wide"
+    d.mkdir()
+    pq.write_table(pa.table(table), d / "data.parquet", row_group_size=100)
+    m = mounter(d, "shuffle=window", "batch_size=64", "epochs=2")
+    n = m.dataset()["batches_per_epoch"]
+    for e in range(2):
+        got = [tfs.load_safetensors(m.p(f"epoch-{e}", tfs.batch_name(i) + ".safetensors")) for i in range(n)]
+        order = np.concatenate([b["id"] for b in got])
+        assert np.array_equal(np.sort(order), ids)
+        for k in (0, 299, cols - 1):
+            name = f"c{k:03d}"
+            tfs.assert_array(np.concatenate([b[name] for b in got]), table[name][order], f"epoch {e} {name}")
