@@ -286,7 +286,7 @@ def run(a) -> int:
                     meta.setdefault("build_cpu_us_per_batch", {})[f"{mode}_e{e}"] = per
                     log(f"shuffle={mode} epoch {e}, workers' CPU per batch: {per['decode_cpu_ns']:.0f} us decoding, "
                         f"{per['gather_cpu_ns']:.0f} us gathering, {per['batch_write_cpu_ns']:.0f} us writing its file; "
-                        f"{before['next_epoch_files_built']} batch files of epoch 1 built ahead before epoch 1 was read"
+                        f"{before.get('next_epoch_files_built', 0)} batch files of epoch 1 built ahead before epoch 1 was read"
                         * (e == 1))
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
                 # Epoch 2's batch files, built in idle time from epoch 1's first read on (the

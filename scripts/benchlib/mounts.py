@@ -113,7 +113,7 @@ class Mount:
         """The counter once it has not moved for QUIET seconds (or after LIMIT seconds)."""
         last, since, deadline = None, time.monotonic(), time.monotonic() + limit
         while time.monotonic() < deadline:
-            now = self.stats()[counter]
+            now = self.stats().get(counter, 0)
             if now != last:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= quiet:
