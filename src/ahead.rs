@@ -10,20 +10,25 @@
 //! A reader of directory D's one-open file (from its first read from epoch 1 on; past its
 //! middle in epoch 0, which is decoded as it is read), or one that opens it built ahead or asks
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
-//! epochs last. The build runs on a thread of its own in `SCHED_IDLE`. An open that comes while
-//! the build is under way waits for it if a quarter is written and the rest is due within
-//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes of
-//! `cache_size` (evicting only cache items that are never needed again); where they are not to
-//! be had, nothing is built. A file is built in the
-//! cache's temp directory, kept while its epoch and the next are read, and let go after; never
-//! indexed, so a restart removes what a crash left. A file gone by that nobody has open, and
-//! whose path was never handed out, is written over by the next build rather than removed: its
-//! pages are in the page cache and its blocks allocated, where a new file's are not (measured
-//! at [`nobodys`]). It is used only while unchanged since written (inode, size, mtime, ctime),
-//! the rule of batch files checked in this mount.
+//! epochs last; with `shuffle=none`, whose epochs share their files, the one it reads, for its
+//! re-reads and later mounts. The build runs on a thread of its own in `SCHED_IDLE`. An open
+//! that comes while the build is under way waits for it if a quarter is written and the rest
+//! is due within [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file
+//! takes its bytes of `cache_size` (evicting only cache items that are never needed again);
+//! where they are not to be had, nothing is built. A file is built in the cache's temp directory (a restart removes
+//! what a crash left there), then indexed as a cache item with its crc32c ([`Item::All`]), kept
+//! while its epoch and the next are read and let go after. A later mount of the same cache
+//! (a job restarted, the same epoch read again) finds the files its last one kept: the first
+//! open of one checks it against its checksum, waiting up to [`LONGEST_WAIT`] (else the daemon
+//! serves that open, and the check goes on for the next), and then answers it by passthrough
+//! like a file built in this mount. A file gone by that nobody has open, and whose path was
+//! never handed out, is written over by the next build rather than removed: its pages are in
+//! the page cache and its blocks allocated, where a new file's are not (measured at
+//! [`nobodys`]). It is used only while unchanged since written or checked (inode, size, mtime,
+//! ctime), the rule of batch files.
 
 use crate::cache::{DiskCache, Stamp};
-use crate::layout::{FileKind, Layout};
+use crate::layout::{FileKind, Item, Layout};
 use crate::materialize::Materializer;
 use crate::plan::Batches;
 use crate::stats::Stats;
@@ -46,18 +51,63 @@ struct Key {
     kind: FileKind,
 }
 
-/// Bytes of the cache reserved for a file built ahead, and the file once it is created: both
-/// given back when dropped (a build that fails or is stopped, a built file gone by); a reader
-/// with the file open reads on.
+impl Key {
+    /// The cache item it is kept as.
+    fn item(&self) -> Item {
+        Item::All {
+            dir: self.dir,
+            kind: self.kind,
+        }
+    }
+}
+
+/// Where a file built ahead holds its bytes of the cache: while it is built, bytes reserved and
+/// its temp file, both given back when dropped (a build that fails or is stopped); once built,
+/// the cache item it is kept as (`kept`), which stays at exit for a later mount and goes only
+/// where [`Reserved::let_go`] says so (an epoch gone by, a file changed). A reader with the
+/// file open reads on either way.
 struct Reserved {
     bytes: u64,
     path: Option<PathBuf>,
+    /// The item and the stamp it is indexed with.
+    kept: Option<(Item, Stamp)>,
     cache: Arc<DiskCache>,
     stats: Arc<Stats>,
 }
 
+impl Reserved {
+    /// Removes a kept file from the cache (where the index still holds it as it was kept).
+    fn let_go(mut self) {
+        if let Some((item, stamp)) = self.kept.take() {
+            self.cache.let_go(item, stamp, &self.stats);
+            (self.path, self.bytes) = (None, 0);
+        }
+    }
+
+    /// A kept file taken out of the index to be written over, a temp file again; `None` where
+    /// the cache let it go meanwhile (evicted).
+    fn unkeep(mut self) -> Option<Reserved> {
+        let Some((item, stamp)) = self.kept.take() else {
+            return Some(self);
+        };
+        match self.cache.unkeep(item, stamp) {
+            Some((tmp, bytes)) => {
+                (self.path, self.bytes) = (Some(tmp), bytes);
+                Some(self)
+            }
+            None => {
+                (self.path, self.bytes) = (None, 0);
+                None
+            }
+        }
+    }
+}
+
 impl Drop for Reserved {
     fn drop(&mut self) {
+        if self.kept.is_some() {
+            return;
+        }
         if let Some(path) = &self.path {
             let _ = std::fs::remove_file(path);
         }
@@ -95,10 +145,14 @@ struct Spare {
 /// into play, and the daemon serves the file at about the rate the build writes it.
 const LONGEST_WAIT: Duration = Duration::from_secs(5);
 
-/// A build under way: how far it is, and the means to stop it or to wait for its end.
+/// A build under way, or the check of a file kept by an earlier mount: how far it is, and the
+/// means to stop it or to wait for its end.
 pub struct Progress {
+    /// A check, not a build: an open always waits for it (up to [`LONGEST_WAIT`]), since it
+    /// reads a local file at the disk's rate, and nothing stops it.
+    check: bool,
     stop: AtomicBool,
-    /// Batches written, of `total`.
+    /// Batches written (bytes checked), of `total`.
     written: AtomicU64,
     total: u64,
     started: Instant,
@@ -109,13 +163,16 @@ pub struct Progress {
 impl Progress {
     /// Whether an open now is better served by waiting for the build than by the daemon.
     fn worth_waiting(&self) -> bool {
+        if self.check {
+            return true;
+        }
         let written = self.written.load(Ordering::Relaxed);
         worth_waiting(written, self.total, self.started.elapsed())
     }
 
     /// Stops the build (its reader came first), counted once.
     fn stop(&self, stats: &Stats) {
-        if !self.stop.swap(true, Ordering::Relaxed) {
+        if !self.check && !self.stop.swap(true, Ordering::Relaxed) {
             Stats::add(&stats.c.ahead_late, 1);
         }
     }
@@ -199,7 +256,7 @@ impl Ahead {
                 p.stop(stats);
                 Opening::Daemon
             }
-            _ => {
+            Some(_) => {
                 drop(files);
                 match self.built(key, false) {
                     Some((file, _)) => {
@@ -209,7 +266,23 @@ impl Ahead {
                     None => Opening::Daemon,
                 }
             }
+            // Kept by an earlier mount: checked first.
+            None if self.enabled && self.cache().contains(key.item()) => {
+                drop(files);
+                match self.start(key, None) {
+                    Some(p) => {
+                        Stats::add(&stats.c.ahead_waits, 1);
+                        Opening::Soon(p)
+                    }
+                    None => self.for_open(dir, kind),
+                }
+            }
+            None => Opening::Daemon,
         }
+    }
+
+    fn cache(&self) -> &Arc<DiskCache> {
+        self.materializer.cache()
     }
 
     /// After [`Opening::Soon`]: the file once its build has ended, if it was built. A build
@@ -248,11 +321,15 @@ impl Ahead {
         };
         let now = built.file.metadata().ok().map(|md| Stamp::of(&md));
         if now != Some(built.stamp) {
-            tracing::warn!(
-                "{} changed since it was built: removed, its reads are served by the daemon",
-                built.path().display()
-            );
-            files.insert(key, State::Skipped);
+            if self.cache().contains(key.item()) {
+                tracing::warn!(
+                    "{} changed since it was built: removed, its reads are served by the daemon",
+                    built.path().display()
+                );
+            }
+            if let Some(State::Ready(built)) = files.insert(key, State::Skipped) {
+                built.reserved.let_go();
+            }
             return None;
         }
         if give_path {
@@ -262,32 +339,28 @@ impl Ahead {
     }
 
     /// A reader is at file `kind` of `dir` (past its middle, or opened built ahead): build the
-    /// same file of the directory's next epoch, and drop those of epochs before `dir`'s.
+    /// same file of the directory's next epoch (check it, where an earlier mount kept it), and
+    /// drop those of epochs before `dir`'s.
     pub fn reader_at(&self, dir: Batches, kind: FileKind) {
         if !self.enabled {
             return;
         }
         let next = dir.next_epoch();
         let plan = self.materializer.plan();
-        if next.global(0).0 >= self.epochs || plan.count(next) == 0 {
+        // Where the epochs share their files (shuffle=none), the next is the one read now,
+        // whatever the mount lists: its re-reads, and later mounts, read it from the file.
+        let last = next.global(0).0 >= self.epochs && !plan.epochs_repeat();
+        if last || plan.count(next) == 0 {
             return;
         }
         let (here, key) = (self.key(dir, kind), self.key(next, kind));
-        let (ended_tx, ended) = watch::channel(false);
+        let kept = self.cache().contains(key.item());
         let mut spare = None;
-        let progress = Arc::new(Progress {
-            stop: AtomicBool::new(false),
-            written: AtomicU64::new(0),
-            total: plan.count(next),
-            started: Instant::now(),
-            ended,
-        });
         {
             let mut files = self.files.lock().unwrap();
             if files.contains_key(&key) {
                 return;
             }
-            files.insert(key, State::Building(progress.clone()));
             let gone_by: Vec<Key> = files
                 .keys()
                 .filter(|k| **k != here && **k != key && same_chain(k, &key) && older(k, &key))
@@ -295,29 +368,65 @@ impl Ahead {
                 .collect();
             for k in gone_by {
                 if let Some(State::Ready(built)) = files.remove(&k) {
-                    // One is written over by this build; the others are removed as they drop.
-                    if spare.is_none() {
-                        spare = nobodys(built);
+                    // One is written over by a build; the others are let go.
+                    match spare.is_none() && !kept {
+                        true => spare = nobodys(built),
+                        false => built.reserved.let_go(),
                     }
                 }
             }
+        }
+        self.start(key, (!kept).then_some(spare));
+    }
+
+    /// Starts the build of `key` (`Some`, with a file gone by to write over if there is one),
+    /// or the check of the file an earlier mount kept as `key` (`None`), unless one is under
+    /// way or done: its progress.
+    fn start(&self, key: Key, build: Option<Option<Spare>>) -> Option<Arc<Progress>> {
+        let plan = self.materializer.plan();
+        let total = match build {
+            Some(_) => plan.count(key.dir),
+            None => self.layout.size(key.kind, plan.dir_rows(key.dir)),
+        };
+        let (ended_tx, ended) = watch::channel(false);
+        let progress = Arc::new(Progress {
+            check: build.is_none(),
+            stop: AtomicBool::new(false),
+            written: AtomicU64::new(0),
+            total,
+            started: Instant::now(),
+            ended,
+        });
+        {
+            let mut files = self.files.lock().unwrap();
+            if files.contains_key(&key) {
+                return None;
+            }
+            files.insert(key, State::Building(progress.clone()));
         }
         let job = Job {
             materializer: self.materializer.clone(),
             layout: self.layout.clone(),
             runtime: self.runtime.clone(),
             key,
-            progress,
-            spare,
+            progress: progress.clone(),
         };
         let files = self.files.clone();
-        // A thread of its own in SCHED_IDLE: the build takes only CPU time nothing else wants
-        // (its gathers run on the workers, which are idle-class too while no reader waits).
         let spawned = std::thread::Builder::new()
             .name("tensorfs-ahead".into())
             .spawn(move || {
-                crate::pool::idle_class();
-                let state = match job.build() {
+                let built = match build {
+                    // A thread of its own in SCHED_IDLE: the build takes only CPU time nothing
+                    // else wants (its gathers run on the workers, which are idle-class too while
+                    // no reader waits).
+                    Some(spare) => {
+                        crate::pool::idle_class();
+                        job.build(spare)
+                    }
+                    // An open waits for it: at the normal class.
+                    None => Ok(job.check()),
+                };
+                let state = match built {
                     Ok(Some(built)) => State::Ready(built),
                     Ok(None) => State::Skipped,
                     Err(e) => {
@@ -331,9 +440,14 @@ impl Ahead {
                     }
                 };
                 let mut files = files.lock().unwrap();
-                // Unless it was dropped meanwhile as an epoch gone by.
-                if let Some(slot) = files.get_mut(&key) {
-                    *slot = state;
+                match files.get_mut(&key) {
+                    Some(slot) => *slot = state,
+                    // Dropped meanwhile as an epoch gone by.
+                    None => {
+                        if let State::Ready(built) = state {
+                            built.reserved.let_go();
+                        }
+                    }
                 }
                 drop(files);
                 let _ = ended_tx.send(true);
@@ -342,6 +456,7 @@ impl Ahead {
             tracing::warn!("no thread to build ahead: {e}");
             self.files.lock().unwrap().insert(key, State::Skipped);
         }
+        Some(progress)
     }
 }
 
@@ -364,12 +479,17 @@ fn nobodys(built: Built) -> Option<Spare> {
         ..
     } = built;
     if path_given.into_inner() {
+        reserved.let_go();
         return None;
     }
     match Arc::try_unwrap(file) {
-        Ok(file) => Some(Spare { file, reserved }),
+        Ok(file) => Some(Spare {
+            file,
+            reserved: reserved.unkeep()?,
+        }),
         Err(_) => {
             tracing::debug!("{:?} is open: removed, not written over", reserved.path);
+            reserved.let_go();
             None
         }
     }
@@ -404,13 +524,36 @@ struct Job {
     runtime: Handle,
     key: Key,
     progress: Arc<Progress>,
-    /// A file gone by to write over, if there is one.
-    spare: Option<Spare>,
 }
 
 impl Job {
-    /// The file, written whole; `None` where the cache has no room for it, or it was stopped.
-    fn build(mut self) -> Result<Option<Built>> {
+    /// The file kept by an earlier mount, checked; `None` where it fails its check (dropped)
+    /// or was evicted.
+    fn check(self) -> Option<Built> {
+        let item = self.key.item();
+        let cache = self.materializer.cache().clone();
+        let stats = self.materializer.stats().clone();
+        let written = |n| self.progress.written.store(n, Ordering::Relaxed);
+        let (file, stamp) = cache.check_kept(item, &written, &stats)?;
+        Stats::add(&stats.c.ahead_kept_checked, 1);
+        let reserved = Reserved {
+            bytes: 0,
+            path: Some(cache.path(item)),
+            kept: Some((item, stamp)),
+            cache,
+            stats,
+        };
+        Some(Built {
+            file: Arc::new(file),
+            stamp,
+            reserved,
+            path_given: AtomicBool::new(false),
+        })
+    }
+
+    /// The file, written whole (over `spare`, a file gone by, if there is one) and kept in the
+    /// cache; `None` where the cache has no room for it, or it was stopped.
+    fn build(self, spare: Option<Spare>) -> Result<Option<Built>> {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
         let stats = self.materializer.stats().clone();
@@ -418,7 +561,6 @@ impl Job {
         let rows = plan.dir_rows(dir);
         let bytes = self.layout.size(kind, rows);
         let distance = self.materializer.distance_fn();
-        let spare = self.spare.take();
         // A spare's bytes of the cache are reserved already: only more than those are asked for.
         let had = spare.as_ref().map_or(0, |s| s.reserved.bytes);
         if bytes > had && !cache.reserve_spare(bytes - had, &*distance, &stats) {
@@ -431,7 +573,7 @@ impl Job {
             return Ok(None);
         }
         let over = spare.is_some();
-        let (file, reserved) = match spare {
+        let (file, mut reserved) = match spare {
             Some(Spare { file, mut reserved }) => {
                 if bytes < had {
                     cache.unreserve(had - bytes, &stats);
@@ -443,6 +585,7 @@ impl Job {
                 let mut reserved = Reserved {
                     bytes,
                     path: None,
+                    kept: None,
                     cache: cache.clone(),
                     stats: stats.clone(),
                 };
@@ -455,15 +598,16 @@ impl Job {
             .path
             .clone()
             .expect("a file built ahead has its path");
-        let written = self
-            .write(&file, rows)
-            .and_then(|()| Ok(Stamp::of(&file.metadata()?)))
-            .with_context(|| format!("writing {}", path.display()));
-        let stamp = match written {
-            Ok(stamp) => stamp,
+        let crc = match self.write(&file, rows) {
+            Ok(crc) => crc,
             Err(_) if self.progress.stop.load(Ordering::Relaxed) => return Ok(None),
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.context(format!("writing {}", path.display()))),
         };
+        let item = self.key.item();
+        let stamp = (cache.keep(item, &file, &path, crc, reserved.bytes, &stats))
+            .with_context(|| format!("keeping {}", path.display()))?;
+        reserved.kept = Some((item, stamp));
+        reserved.path = Some(cache.path(item));
         Stats::add(&stats.c.ahead_files_built, 1);
         Stats::add(&stats.c.ahead_bytes_built, bytes);
         Stats::add(&stats.c.ahead_written_over, u64::from(over));
@@ -476,8 +620,9 @@ impl Job {
     }
 
     /// Writes the file's header, then each batch's rows of each of its tensors where they go
-    /// (one gather per batch, on this thread), the layout the daemon serves the file in.
-    fn write(&self, file: &File, rows: u64) -> Result<()> {
+    /// (one gather per batch, on this thread), the layout the daemon serves the file in. The
+    /// crc32c of its bytes: each tensor's are written in order, so each has a running one.
+    fn write(&self, file: &File, rows: u64) -> Result<u32> {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
         let builder = self.materializer.builder();
@@ -490,6 +635,7 @@ impl Job {
             bases.push((t, base));
             base += rows * self.layout.row_bytes(t);
         }
+        let mut crcs = vec![0u32; bases.len()];
         file.set_len(base)?;
         for j in 0..plan.count(dir) {
             if self.progress.stop.load(Ordering::Relaxed) {
@@ -501,13 +647,19 @@ impl Job {
                 FileKind::Npy(t) => Some(t),
             };
             let tensors = builder.gather_here(&self.runtime, epoch, g, only)?;
-            for (&(t, base), rows) in bases.iter().zip(&tensors) {
+            for ((&(t, base), rows), crc) in bases.iter().zip(&tensors).zip(&mut crcs) {
                 let at = base + j * bs * self.layout.row_bytes(t);
                 file.write_all_at(rows, at)?;
+                *crc = crc32c::crc32c_append(*crc, rows);
             }
             self.progress.written.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(())
+        let mut crc = crc32c::crc32c(&header);
+        for (&(t, _), &tensor_crc) in bases.iter().zip(&crcs) {
+            let len = rows * self.layout.row_bytes(t);
+            crc = crc32c::crc32c_combine(crc, tensor_crc, len as usize);
+        }
+        Ok(crc)
     }
 }
 

@@ -37,7 +37,7 @@ use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -263,7 +263,9 @@ impl DiskCache {
                 }
             }
         }
+        used += self.scan_kept(&mut entries);
         let Ok(epochs) = std::fs::read_dir(&self.batches) else {
+            self.used.store(used, Ordering::Relaxed);
             return;
         };
         for ep in epochs.flatten() {
@@ -314,6 +316,41 @@ impl DiskCache {
             let _ = std::fs::remove_dir(ep.path());
         }
         self.used.store(used, Ordering::Relaxed);
+    }
+
+    /// Indexes the one-open files kept from earlier mounts ([`crate::ahead`]): their bytes.
+    /// Those without their meta are removed; the others are checked on first use.
+    fn scan_kept(&self, entries: &mut HashMap<Item, Entry>) -> u64 {
+        let mut used = 0;
+        let dir = self.batches.join(crate::layout::KEPT_ALL);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let path = e.path();
+            match (
+                self.layout.parse_all_name(&name),
+                e.metadata(),
+                meta_len(&path),
+            ) {
+                (Some(item), Ok(md), Some(m)) if md.is_file() => {
+                    let bytes = md.len() + m;
+                    used += bytes;
+                    let entry = Entry {
+                        bytes,
+                        pinned_until: None,
+                        checked: None,
+                    };
+                    entries.insert(item, entry);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                    let _ = std::fs::remove_file(meta_path(&path));
+                }
+            }
+        }
+        used
     }
 
     /// The item a batch file path names, if any (meta sidecars name none).
@@ -387,7 +424,7 @@ impl DiskCache {
         }
         let path = self.path(item);
         let _ = std::fs::remove_file(&path);
-        if item.batch().is_some() {
+        if !matches!(item, Item::Columns { .. }) {
             let _ = std::fs::remove_file(meta_path(&path));
             self.remove_empty_dirs(&path);
         }
@@ -587,6 +624,125 @@ impl DiskCache {
         Stats::set(&stats.c.cache_bytes, self.used());
     }
 
+    /// Indexes a one-open file built whole at `tmp` (its bytes of the capacity reserved by
+    /// [`DiskCache::reserve_spare`], `reserved` of them) as `item`: its meta (length and
+    /// crc32c of its bytes, `crc`) set on it, renamed into place. The stamp it is kept with. Not
+    /// fsynced, as no cache file is: its checksum is checked on first use after a restart.
+    pub fn keep(
+        &self,
+        item: Item,
+        file: &File,
+        tmp: &Path,
+        crc: u32,
+        reserved: u64,
+        stats: &Stats,
+    ) -> Result<Stamp> {
+        let len = file.metadata()?.len();
+        let meta = meta_bytes(len, crc, &self.identity(item));
+        let dest = self.path(item);
+        let attr = self.meta_attrs.load(Ordering::Relaxed) && set_meta_attr(file, &meta)?;
+        if !attr {
+            self.meta_attrs.store(false, Ordering::Relaxed);
+        }
+        rename_into(tmp, &dest)?;
+        if !attr && let Err(e) = self.place(&[meta.as_slice()], None, &meta_path(&dest)) {
+            let _ = std::fs::remove_file(&dest);
+            return Err(e);
+        }
+        let stamp = Stamp::of(&file.metadata()?);
+        let bytes = len + meta.len() as u64;
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.used.fetch_sub(reserved, Ordering::Relaxed);
+        let entry = Entry {
+            bytes,
+            pinned_until: None,
+            checked: Some(stamp),
+        };
+        if let Some(old) = self.entries.lock().unwrap().insert(item, entry) {
+            self.used.fetch_sub(old.bytes, Ordering::Relaxed);
+        }
+        Stats::set(&stats.c.cache_bytes, self.used());
+        Ok(stamp)
+    }
+
+    /// Takes kept one-open file `item`, as kept with `stamp`, out of the index to be written
+    /// over: moved to a new temp path, its bytes of the capacity held as a reservation
+    /// ([`DiskCache::unreserve`]). That path and those bytes; `None` where it is not indexed
+    /// as kept with that stamp any more (evicted, or replaced).
+    pub fn unkeep(&self, item: Item, stamp: Stamp) -> Option<(PathBuf, u64)> {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.get(&item)?.checked != Some(stamp) {
+            return None;
+        }
+        let path = self.path(item);
+        let tmp = self.tmp_path();
+        std::fs::rename(&path, &tmp).ok()?;
+        let bytes = entries.remove(&item)?.bytes;
+        drop(entries);
+        let _ = std::fs::remove_file(meta_path(&path));
+        self.remove_empty_dirs(&path);
+        Some((tmp, bytes))
+    }
+
+    /// Removes kept one-open file `item`, if it is still indexed as kept with `stamp`.
+    pub fn let_go(&self, item: Item, stamp: Stamp, stats: &Stats) {
+        let same = self.entries.lock().unwrap().get(&item).map(|e| e.checked) == Some(Some(stamp));
+        if same {
+            self.remove(item, stats);
+        }
+    }
+
+    /// Kept one-open file `item`, checked against its crc32c where it was not in this mount
+    /// (read in pieces, `checked` told the bytes read so far), with the stamp it is kept with;
+    /// `None` on a miss (one that fails its check is dropped).
+    pub fn check_kept(
+        &self,
+        item: Item,
+        checked: &dyn Fn(u64),
+        stats: &Stats,
+    ) -> Option<(File, Stamp)> {
+        let known = self.entries.lock().unwrap().get(&item).map(|e| e.checked)?;
+        let path = self.path(item);
+        let result = (|| -> Result<(File, Stamp)> {
+            let file = File::open(&path)?;
+            let stamp = Stamp::of(&file.metadata()?);
+            if known == Some(stamp) {
+                return Ok((file, stamp));
+            }
+            let meta = read_meta(&file, &path)?;
+            let (len, crc) = parse_meta(&meta, &self.identity(item))?;
+            if stamp.size != len {
+                bail!("{} bytes where its meta says {len}", stamp.size);
+            }
+            let mut buf = vec![0; CHECK_PIECE];
+            let (mut at, mut sum) = (0, 0);
+            while at < len {
+                let n = file.read_at(&mut buf, at)?;
+                if n == 0 {
+                    bail!("truncated ({at} of {len} bytes)");
+                }
+                sum = crc32c::crc32c_append(sum, &buf[..n]);
+                at += n as u64;
+                checked(at);
+            }
+            if sum != crc {
+                bail!("corrupt (checksum mismatch)");
+            }
+            if let Some(e) = self.entries.lock().unwrap().get_mut(&item) {
+                e.checked = Some(stamp);
+            }
+            Ok((file, stamp))
+        })();
+        match result {
+            Ok(kept) => Some(kept),
+            Err(_) if !self.contains(item) => None,
+            Err(e) => {
+                self.drop_corrupt(item, &e.to_string(), stats);
+                None
+            }
+        }
+    }
+
     /// A new file in the cache's temp directory, for reading and writing, that the caller
     /// removes (or a later start does, once this process is gone).
     pub fn scratch_file(&self) -> Result<(File, PathBuf)> {
@@ -596,8 +752,7 @@ impl DiskCache {
     /// A new temp file, open for reading too: once renamed into place it is the handle a
     /// batch file is served by.
     fn tmp_file(&self) -> Result<(File, PathBuf)> {
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let path = self.tmp.join(format!("{}{n}", self.tmp_prefix));
+        let path = self.tmp_path();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -605,6 +760,12 @@ impl DiskCache {
             .mode(0o600)
             .open(&path)?;
         Ok((file, path))
+    }
+
+    /// A new name in the temp directory, this process's (a later start removes what is left).
+    fn tmp_path(&self) -> PathBuf {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        self.tmp.join(format!("{}{n}", self.tmp_prefix))
     }
 
     /// Writes `parts` to a new temp file, sets `meta` as its attribute where one is given and
@@ -779,6 +940,9 @@ impl DiskCache {
         }
     }
 }
+
+/// How much of a kept one-open file is read at a time to check it.
+const CHECK_PIECE: usize = 4 << 20;
 
 /// Items from which an eviction frees more than the write in hand needs.
 const EVICTION_BATCH_FROM: usize = 1024;
@@ -1023,6 +1187,70 @@ mod tests {
         assert_eq!(&m[..12], b"TFSMETA1\x01\0\0\0");
         assert_eq!(parse_meta(&m, &[1; 32]).unwrap(), (10, 0xdead_beef));
         assert!(parse_meta(&m, &[2; 32]).is_err());
+    }
+
+    #[test]
+    fn a_kept_one_open_file_is_found_by_a_later_mount_and_checked() {
+        use crate::layout::FileKind;
+        use crate::plan::Batches;
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 20);
+        let rank = Batches::Rank {
+            epoch: 3,
+            rank: 1,
+            world: 4,
+        };
+        let items = [
+            Item::All {
+                dir: rank,
+                kind: FileKind::Npy(1),
+            },
+            Item::All {
+                dir: Batches::Epoch(12),
+                kind: FileKind::Safetensors,
+            },
+        ];
+        let data = [7u8; 10_000];
+        for item in items {
+            assert!(c.reserve_spare(10_000, &near, &stats));
+            let (mut f, tmp) = c.scratch_file().unwrap();
+            f.write_all(&data).unwrap();
+            let stamp = c
+                .keep(item, &f, &tmp, crc32c::crc32c(&data), 10_000, &stats)
+                .unwrap();
+            assert!(!tmp.exists() && c.contains(item));
+            // Checked in this mount: no read.
+            let read = AtomicU64::new(0);
+            let kept = c.check_kept(item, &|n| read.store(n, Ordering::Relaxed), &stats);
+            assert_eq!(kept.unwrap().1, stamp);
+            assert_eq!(read.load(Ordering::Relaxed), 0);
+        }
+        let used = c.used();
+        assert!(used > 20_000 && used < 20_200, "{used}");
+        drop(c);
+
+        // A later mount indexes them by their names, and reads each whole once to check it.
+        let c = cache(dir.path(), 1 << 20);
+        assert_eq!(c.used(), used);
+        let [a, b] = items;
+        let read = AtomicU64::new(0);
+        let (_, stamp) = c
+            .check_kept(a, &|n| read.store(n, Ordering::Relaxed), &stats)
+            .unwrap();
+        assert_eq!(read.load(Ordering::Relaxed), 10_000);
+        // Taken out to be written over: a temp file, its bytes still counted until given back.
+        let (tmp, bytes) = c.unkeep(a, stamp).unwrap();
+        assert!(tmp.exists() && !c.contains(a) && c.used() == used);
+        c.unreserve(bytes, &stats);
+        // One changed while nothing was mounted: dropped on its check.
+        let path = c.path(b);
+        let mut changed = std::fs::read(&path).unwrap();
+        changed[5000] ^= 1;
+        std::fs::write(&path, &changed).unwrap();
+        assert!(c.check_kept(b, &|_| {}, &stats).is_none());
+        assert!(!path.exists() && !c.contains(b) && c.used() == 0);
+        assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -247,11 +247,12 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "next_epoch_files_built")
         ),
         format!(
-            "ahead       {:.0} one-open files built ahead ({:.1} MB, {:.0} over files gone by), {:.0} without room, {:.0} opens from them, {:.0} before they were done",
+            "ahead       {:.0} one-open files built ahead ({:.1} MB, {:.0} over files gone by), {:.0} without room, {:.0} kept ones checked, {:.0} opens from them, {:.0} before they were done",
             n(v, "ahead_files_built"),
             mb("ahead_bytes_built"),
             n(v, "ahead_written_over"),
             n(v, "ahead_skipped"),
+            n(v, "ahead_kept_checked"),
             n(v, "ahead_opens"),
             n(v, "ahead_late")
         ),

@@ -65,6 +65,14 @@ impl Eviction {
                     first.map_or(u64::MAX, |b| per_epoch - at + b * bs)
                 })
             }
+            // A one-open file kept: needed from its epoch's start, and through it.
+            Item::All { dir, .. } => {
+                let e = dir.global(0).0;
+                match repeat || e == epoch {
+                    true => 0,
+                    false => rows_before(e, 0).checked_sub(now).unwrap_or(u64::MAX),
+                }
+            }
             _ => {
                 let (e, i) = item.batch().expect("a batch item");
                 if repeat {

@@ -22,7 +22,8 @@ pub enum FileKind {
     Npy(usize),
 }
 
-/// A file the local cache may hold: a row group's decoded columns, or a batch file.
+/// A file the local cache may hold: a row group's decoded columns, a batch file, or a
+/// directory's one-open file built ahead ([`crate::ahead`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Item {
     Columns {
@@ -36,6 +37,12 @@ pub enum Item {
         epoch: u64,
         batch: u64,
         tensor: usize,
+    },
+    /// `all.safetensors` or `all/NAME.npy` of a directory (with its epoch as the plan repeats
+    /// it).
+    All {
+        dir: Batches,
+        kind: FileKind,
     },
 }
 
@@ -56,7 +63,7 @@ impl Item {
     /// The (epoch, batch) of a batch file.
     pub fn batch(&self) -> Option<(u64, u64)> {
         match *self {
-            Item::Columns { .. } => None,
+            Item::Columns { .. } | Item::All { .. } => None,
             Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
                 Some((epoch, batch))
             }
@@ -66,7 +73,7 @@ impl Item {
     /// The file of its batch it is.
     pub fn kind(&self) -> Option<FileKind> {
         match *self {
-            Item::Columns { .. } => None,
+            Item::Columns { .. } | Item::All { .. } => None,
             Item::Safetensors { .. } => Some(FileKind::Safetensors),
             Item::Npy { tensor, .. } => Some(FileKind::Npy(tensor)),
         }
@@ -102,6 +109,24 @@ pub fn dir_name(b: Batches) -> String {
         Batches::Rank { epoch, rank, world } => {
             format!("{}/{}", epoch_name(epoch), rank_name(rank, world))
         }
+    }
+}
+
+/// The directory of the cache's batch files that keeps one-open files built ahead.
+pub const KEPT_ALL: &str = "all";
+
+/// A kept one-open file's name: `epoch-N[.rank-R-of-W].safetensors`, or `….tT.npy` for tensor
+/// T (tensor names may hold any character; their index is fixed by the cache key).
+fn all_name(dir: Batches, kind: FileKind) -> String {
+    let dir = match dir {
+        Batches::Epoch(e) => epoch_name(e),
+        Batches::Rank { epoch, rank, world } => {
+            format!("{}.{}", epoch_name(epoch), rank_name(rank, world))
+        }
+    };
+    match kind {
+        FileKind::Safetensors => format!("{dir}.safetensors"),
+        FileKind::Npy(t) => format!("{dir}.t{t}.npy"),
     }
 }
 
@@ -174,6 +199,7 @@ impl Layout {
                 let kind = item.kind().expect("a batch file");
                 PathBuf::from(epoch_name(epoch)).join(self.file_name(batch, kind))
             }
+            Item::All { dir, kind } => PathBuf::from(KEPT_ALL).join(all_name(dir, kind)),
         }
     }
 
@@ -185,6 +211,27 @@ impl Layout {
             .parse()
             .ok()?;
         Some(Item::Columns { rg })
+    }
+
+    /// The one-open file a name in the cache's [`KEPT_ALL`] directory is ([`all_name`]).
+    pub fn parse_all_name(&self, name: &str) -> Option<Item> {
+        let (stem, kind) = match name.strip_suffix(".safetensors") {
+            Some(stem) => (stem, FileKind::Safetensors),
+            None => {
+                let (stem, t) = name.strip_suffix(".npy")?.rsplit_once(".t")?;
+                let t = number(t).filter(|&t| (t as usize) < self.tensors.len())?;
+                (stem, FileKind::Npy(t as usize))
+            }
+        };
+        let dir = match stem.split_once('.') {
+            None => Batches::Epoch(parse_epoch(stem)?),
+            Some((epoch, rank)) => {
+                let (rank, world) = parse_rank(rank)?;
+                let epoch = parse_epoch(epoch)?;
+                Batches::Rank { epoch, rank, world }
+            }
+        };
+        (all_name(dir, kind) == name).then_some(Item::All { dir, kind })
     }
 
     /// The batch file a path below an epoch's directory names (`NNNNNN.safetensors`, or

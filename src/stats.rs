@@ -78,6 +78,8 @@ counters!(
     // then stopped; also a wait that outlasted its limit).
     ahead_waits,
     ahead_late,
+    // Files built ahead in an earlier mount, kept in the cache, checked and used in this one.
+    ahead_kept_checked,
     daemon_reads,
     daemon_read_bytes,
 );

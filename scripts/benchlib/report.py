@@ -26,7 +26,7 @@ class Results:
         log(f"{label}: unavailable: {reason}")
 
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
-             "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap",
+             "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap", "all_local_disk", "tfs_all_disk",
              "small_pyarrow", "small_tfs_cold", "small_tfs_warm", "small_tfs_npy", "small_tfs_all",
              "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
              "petastorm_cached"]
@@ -105,6 +105,8 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
         ("warm batch files (.safetensors)", "tfs_warm", "st_local"),
         ("warm all.safetensors, 1 MiB reads", "tfs_all_seq", "all_local_seq"),
         ("warm all/*.npy, mmap batch slices", "tfs_all_mmap", "all_local_mmap"),
+        ("warm batch files, remounted, page cache dropped", "tfs_warm_disk", "st_local_disk"),
+        ("warm all.safetensors, remounted, page cache dropped", "tfs_all_disk", "all_local_disk"),
         ("shuffled epoch 1, shuffle=window (batch files, right after epoch 0)", "tfs_window_e1", "st_local"),
         ("shuffled epoch 2, shuffle=window (batch files built ahead)", "tfs_window_e2_ahead", "st_local"),
         ("shuffled epoch 3, shuffle=window (all.safetensors, 1 MiB reads)", "tfs_window_e3_all", "all_local_seq"),
@@ -176,7 +178,7 @@ def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
             colors.append("#cccccc")
         elif r["key"].startswith("tfs"):
             colors.append("#d95f02")
-        elif r["key"] in ("npy", "npy_disk", "st_local", "st_local_disk"):
+        elif r["key"] in ("npy", "npy_disk", "st_local", "st_local_disk") or r["key"].startswith("all_local"):
             colors.append("#7570b3")
         else:
             colors.append("#1b9e77")

@@ -32,6 +32,11 @@ def wait_built(m: tfs.Mount, at_least: int) -> dict:
         time.sleep(0.05)
 
 
+def kept_files(m: tfs.Mount) -> list[str]:
+    """The one-open files built ahead that the mount's cache keeps (meta sidecars left out)."""
+    return sorted(p for p in glob.glob(str(m.cache / "v1" / "batches-*" / "all" / "*")))
+
+
 @pytest.mark.parametrize("mode", ["window", "global"])
 def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter, shuf_ds, mode):
     m = mounter(shuf_ds.path, f"shuffle={mode}", f"batch_size={BS}", "world_size=3", "epochs=3")
@@ -75,7 +80,7 @@ def test_a_file_changed_after_it_was_built_is_not_served(mounter, shuf_ds):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))
     assert wait_built(m, 1)["ahead_files_built"] == 1
-    built = [p for p in glob.glob(str(m.cache / "v1" / "tmp" / "*")) if os.path.getsize(p) > 0]
+    built = kept_files(m)
     assert len(built) == 1, built
     with open(built[0], "r+b") as f:
         f.seek(tfs.DATA_OFFSET)
@@ -139,3 +144,79 @@ def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, s
         assert tfs.stats(m)["ahead_written_over"] == 3
         assert by_path.read()[tfs.DATA_OFFSET :] == concatenated(m, "epoch-5", N)
     assert tfs.read_exact(m.p("epoch-7", "all.safetensors"))[tfs.DATA_OFFSET :] == concatenated(m, "epoch-7", N)
+
+
+def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf_ds):
+    """A job restarted on the same cache reads the epochs its last mount built ahead from the
+    files that mount kept, each checked against its checksum first; a kept file that changed
+    meanwhile is dropped, and its epoch served by the daemon, right."""
+    opts = (f"batch_size={BS}", "epochs=3", "world_size=2")
+    rank_x = ("rank-1-of-2", "all", "x.npy")
+    a = mounter(shuf_ds.path, *opts)
+    tfs.read_exact(a.p("epoch-0", "all.safetensors"))
+    tfs.read_exact(a.p("epoch-0", *rank_x))
+    assert wait_built(a, 2)["ahead_files_built"] == 2
+    # Reading epoch 1's files has epoch 2's built.
+    first = tfs.read_exact(a.p("epoch-1", "all.safetensors"))
+    first_x = tfs.read_exact(a.p("epoch-1", *rank_x))
+    assert wait_built(a, 4)["ahead_files_built"] == 4
+    a.unmount()
+    kept = [os.path.basename(p) for p in kept_files(a)]
+    assert kept == [
+        "epoch-1.rank-1-of-2.t1.npy",
+        "epoch-1.safetensors",
+        "epoch-2.rank-1-of-2.t1.npy",
+        "epoch-2.safetensors",
+    ], kept
+
+    b = mounter(shuf_ds.path, *opts, cache=a.cache)
+    assert tfs.read_exact(b.p("epoch-1", "all.safetensors")) == first
+    assert tfs.read_exact(b.p("epoch-1", *rank_x)) == first_x
+    s = tfs.stats(b)
+    assert s["ahead_opens"] == 2 and s["ahead_files_built"] == 0, s
+    # Opening them had epoch 2's checked, not built again.
+    deadline = time.monotonic() + 30
+    while tfs.stats(b)["ahead_kept_checked"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s = tfs.stats(b)
+    assert s["ahead_kept_checked"] == 4 and s["ahead_files_built"] == 0, s
+    assert s["cache_bytes"] <= s["cache_capacity"], s
+    if s["passthrough_opens"] == 0:
+        pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
+    assert first[tfs.DATA_OFFSET :] == concatenated(b, "epoch-1", N)
+    x = np.load(b.p("epoch-1", *rank_x))
+    assert x.tobytes() == concatenated(b, "epoch-1/rank-1-of-2", N // 2, ("x",))
+    b.unmount()
+
+    # Epoch 2's all.safetensors changed while nothing was mounted: dropped on its first open.
+    (changed,) = [p for p in kept_files(b) if p.endswith("epoch-2.safetensors")]
+    with open(changed, "r+b") as f:
+        f.seek(tfs.DATA_OFFSET + 100)
+        f.write(b"\x00\x01" * 32)
+    c = mounter(shuf_ds.path, *opts, cache=a.cache)
+    raw = tfs.read_exact(c.p("epoch-2", "all.safetensors"))
+    assert raw[tfs.DATA_OFFSET :] == concatenated(c, "epoch-2", N)
+    s = tfs.stats(c)
+    assert s["cache_corrupt_dropped"] == 1 and s["ahead_opens"] == 0, s
+    assert not os.path.exists(changed)
+    # The rank's file beside it was not changed: served from it.
+    assert tfs.read_exact(c.p("epoch-2", *rank_x))
+    assert tfs.stats(c)["ahead_opens"] == 1
+
+
+def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
+    """With shuffle=none every epoch shares its files: a reader's one-open file is built whole
+    for its re-reads (whatever epochs= lists) and kept for later mounts of the cache."""
+    opts = (f"batch_size={BS}", "shuffle=none")
+    a = mounter(shuf_ds.path, *opts)
+    raw = tfs.read_exact(a.p("epoch-0", "all", "x.npy"))
+    assert wait_built(a, 1)["ahead_files_built"] == 1
+    assert tfs.read_exact(a.p("epoch-0", "all", "x.npy")) == raw
+    assert tfs.stats(a)["ahead_opens"] == 1
+    a.unmount()
+    assert [os.path.basename(p) for p in kept_files(a)] == ["epoch-0.t1.npy"]
+    b = mounter(shuf_ds.path, *opts, cache=a.cache)
+    assert tfs.read_exact(b.p("epoch-0", "all", "x.npy")) == raw
+    s = tfs.stats(b)
+    assert s["ahead_kept_checked"] == 1 and s["ahead_opens"] == 1 and s["ahead_files_built"] == 0, s
+    assert np.load(b.p("epoch-0", "all", "x.npy")).tobytes() == concatenated(b, "epoch-0", N, ("x",))
