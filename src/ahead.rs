@@ -305,10 +305,38 @@ impl Ahead {
         Some(file)
     }
 
-    /// The path of file `kind` of `dir` if it is built ahead now (for `gds/` and
-    /// `user.tensorfs.path`); nothing waits or stops.
-    pub fn built_path(&self, dir: Batches, kind: FileKind) -> Option<PathBuf> {
-        self.built(self.key(dir, kind), true).map(|(_, path)| path)
+    /// The path of file `kind` of `dir` (for `gds/` and `user.tensorfs.path`) where it is built
+    /// ahead now, or kept by an earlier mount: checked first, waited for as an open waits.
+    /// Nothing is built, and no build is waited for or stopped.
+    pub async fn built_path(&self, dir: Batches, kind: FileKind) -> Option<PathBuf> {
+        let key = self.key(dir, kind);
+        // Some(a check under way, if one is); None: nothing known of the file in this mount.
+        let known = (self.files.lock().unwrap().get(&key)).map(|state| match state {
+            State::Building(p) => Some(p.clone()).filter(|p| p.check),
+            _ => None,
+        });
+        let checking = match known {
+            Some(checking) => checking,
+            None if self.enabled && self.cache().contains(key.item()) => self.start(key, None),
+            None => None,
+        };
+        if let Some(p) = checking {
+            let mut ended = p.ended.clone();
+            let _ = tokio::time::timeout(LONGEST_WAIT, ended.wait_for(|&done| done)).await;
+        }
+        self.built(key, true).map(|(_, path)| path)
+    }
+
+    /// Whether file `kind` of `dir` has a path to give ([`Ahead::built_path`]): built ahead, or
+    /// kept by an earlier mount and not yet found changed.
+    pub fn has_path(&self, dir: Batches, kind: FileKind) -> bool {
+        let key = self.key(dir, kind);
+        match self.files.lock().unwrap().get(&key) {
+            Some(State::Ready(_)) => true,
+            Some(State::Building(p)) => p.check,
+            Some(State::Skipped) => false,
+            None => self.enabled && self.cache().contains(key.item()),
+        }
     }
 
     /// The file built ahead as `key`, if it is and is unchanged since it was written; marked as

@@ -641,19 +641,21 @@ impl Fs {
             return Err(Error::answer(libc::EINVAL));
         }
         match self.node(ino)? {
-            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => match self.all_built(ino) {
-                Some(path) => Ok(path.into_os_string().into_encoded_bytes()),
-                None => Ok(self.all_link(node)?.into_bytes()),
-            },
+            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
+                match self.all_built(ino).await {
+                    Some(path) => Ok(path.into_os_string().into_encoded_bytes()),
+                    None => Ok(self.all_link(node)?.into_bytes()),
+                }
+            }
             node => self.handed_out_path(node).await,
         }
     }
 
     /// The path of one-open file `ino`'s file built ahead, if there is one now; a reader asking
     /// for it is a reader of the file, and has the next epoch's built.
-    fn all_built(&self, ino: u64) -> Option<PathBuf> {
+    async fn all_built(&self, ino: u64) -> Option<PathBuf> {
         let (dir, kind) = self.all_file(ino)?;
-        let path = self.ahead.built_path(dir, kind)?;
+        let path = self.ahead.built_path(dir, kind).await?;
         self.ahead.reader_at(dir, kind);
         Some(path)
     }
@@ -683,9 +685,7 @@ impl Fs {
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         let built = || {
             self.is_all_file(ino)
-                && (self.all_file(ino))
-                    .and_then(|(dir, kind)| self.ahead.built_path(dir, kind))
-                    .is_some()
+                && (self.all_file(ino)).is_some_and(|(dir, kind)| self.ahead.has_path(dir, kind))
         };
         Ok(if self.is_batch_file(ino) || built() {
             format!("{PATH_XATTR}\0").into_bytes()
@@ -700,6 +700,7 @@ impl Fs {
         if name == PATH_XATTR && self.is_all_file(ino) {
             return self
                 .all_built(ino)
+                .await
                 .map(|path| path.into_os_string().into_encoded_bytes())
                 .ok_or(Error::answer(libc::ENODATA));
         }

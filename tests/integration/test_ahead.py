@@ -199,9 +199,18 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     s = tfs.stats(c)
     assert s["cache_corrupt_dropped"] == 1 and s["ahead_opens"] == 0, s
     assert not os.path.exists(changed)
-    # The rank's file beside it was not changed: served from it.
-    assert tfs.read_exact(c.p("epoch-2", *rank_x))
-    assert tfs.stats(c)["ahead_opens"] == 1
+    # The rank's file beside it was not changed: its path is given (checked first, by the
+    # readlink), and opens are served from it.
+    assert "user.tensorfs.path" in os.listxattr(c.p("epoch-2", *rank_x))
+    path = os.readlink(c.p("gds", "epoch-2", *rank_x))
+    assert os.path.isabs(path) and path.endswith("epoch-2.rank-1-of-2.t1.npy"), path
+    assert os.getxattr(c.p("epoch-2", *rank_x), "user.tensorfs.path").decode() == path
+    with open(path, "rb") as f:
+        assert f.read() == tfs.read_exact(c.p("epoch-2", *rank_x))
+    s = tfs.stats(c)
+    assert s["ahead_opens"] == 1 and s["ahead_kept_checked"] == 1, s
+    # The one dropped has no path to give: its gds/ link leads back to the mount.
+    assert not os.path.isabs(os.readlink(c.p("gds", "epoch-2", "all.safetensors")))
 
 
 def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
