@@ -640,12 +640,8 @@ impl DiskCache {
         let len = file.metadata()?.len();
         let meta = meta_bytes(len, crc, &self.identity(item));
         let dest = self.path(item);
-        let attr = self.meta_attrs.load(Ordering::Relaxed) && set_meta_attr(file, &meta)?;
-        if !attr {
-            self.meta_attrs.store(false, Ordering::Relaxed);
-        }
-        rename_into(tmp, &dest)?;
-        if !attr && let Err(e) = self.place(&[meta.as_slice()], None, &meta_path(&dest)) {
+        let sidecar = self.settle(file, tmp, Some(&meta), &dest)?;
+        if sidecar && let Err(e) = self.place(&[meta.as_slice()], None, &meta_path(&dest)) {
             let _ = std::fs::remove_file(&dest);
             return Err(e);
         }
@@ -653,14 +649,7 @@ impl DiskCache {
         let bytes = len + meta.len() as u64;
         self.used.fetch_add(bytes, Ordering::Relaxed);
         self.used.fetch_sub(reserved, Ordering::Relaxed);
-        let entry = Entry {
-            bytes,
-            pinned_until: None,
-            checked: Some(stamp),
-        };
-        if let Some(old) = self.entries.lock().unwrap().insert(item, entry) {
-            self.used.fetch_sub(old.bytes, Ordering::Relaxed);
-        }
+        self.index(item, bytes, Some(stamp));
         Stats::set(&stats.c.cache_bytes, self.used());
         Ok(stamp)
     }
@@ -777,23 +766,7 @@ impl DiskCache {
             for p in parts {
                 file.write_all(p)?;
             }
-            let sidecar = match meta {
-                Some(m) if self.meta_attrs.load(Ordering::Relaxed) => {
-                    let set = set_meta_attr(&file, m)?;
-                    if !set {
-                        self.meta_attrs.store(false, Ordering::Relaxed);
-                        tracing::info!(
-                            "the cache's filesystem keeps no user extended attributes: \
-                             batch files get their meta as sidecar files"
-                        );
-                    }
-                    !set
-                }
-                Some(_) => true,
-                None => false,
-            };
-            rename_into(&path, dest)?;
-            Ok(sidecar)
+            self.settle(&file, &path, meta, dest)
         })();
         match placed {
             Ok(sidecar) => Ok((file, sidecar)),
@@ -801,6 +774,45 @@ impl DiskCache {
                 let _ = std::fs::remove_file(&path);
                 Err(e)
             }
+        }
+    }
+
+    /// Sets `meta` as the attribute of `file`, written whole at temp path `tmp`, where one is
+    /// given and the filesystem takes it, and renames it to `dest`: whether the meta still
+    /// needs its sidecar.
+    fn settle(&self, file: &File, tmp: &Path, meta: Option<&[u8]>, dest: &Path) -> Result<bool> {
+        let sidecar = match meta {
+            Some(m) if self.meta_attrs.load(Ordering::Relaxed) => {
+                let set = set_meta_attr(file, m)?;
+                if !set {
+                    self.meta_attrs.store(false, Ordering::Relaxed);
+                    tracing::info!(
+                        "the cache's filesystem keeps no user extended attributes: \
+                         batch files get their meta as sidecar files"
+                    );
+                }
+                !set
+            }
+            Some(_) => true,
+            None => false,
+        };
+        rename_into(tmp, dest)?;
+        Ok(sidecar)
+    }
+
+    /// Puts `item` in the index, `bytes` of the capacity (counted in `used` already), checked
+    /// as `checked`.
+    fn index(&self, item: Item, bytes: u64, checked: Option<Stamp>) {
+        let entry = Entry {
+            bytes,
+            pinned_until: None,
+            checked,
+        };
+        match self.entries.lock().unwrap().insert(item, entry) {
+            Some(old) => {
+                self.used.fetch_sub(old.bytes, Ordering::Relaxed);
+            }
+            None => self.count_batch(item, 1),
         }
     }
 
@@ -846,20 +858,7 @@ impl DiskCache {
                 if meta.is_some() {
                     Stats::add(&stats.c.batch_files_written, 1);
                 }
-                let old = self.entries.lock().unwrap().insert(
-                    item,
-                    Entry {
-                        bytes,
-                        pinned_until: None,
-                        checked,
-                    },
-                );
-                match old {
-                    Some(old) => {
-                        self.used.fetch_sub(old.bytes, Ordering::Relaxed);
-                    }
-                    None => self.count_batch(item, 1),
-                }
+                self.index(item, bytes, checked);
                 Stats::set(&stats.c.cache_bytes, self.used());
                 Ok(file)
             }
