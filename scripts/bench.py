@@ -214,7 +214,9 @@ def run(a) -> int:
                 shutil.rmtree(pdata, ignore_errors=True)
 
         # ---- 4. tensorfs cold from file://, 6. warm --------------------------------------
-        opts = [f"batch_size={B}", "shuffle=none"]
+        # Two epochs listed: a reader of the one-open files then has them built and kept (with
+        # shuffle=none every epoch's are the same), which the remounted all.safetensors row reads.
+        opts = [f"batch_size={B}", "shuffle=none", "epochs=2"]
         if a.tensorfs_options:
             opts += a.tensorfs_options.split(",")
         if "tensorfs" not in skip:
@@ -276,7 +278,7 @@ def run(a) -> int:
 
         # ---- 6b. shuffled epochs: window against global --------------------------------------
         if "shuffle" not in skip and "tensorfs" not in skip:
-            base = [o for o in opts if not o.startswith("shuffle=")]
+            base = [o for o in opts if not o.startswith(("shuffle=", "epochs="))]
             for mode in ("window", "global"):
                 cache = scratch / f"cache-{mode}"
                 shutil.rmtree(cache, ignore_errors=True)

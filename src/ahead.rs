@@ -10,8 +10,8 @@
 //! A reader of directory D's one-open file (from its first read from epoch 1 on; past its
 //! middle in epoch 0, which is decoded as it is read), or one that opens it built ahead or asks
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
-//! epochs last; with `shuffle=none`, whose epochs share their files, the one it reads, for its
-//! re-reads and later mounts. The build runs on a thread of its own in `SCHED_IDLE`. An open
+//! epochs last (with `shuffle=none`, whose epochs share their files, that is the one it
+//! reads). The build runs on a thread of its own in `SCHED_IDLE`. An open
 //! that comes while the build is under way waits for it if a quarter is written and the rest
 //! is due within [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file
 //! takes its bytes of `cache_size` (evicting only cache items that are never needed again);
@@ -375,10 +375,7 @@ impl Ahead {
         }
         let next = dir.next_epoch();
         let plan = self.materializer.plan();
-        // Where the epochs share their files (shuffle=none), the next is the one read now,
-        // whatever the mount lists: its re-reads, and later mounts, read it from the file.
-        let last = next.global(0).0 >= self.epochs && !plan.epochs_repeat();
-        if last || plan.count(next) == 0 {
+        if next.global(0).0 >= self.epochs || plan.count(next) == 0 {
             return;
         }
         let (here, key) = (self.key(dir, kind), self.key(next, kind));

@@ -214,9 +214,9 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
 
 
 def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
-    """With shuffle=none every epoch shares its files: a reader's one-open file is built whole
-    for its re-reads (whatever epochs= lists) and kept for later mounts of the cache."""
-    opts = (f"batch_size={BS}", "shuffle=none")
+    """With shuffle=none every epoch shares its files: where a next epoch is listed, a reader's
+    one-open file is built whole, for its re-reads and later mounts of the cache."""
+    opts = (f"batch_size={BS}", "shuffle=none", "epochs=2")
     a = mounter(shuf_ds.path, *opts)
     raw = tfs.read_exact(a.p("epoch-0", "all", "x.npy"))
     assert wait_built(a, 1)["ahead_files_built"] == 1
