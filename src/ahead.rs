@@ -11,13 +11,13 @@
 //! middle in epoch 0, which is decoded as it is read), or one that opens it built ahead or asks
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
 //! epochs last (with `shuffle=none`, whose epochs share their files, that is the one it
-//! reads). The build runs on a thread of its own in `SCHED_IDLE`. An open
-//! that comes while the build is under way waits for it if a quarter is written and the rest
-//! is due within [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file
-//! takes its bytes of `cache_size` (evicting only cache items that are never needed again);
-//! where they are not to be had, nothing is built. A file is built in the cache's temp directory (a restart removes
-//! what a crash left there), then indexed as a cache item with its crc32c ([`Item::All`]), kept
-//! while its epoch and the next are read and let go after. A later mount of the same cache
+//! reads). The build runs on a thread of its own in `SCHED_IDLE`. An open that comes while the
+//! build is under way waits for it if a quarter is written and the rest is due within
+//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes
+//! of `cache_size` (evicting only cache items that are never needed again); where they are not
+//! to be had, nothing is built. A file is built in the cache's temp directory (a restart
+//! removes what a crash left there), then indexed as a cache item with its crc32c
+//! ([`Item::All`]), kept while its epoch and the next are read and let go after. A later mount of the same cache
 //! (a job restarted, the same epoch read again) finds the files its last one kept: the first
 //! open of one checks it against its checksum, waiting up to [`LONGEST_WAIT`] (else the daemon
 //! serves that open, and the check goes on for the next), and then answers it by passthrough
@@ -170,6 +170,15 @@ impl Progress {
         worth_waiting(written, self.total, self.started.elapsed())
     }
 
+    /// Waits for the end of the build or check, up to `limit`: whether it ended.
+    async fn end_within(&self, limit: Duration) -> bool {
+        let mut ended = self.ended.clone();
+        // An error: the end dropped the sender; either way it has ended.
+        tokio::time::timeout(limit, ended.wait_for(|&done| done))
+            .await
+            .is_ok()
+    }
+
     /// Stops the build (its reader came first), counted once.
     fn stop(&self, stats: &Stats) {
         if !self.check && !self.stop.swap(true, Ordering::Relaxed) {
@@ -267,7 +276,7 @@ impl Ahead {
                 }
             }
             // Kept by an earlier mount: checked first.
-            None if self.enabled && self.cache().contains(key.item()) => {
+            None if self.kept(&key) => {
                 drop(files);
                 match self.start(key, None) {
                     Some(p) => {
@@ -285,6 +294,11 @@ impl Ahead {
         self.materializer.cache()
     }
 
+    /// Whether an earlier mount kept `key`'s file, for this one to check and use.
+    fn kept(&self, key: &Key) -> bool {
+        self.enabled && self.cache().contains(key.item())
+    }
+
     /// After [`Opening::Soon`]: the file once its build has ended, if it was built. A build
     /// that has not ended within [`LONGEST_WAIT`] is stopped, and the daemon serves the file.
     pub async fn when_built(
@@ -293,10 +307,7 @@ impl Ahead {
         kind: FileKind,
         progress: Arc<Progress>,
     ) -> Option<Arc<File>> {
-        let mut ended = progress.ended.clone();
-        // An error: the build's end dropped the sender; either way it has ended.
-        let waited = tokio::time::timeout(LONGEST_WAIT, ended.wait_for(|&done| done)).await;
-        if waited.is_err() {
+        if !progress.end_within(LONGEST_WAIT).await {
             progress.stop(self.materializer.stats());
             return None;
         }
@@ -317,12 +328,11 @@ impl Ahead {
         });
         let checking = match known {
             Some(checking) => checking,
-            None if self.enabled && self.cache().contains(key.item()) => self.start(key, None),
+            None if self.kept(&key) => self.start(key, None),
             None => None,
         };
         if let Some(p) = checking {
-            let mut ended = p.ended.clone();
-            let _ = tokio::time::timeout(LONGEST_WAIT, ended.wait_for(|&done| done)).await;
+            p.end_within(LONGEST_WAIT).await;
         }
         self.built(key, true).map(|(_, path)| path)
     }
@@ -335,7 +345,7 @@ impl Ahead {
             Some(State::Ready(_)) => true,
             Some(State::Building(p)) => p.check,
             Some(State::Skipped) => false,
-            None => self.enabled && self.cache().contains(key.item()),
+            None => self.kept(&key),
         }
     }
 
@@ -379,13 +389,15 @@ impl Ahead {
             return;
         }
         let (here, key) = (self.key(dir, kind), self.key(next, kind));
-        let kept = self.cache().contains(key.item());
         let mut spare = None;
+        let kept;
         {
             let mut files = self.files.lock().unwrap();
+            // Every read of a one-open file comes here: most find its next file known already.
             if files.contains_key(&key) {
                 return;
             }
+            kept = self.kept(&key);
             let gone_by: Vec<Key> = files
                 .keys()
                 .filter(|k| **k != here && **k != key && same_chain(k, &key) && older(k, &key))
@@ -559,7 +571,7 @@ impl Job {
         let cache = self.materializer.cache().clone();
         let stats = self.materializer.stats().clone();
         let written = |n| self.progress.written.store(n, Ordering::Relaxed);
-        let (file, stamp) = cache.check_kept(item, &written, &stats)?;
+        let (file, stamp) = cache.check_file(item, &written, &stats)?;
         Stats::add(&stats.c.ahead_kept_checked, 1);
         let reserved = Reserved {
             bytes: 0,

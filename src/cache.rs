@@ -79,6 +79,17 @@ struct Entry {
     checked: Option<Stamp>,
 }
 
+impl Entry {
+    /// An item found on disk at start: checked on first use.
+    fn found(bytes: u64) -> Entry {
+        Entry {
+            bytes,
+            pinned_until: None,
+            checked: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
     ino: u64,
@@ -248,14 +259,7 @@ impl DiskCache {
                 match (Layout::parse_columns_name(&name), e.metadata()) {
                     (Some(item), Ok(md)) => {
                         used += md.len();
-                        entries.insert(
-                            item,
-                            Entry {
-                                bytes: md.len(),
-                                pinned_until: None,
-                                checked: None,
-                            },
-                        );
+                        entries.insert(item, Entry::found(md.len()));
                     }
                     _ => {
                         let _ = std::fs::remove_file(e.path());
@@ -294,14 +298,7 @@ impl DiskCache {
                     (Ok(d), Some(m)) => {
                         let bytes = d.len() + m;
                         used += bytes;
-                        entries.insert(
-                            item,
-                            Entry {
-                                bytes,
-                                pinned_until: None,
-                                checked: None,
-                            },
-                        );
+                        entries.insert(item, Entry::found(bytes));
                         self.count_batch(item, 1);
                     }
                     _ => {
@@ -337,12 +334,7 @@ impl DiskCache {
                 (Some(item), Ok(md), Some(m)) if md.is_file() => {
                     let bytes = md.len() + m;
                     used += bytes;
-                    let entry = Entry {
-                        bytes,
-                        pinned_until: None,
-                        checked: None,
-                    };
-                    entries.insert(item, entry);
+                    entries.insert(item, Entry::found(bytes));
                 }
                 _ => {
                     let _ = std::fs::remove_file(&path);
@@ -533,38 +525,8 @@ impl DiskCache {
 
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
     pub fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
-        let known = self.entries.lock().unwrap().get(&item).map(|e| e.checked)?;
-        let path = self.path(item);
-        let checked = (|| -> Result<File> {
-            let mut file = File::open(&path)?;
-            let stamp = Stamp::of(&file.metadata()?);
-            if known == Some(stamp) {
-                return Ok(file);
-            }
-            let meta = read_meta(&file, &path)?;
-            let (len, crc) = parse_meta(&meta, &self.identity(item))?;
-            let mut data = Vec::with_capacity(len as usize);
-            file.read_to_end(&mut data)?;
-            if data.len() as u64 != len {
-                bail!("truncated ({} of {len} bytes)", data.len());
-            }
-            if crc32c::crc32c(&data) != crc {
-                bail!("corrupt (checksum mismatch)");
-            }
-            if let Some(e) = self.entries.lock().unwrap().get_mut(&item) {
-                e.checked = Some(stamp);
-            }
-            Ok(file)
-        })();
-        match checked {
-            Ok(f) => Some((f, path)),
-            // Evicted meanwhile: a plain miss.
-            Err(_) if !self.contains(item) => None,
-            Err(e) => {
-                self.drop_corrupt(item, &e.to_string(), stats);
-                None
-            }
-        }
+        let (file, _) = self.check_file(item, &|_| {}, stats)?;
+        Some((file, self.path(item)))
     }
 
     /// Writes a batch file (the concatenation of `parts`) and its meta; the file, opened, and
@@ -681,10 +643,11 @@ impl DiskCache {
         }
     }
 
-    /// Kept one-open file `item`, checked against its crc32c where it was not in this mount
-    /// (read in pieces, `checked` told the bytes read so far), with the stamp it is kept with;
-    /// `None` on a miss (one that fails its check is dropped).
-    pub fn check_kept(
+    /// A batch file or kept one-open file, checked against its meta's length and crc32c unless
+    /// it was checked in this mount and is unchanged since (read in pieces, `checked` told the
+    /// bytes read so far), with the stamp it is indexed with; `None` on a miss (one that fails
+    /// its check is dropped).
+    pub fn check_file(
         &self,
         item: Item,
         checked: &dyn Fn(u64),
@@ -700,10 +663,13 @@ impl DiskCache {
             }
             let meta = read_meta(&file, &path)?;
             let (len, crc) = parse_meta(&meta, &self.identity(item))?;
-            if stamp.size != len {
-                bail!("{} bytes where its meta says {len}", stamp.size);
+            if stamp.size < len {
+                bail!("truncated ({} of {len} bytes)", stamp.size);
             }
-            let mut buf = vec![0; CHECK_PIECE];
+            if stamp.size > len {
+                bail!("{} bytes, longer than its meta's {len}", stamp.size);
+            }
+            let mut buf = vec![0; CHECK_PIECE.min(len as usize)];
             let (mut at, mut sum) = (0, 0);
             while at < len {
                 let n = file.read_at(&mut buf, at)?;
@@ -723,7 +689,8 @@ impl DiskCache {
             Ok((file, stamp))
         })();
         match result {
-            Ok(kept) => Some(kept),
+            Ok(checked) => Some(checked),
+            // Evicted meanwhile: a plain miss.
             Err(_) if !self.contains(item) => None,
             Err(e) => {
                 self.drop_corrupt(item, &e.to_string(), stats);
@@ -940,7 +907,7 @@ impl DiskCache {
     }
 }
 
-/// How much of a kept one-open file is read at a time to check it.
+/// How much of a cache file is read at a time to check it.
 const CHECK_PIECE: usize = 4 << 20;
 
 /// Items from which an eviction frees more than the write in hand needs.
@@ -1221,7 +1188,7 @@ mod tests {
             assert!(!tmp.exists() && c.contains(item));
             // Checked in this mount: no read.
             let read = AtomicU64::new(0);
-            let kept = c.check_kept(item, &|n| read.store(n, Ordering::Relaxed), &stats);
+            let kept = c.check_file(item, &|n| read.store(n, Ordering::Relaxed), &stats);
             assert_eq!(kept.unwrap().1, stamp);
             assert_eq!(read.load(Ordering::Relaxed), 0);
         }
@@ -1235,7 +1202,7 @@ mod tests {
         let [a, b] = items;
         let read = AtomicU64::new(0);
         let (_, stamp) = c
-            .check_kept(a, &|n| read.store(n, Ordering::Relaxed), &stats)
+            .check_file(a, &|n| read.store(n, Ordering::Relaxed), &stats)
             .unwrap();
         assert_eq!(read.load(Ordering::Relaxed), 10_000);
         // Taken out to be written over: a temp file, its bytes still counted until given back.
@@ -1247,7 +1214,7 @@ mod tests {
         let mut changed = std::fs::read(&path).unwrap();
         changed[5000] ^= 1;
         std::fs::write(&path, &changed).unwrap();
-        assert!(c.check_kept(b, &|_| {}, &stats).is_none());
+        assert!(c.check_file(b, &|_| {}, &stats).is_none());
         assert!(!path.exists() && !c.contains(b) && c.used() == 0);
         assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
     }
