@@ -657,12 +657,12 @@ impl Job {
     }
 
     /// Writes the file's header, then each batch's rows of each of its tensors where they go
-    /// (one gather per batch, on this thread), the layout the daemon serves the file in. The
-    /// crc32c of its bytes: each tensor's are written in order, so each has a running one.
+    /// (taken from memory or the batch's files, else gathered, on this thread), the layout the
+    /// daemon serves the file in. The crc32c of its bytes: each tensor's are written in order,
+    /// so each has a running one.
     fn write(&self, file: &File, rows: u64) -> Result<u32> {
         let Key { dir, kind } = self.key;
         let plan = self.materializer.plan();
-        let builder = self.materializer.builder();
         let bs = plan.options().batch_size;
         let header = self.layout.header(kind, rows);
         file.write_all_at(&header, 0)?;
@@ -683,7 +683,7 @@ impl Job {
                 FileKind::Safetensors => None,
                 FileKind::Npy(t) => Some(t),
             };
-            let tensors = builder.gather_here(&self.runtime, epoch, g, only)?;
+            let tensors = (self.materializer).batch_tensors(&self.runtime, epoch, g, only)?;
             for ((&(t, base), rows), crc) in bases.iter().zip(&tensors).zip(&mut crcs) {
                 let at = base + j * bs * self.layout.row_bytes(t);
                 file.write_all_at(rows, at)?;

@@ -808,27 +808,14 @@ impl Fs {
             .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
     }
 
-    /// Tensor `t`'s rows of batch `g` of `epoch` read from a materialised file of the batch
-    /// (its `.npy` file of the tensor, else its `.safetensors` file), checked; `None` where
-    /// neither is in the cache or the read fails (the caller then gathers them).
+    /// Tensor `t`'s rows of batch `g` of `epoch` from a materialised file of the batch, off
+    /// the async workers ([`Materializer::tensor_from_file`]).
     async fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
-        let rows = self.plan().batch_len(g);
-        let (item, range) = [FileKind::Npy(t), FileKind::Safetensors]
-            .into_iter()
-            .map(|kind| (self.materializer.item(kind, epoch, g), kind))
-            .find(|&(item, _)| self.materializer.contains(item))
-            .map(|(item, kind)| (item, self.layout.tensor_range(kind, rows, t)))?;
         let materializer = self.materializer.clone();
-        tokio::task::spawn_blocking(move || {
-            let file = materializer.cached(item)?;
-            let len = range.end - range.start;
-            pread(&file, range.start, len as u32)
-                .ok()
-                .filter(|b| b.len() as u64 == len)
-        })
-        .await
-        .ok()
-        .flatten()
+        tokio::task::spawn_blocking(move || materializer.tensor_from_file(epoch, g, t))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Reads `size` bytes at `offset` of directory `d`'s one-open file `kind`: its header,

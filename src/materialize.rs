@@ -100,13 +100,48 @@ impl Materializer {
         self.cache.contains(item)
     }
 
-    /// The batch file `item` if it is materialised already (checked), without waiting.
-    pub fn cached(&self, item: Item) -> Option<File> {
+    /// Tensor `t`'s rows of batch `g` of `epoch` read from a materialised file of the batch (its
+    /// `.npy` file of the tensor, else its `.safetensors` file), checked: a warm remount, or a
+    /// build of a one-open file, decodes nothing the batch files hold. `None` where neither is
+    /// in the cache or the read fails (the caller then gathers the rows). Blocking; it moves no
+    /// reader (a build ahead reads batches no reader is at).
+    pub fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
+        let rows = self.plan().batch_len(g);
+        let (item, kind) = [FileKind::Npy(t), FileKind::Safetensors]
+            .into_iter()
+            .map(|kind| (self.item(kind, epoch, g), kind))
+            .find(|&(item, _)| self.cache.contains(item))?;
+        let range = self.layout.tensor_range(kind, rows, t);
         let (file, _) = self.cache.open_batch_file(item, self.stats())?;
         Stats::add(&self.stats().c.batch_file_hits, 1);
-        let (epoch, batch) = item.batch()?;
-        self.readers.at(epoch, batch);
-        Some(file)
+        let len = range.end - range.start;
+        let mut rows = vec![0; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut rows, range.start).ok()?;
+        Some(rows)
+    }
+
+    /// Batch `g` of `epoch`'s rows of every tensor (of tensor `only`), for a one-open file built
+    /// on the calling thread: from memory, else from the batch's materialised files, else
+    /// gathered (decoding what is not at hand).
+    pub fn batch_tensors(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        epoch: u64,
+        g: u64,
+        only: Option<usize>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let wanted: Vec<usize> = match only {
+            Some(t) => vec![t],
+            None => (0..self.layout.tensors()).collect(),
+        };
+        if !wanted.iter().all(|&t| self.builder.has_tensor(epoch, g, t))
+            && let Some(rows) = (wanted.iter())
+                .map(|&t| self.tensor_from_file(epoch, g, t))
+                .collect::<Option<Vec<_>>>()
+        {
+            return Ok(rows);
+        }
+        self.builder.gather_here(runtime, epoch, g, only)
     }
 
     /// The fast path of an open, answered on the FUSE thread: the batch file `item` kept ready

@@ -442,3 +442,61 @@ async fn a_warm_remount_reads_one_open_files_from_the_batch_files() {
     assert_eq!(stat("row_groups_decoded"), decoded, "nothing decoded again");
     assert_eq!(stat("batches_built"), 0, "nothing gathered again");
 }
+
+/// A one-open file built ahead on a remount whose cache holds the batch files (and, with
+/// `shuffle=none`, no columns) copies their tensors: nothing is fetched, decoded or gathered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_open_file_built_on_a_warm_remount_is_taken_from_the_batch_files() {
+    let cache = tempfile::tempdir().unwrap();
+    // With `epochs=2` and `shuffle=none` the file read is built ahead (epoch 1 is epoch 0's).
+    let options = "batch_size=100,shuffle=none,epochs=2";
+    let mut want = Vec::new();
+    {
+        let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
+        for i in 0..6 {
+            let path = format!("epoch-0/{i:06}.safetensors");
+            fs.materialize(ino(&fs, &path))
+                .await
+                .unwrap()
+                .expect("materialised");
+            want.extend(planned(&dataset, 0, i));
+        }
+    }
+    let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
+    let stat = |k: &str| dataset.stats.to_json()[k].as_u64().unwrap();
+    let decoded = stat("row_groups_decoded");
+    let all = read_all(&fs, "epoch-0/all.safetensors").await;
+    assert_eq!(ids(tensor(&all, "id")), want);
+    let started = std::time::Instant::now();
+    while stat("ahead_files_built") == 0 && started.elapsed().as_secs() < 20 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(stat("ahead_files_built"), 1, "the file read is built");
+    assert_eq!(
+        stat("row_groups_decoded"),
+        decoded,
+        "its build decoded nothing"
+    );
+    assert_eq!(stat("batches_built"), 0, "nothing gathered");
+    let kept = walk(cache.path())
+        .into_iter()
+        .find(|p| p.ends_with("all/epoch-0.safetensors"))
+        .expect("the built file is kept in the cache");
+    assert_eq!(
+        std::fs::read(kept).unwrap(),
+        all,
+        "its bytes are the file read"
+    );
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        match path.is_dir() {
+            true => found.extend(walk(&path)),
+            false => found.push(path),
+        }
+    }
+    found
+}
