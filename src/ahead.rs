@@ -337,6 +337,34 @@ impl Ahead {
         self.built(key, true).map(|(_, path)| path)
     }
 
+    /// For `tensorfs warm`: file `kind` of `dir` built, whatever epoch it is of and whatever
+    /// `prefetch` says, since it is asked for; checked instead where an earlier mount kept it.
+    /// Starts that where nothing of the file is known yet in this mount, and says how far it
+    /// is. A file whose build was skipped in this mount (no room, failed, or stopped by a
+    /// reader that came first) stays skipped.
+    pub fn warm(&self, dir: Batches, kind: FileKind) -> Warming {
+        let key = self.key(dir, kind);
+        if !self.files.lock().unwrap().contains_key(&key) {
+            let kept = self.cache().contains(key.item());
+            self.start(key, (!kept).then_some(None));
+        }
+        let files = self.files.lock().unwrap();
+        match files.get(&key) {
+            Some(State::Building(p)) => {
+                let written = p.written.load(Ordering::Relaxed) as f64;
+                Warming::Under((written / p.total.max(1) as f64).min(1.0))
+            }
+            Some(State::Ready(_)) => {
+                drop(files);
+                match self.built(key, false) {
+                    Some(_) => Warming::Ready,
+                    None => Warming::Skipped,
+                }
+            }
+            Some(State::Skipped) | None => Warming::Skipped,
+        }
+    }
+
     /// Whether file `kind` of `dir` has a path to give ([`Ahead::built_path`]): built ahead, or
     /// kept by an earlier mount and not yet found changed.
     pub fn has_path(&self, dir: Batches, kind: FileKind) -> bool {
@@ -530,6 +558,17 @@ fn nobodys(built: Built) -> Option<Spare> {
             None
         }
     }
+}
+
+/// How far a file asked for by `tensorfs warm` is ([`Ahead::warm`]).
+#[derive(Debug, PartialEq)]
+pub enum Warming {
+    /// Built or checked this far (0 to 1).
+    Under(f64),
+    Ready,
+    /// Not built: no room in the cache, the build failed (said in the log), or a reader
+    /// stopped it.
+    Skipped,
 }
 
 /// How an open of a one-open file is served ([`Ahead::for_open`]).

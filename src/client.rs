@@ -1,5 +1,6 @@
 //! Commands that work on a live mount through its files: `tensorfs warm` materialises batches
-//! ahead of a job by opening them; `tensorfs stats` shows the counters of
+//! ahead of a job by opening them (has one-open files built by asking each for an extended
+//! attribute); `tensorfs stats` shows the counters of
 //! `.tensorfs/stats.json`.
 
 use crate::layout::batch_name;
@@ -41,9 +42,16 @@ pub fn parse_epochs(s: &str) -> Result<Range<u64>> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// Each batch's NNNNNN.safetensors.
     Safetensors,
+    /// Each batch's NNNNNN/NAME.npy files.
     Npy,
+    /// Both of the above.
     Both,
+    /// Each directory's all.safetensors, built whole on the cache (no batch files).
+    All,
+    /// Each directory's all/NAME.npy files, built whole on the cache (no batch files).
+    AllNpy,
 }
 
 /// `R-of-W`: rank R of W.
@@ -110,8 +118,18 @@ pub fn warm(
     let mut files: Vec<PathBuf> = Vec::new();
     for e in epochs.clone() {
         for (sub, count) in &dirs {
+            let base = mountpoint.join(format!("epoch-{e}")).join(sub);
+            match format {
+                Format::All => files.push(base.join("all.safetensors")),
+                Format::AllNpy => {
+                    files.extend(tensors.iter().map(|t| base.join(format!("all/{t}.npy"))))
+                }
+                _ => {}
+            }
+            if matches!(format, Format::All | Format::AllNpy) {
+                continue;
+            }
             for i in 0..*count {
-                let base = mountpoint.join(format!("epoch-{e}")).join(sub);
                 if format != Format::Npy {
                     files.push(base.join(format!("{}.safetensors", batch_name(i))));
                 }
@@ -126,22 +144,112 @@ pub fn warm(
         }
     }
     let started = Instant::now();
-    let (bytes, failures) = open_all(&files, jobs);
+    let (bytes, failures) = match format {
+        Format::All | Format::AllNpy => build_all(&files, jobs),
+        _ => open_all(&files, jobs),
+    };
     let secs = started.elapsed().as_secs_f64();
+    // A failure is one line: the count warmed goes with it.
+    if let Some(first) = failures.first() {
+        bail!(
+            "{} of {} files could not be materialised ({} were), the first: {first}",
+            failures.len(),
+            files.len(),
+            files.len() - failures.len()
+        );
+    }
     eprintln!(
         "warmed epochs {}..{} ({} files, {:.1} MB) in {secs:.1} s",
         epochs.start,
         epochs.end,
-        files.len() - failures.len(),
+        files.len(),
         bytes as f64 / 1e6
     );
-    if let Some(first) = failures.first() {
-        bail!(
-            "{} files could not be materialised, the first: {first}",
-            failures.len()
-        );
-    }
     Ok(())
+}
+
+/// Has every one-open file of `files` built whole on the mount's cache, `jobs` at a time,
+/// with a progress bar: asks each for `user.tensorfs.warm` (which starts its build) until it
+/// answers that the file is ready. The bytes built, and a line for each file that was not.
+fn build_all(files: &[PathBuf], jobs: usize) -> (u64, Vec<String>) {
+    const STEPS: u64 = 1000;
+    let bar = ProgressBar::new(files.len() as u64 * STEPS).with_style(
+        ProgressStyle::with_template("{bar:40} {percent}% of {msg}  eta {eta}")
+            .expect("a valid template"),
+    );
+    let started = Instant::now();
+    let sizes: Vec<u64> = (files.iter())
+        .map(|f| std::fs::metadata(f).map_or(0, |md| md.len()))
+        .collect();
+    // Each file's part built, in STEPS.
+    let done: Vec<AtomicU64> = files.iter().map(|_| AtomicU64::new(0)).collect();
+    let next = AtomicUsize::new(0);
+    let failures: Mutex<Vec<String>> = Mutex::default();
+    let show = || {
+        let steps: Vec<u64> = done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
+        let bytes: f64 = (steps.iter().zip(&sizes))
+            .map(|(&s, &size)| size as f64 * s as f64 / STEPS as f64)
+            .sum();
+        bar.set_position(steps.iter().sum());
+        bar.set_message(format!(
+            "{} files, {:.1} MB/s",
+            files.len(),
+            bytes / 1e6 / started.elapsed().as_secs_f64()
+        ));
+    };
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    let failed = built_whole(f, &done[i], &show, STEPS).err();
+                    match failed {
+                        None => done[i].store(STEPS, Ordering::Relaxed),
+                        Some(why) => {
+                            done[i].store(0, Ordering::Relaxed);
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{}: {why}", f.display()));
+                        }
+                    }
+                    show();
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let bytes = (done.iter().zip(&sizes))
+        .filter(|(d, _)| d.load(Ordering::Relaxed) == STEPS)
+        .map(|(_, &size)| size)
+        .sum();
+    (bytes, failures.into_inner().unwrap())
+}
+
+/// Asks one-open file `f` for `user.tensorfs.warm` until it is ready, keeping `done` (in
+/// `steps`) and the bar (`show`) up to date; why it was not built.
+fn built_whole(f: &Path, done: &AtomicU64, show: &dyn Fn(), steps: u64) -> Result<(), String> {
+    loop {
+        match xattr::get(f, crate::fs::WARM_XATTR) {
+            Ok(Some(v)) if v == b"ready" => return Ok(()),
+            Ok(Some(v)) if v == b"skipped" => {
+                return Err(
+                    "not built: no room in the cache, or its build failed or was \
+                    stopped by a reader (the mount's log says which)"
+                        .into(),
+                );
+            }
+            Ok(Some(v)) => {
+                let part: f64 = String::from_utf8_lossy(&v).parse().unwrap_or(0.0);
+                done.store((part * steps as f64) as u64, Ordering::Relaxed);
+                show();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(None) => return Err("the mount does not build one-open files".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 /// Opens every file of `files`, `jobs` at a time, with a progress bar: the bytes opened, and a

@@ -7,7 +7,7 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
-use crate::ahead::{Ahead, Opening, Progress};
+use crate::ahead::{Ahead, Opening, Progress, Warming};
 use crate::error::{Error, Result, enoent};
 use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
 use crate::materialize::Materializer;
@@ -34,6 +34,11 @@ const STATS_JSON: &str = "stats.json";
 const STATS_JSON_STEP: u64 = 4096;
 /// The extended attribute that names a batch file's backing file.
 pub const PATH_XATTR: &str = "user.tensorfs.path";
+/// The extended attribute `tensorfs warm` asks of a one-open file: its build started (or the
+/// file an earlier mount kept checked) where nothing of it is known yet, and how far it is:
+/// `ready`, `skipped` (no room, failed, or stopped by a reader), or the part done (0 to 1).
+/// Not listed: it is a request, not an attribute.
+pub const WARM_XATTR: &str = "user.tensorfs.warm";
 /// How long a backing file handed out by path stays pinned in the cache.
 const PIN_GRACE: Duration = Duration::from_secs(300);
 
@@ -697,6 +702,14 @@ impl Fs {
     /// `user.tensorfs.path`: the backing file's path, materialised and pinned; for a one-open
     /// file, its file built ahead while there is one.
     pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>> {
+        if name == WARM_XATTR && self.is_all_file(ino) {
+            let (dir, kind) = self.all_file(ino).ok_or(Error::answer(libc::ENODATA))?;
+            return Ok(match self.ahead.warm(dir, kind) {
+                Warming::Ready => "ready".into(),
+                Warming::Skipped => "skipped".into(),
+                Warming::Under(done) => format!("{done:.4}").into_bytes(),
+            });
+        }
         if name == PATH_XATTR && self.is_all_file(ino) {
             return self
                 .all_built(ino)

@@ -229,3 +229,42 @@ def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
     s = tfs.stats(b)
     assert s["ahead_kept_checked"] == 1 and s["ahead_opens"] == 1 and s["ahead_files_built"] == 0, s
     assert np.load(b.p("epoch-0", "all", "x.npy")).tobytes() == concatenated(b, "epoch-0", N, ("x",))
+
+
+def test_warm_builds_one_open_files_that_a_reader_opens_by_passthrough(mounter, shuf_ds):
+    # prefetch=0: only what warm asks for is built (a read builds nothing ahead).
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "world_size=2", "epochs=3", "prefetch=0")
+    proc = tfs.run(["warm", m.path, "--epochs", "0..2", "--format", "all"])
+    assert proc.returncode == 0, proc.stderr
+    assert "(2 files," in proc.stderr, proc.stderr
+    proc = tfs.run(["warm", m.path, "--epochs", "1", "--rank", "1-of-2", "--format", "all-npy"])
+    assert proc.returncode == 0, proc.stderr
+    s = tfs.stats(m)
+    assert s["ahead_files_built"] == 4 and s["batch_files_written"] == 0, s
+    kept = [os.path.basename(p) for p in kept_files(m)]
+    assert kept == [
+        "epoch-0.safetensors",
+        "epoch-1.rank-1-of-2.t0.npy",
+        "epoch-1.rank-1-of-2.t1.npy",
+        "epoch-1.safetensors",
+    ], kept
+    # Asked again, a built file is ready at once: nothing is built twice.
+    assert os.getxattr(m.p("epoch-1", "all.safetensors"), "user.tensorfs.warm") == b"ready"
+    assert "user.tensorfs.warm" not in os.listxattr(m.p("epoch-1", "all.safetensors"))
+    decoded = tfs.stats(m)["row_groups_decoded"]
+    got = {
+        rel: tfs.read_exact(m.p(*rel.split("/")))
+        for rel in ("epoch-0/all.safetensors", "epoch-1/all.safetensors", "epoch-1/rank-1-of-2/all/x.npy")
+    }
+    s = tfs.stats(m)
+    assert s["ahead_opens"] == 3 and s["row_groups_decoded"] == decoded, s
+    if s["passthrough_opens"] < 3:
+        pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
+    for rel_dir, n in (("epoch-0", N), ("epoch-1", N)):
+        assert got[f"{rel_dir}/all.safetensors"][tfs.DATA_OFFSET :] == concatenated(m, rel_dir, n)
+    x = got["epoch-1/rank-1-of-2/all/x.npy"]
+    assert x[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1/rank-1-of-2", N // 2, ("x",))
+    # A cache without room for the file: warm says so in one line, and fails.
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "cache_size=16K")
+    bad = tfs.run(["warm", m.path, "--format", "all"])
+    assert bad.returncode != 0 and "no room in the cache" in tfs.error_line(bad), bad.stderr
