@@ -112,6 +112,8 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
         ("shuffled epoch 3, shuffle=window (all.safetensors, 1 MiB reads)", "tfs_window_e3_all", "all_local_seq"),
         ("shuffled epoch 4, shuffle=window (all.safetensors built ahead, 1 MiB reads)", "tfs_window_e4_ahead",
          "all_local_seq"),
+        ("shuffled epoch 0, shuffle=window (all.safetensors after warm --format all, 1 MiB reads)",
+         "tfs_window_e0_warmed", "all_local_seq"),
     )]
     if any(m and l for _, m, l in vs_local):
         print("\nthrough the mount / the same bytes from a local file (MB/s):")
