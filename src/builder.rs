@@ -368,6 +368,11 @@ impl Builder {
         Ok(TensorOf::Alone(rows))
     }
 
+    /// Whether batch `i` of `epoch` is in memory whole ([`Builder::gather_here`] takes it).
+    pub fn has_batch(&self, epoch: u64, i: u64) -> bool {
+        self.batches.contains(&(self.plan().same_as(epoch), i))
+    }
+
     /// Whether tensor `t` of batch `i` of `epoch` is in memory, alone or in its batch.
     pub fn has_tensor(&self, epoch: u64, i: u64, t: usize) -> bool {
         let epoch = self.plan().same_as(epoch);

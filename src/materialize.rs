@@ -134,7 +134,7 @@ impl Materializer {
             Some(t) => vec![t],
             None => (0..self.layout.tensors()).collect(),
         };
-        if !wanted.iter().all(|&t| self.builder.has_tensor(epoch, g, t))
+        if !self.builder.has_batch(epoch, g)
             && let Some(rows) = (wanted.iter())
                 .map(|&t| self.tensor_from_file(epoch, g, t))
                 .collect::<Option<Vec<_>>>()

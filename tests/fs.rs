@@ -411,6 +411,22 @@ async fn one_open_files_gather_only_the_tensors_and_batches_they_span() {
     );
 }
 
+/// Epoch 0's batch files materialised on `cache` by a mount that then ends: the ids they hold,
+/// in batch order.
+async fn materialize_epoch_0(options: &str, cache: &std::path::Path) -> Vec<i64> {
+    let (fs, dataset) = mount_on(store().await, options, cache).await;
+    let mut want = Vec::new();
+    for i in 0..6 {
+        let path = format!("epoch-0/{i:06}.safetensors");
+        fs.materialize(ino(&fs, &path))
+            .await
+            .unwrap()
+            .expect("materialised");
+        want.extend(planned(&dataset, 0, i));
+    }
+    want
+}
+
 /// After a remount, a one-open file reads the batches' materialised files: nothing is decoded
 /// or fetched again (with `shuffle=none` no columns are cached beside the batch files).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,18 +434,7 @@ async fn a_warm_remount_reads_one_open_files_from_the_batch_files() {
     let cache = tempfile::tempdir().unwrap();
     // The prefetcher follows the one-open reader too: it must not gather what is on disk.
     let options = "batch_size=100,shuffle=none";
-    let mut want = Vec::new();
-    {
-        let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
-        for i in 0..6 {
-            let path = format!("epoch-0/{i:06}.safetensors");
-            fs.materialize(ino(&fs, &path))
-                .await
-                .unwrap()
-                .expect("materialised");
-            want.extend(planned(&dataset, 0, i));
-        }
-    }
+    let want = materialize_epoch_0(options, cache.path()).await;
     let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
     let stat = |k: &str| dataset.stats.to_json()[k].as_u64().unwrap();
     let decoded = stat("row_groups_decoded");
@@ -450,18 +455,7 @@ async fn a_one_open_file_built_on_a_warm_remount_is_taken_from_the_batch_files()
     let cache = tempfile::tempdir().unwrap();
     // With `epochs=2` and `shuffle=none` the file read is built ahead (epoch 1 is epoch 0's).
     let options = "batch_size=100,shuffle=none,epochs=2";
-    let mut want = Vec::new();
-    {
-        let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
-        for i in 0..6 {
-            let path = format!("epoch-0/{i:06}.safetensors");
-            fs.materialize(ino(&fs, &path))
-                .await
-                .unwrap()
-                .expect("materialised");
-            want.extend(planned(&dataset, 0, i));
-        }
-    }
+    let want = materialize_epoch_0(options, cache.path()).await;
     let (fs, dataset) = mount_on(store().await, options, cache.path()).await;
     let stat = |k: &str| dataset.stats.to_json()[k].as_u64().unwrap();
     let decoded = stat("row_groups_decoded");

@@ -37,6 +37,11 @@ def kept_files(m: tfs.Mount) -> list[str]:
     return sorted(p for p in glob.glob(str(m.cache / "v1" / "batches-*" / "all" / "*")))
 
 
+def kept_names(m: tfs.Mount) -> list[str]:
+    """The names of the files of kept_files."""
+    return [os.path.basename(p) for p in kept_files(m)]
+
+
 @pytest.mark.parametrize("mode", ["window", "global"])
 def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter, shuf_ds, mode):
     m = mounter(shuf_ds.path, f"shuffle={mode}", f"batch_size={BS}", "world_size=3", "epochs=3")
@@ -161,7 +166,7 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     first_x = tfs.read_exact(a.p("epoch-1", *rank_x))
     assert wait_built(a, 4)["ahead_files_built"] == 4
     a.unmount()
-    kept = [os.path.basename(p) for p in kept_files(a)]
+    kept = kept_names(a)
     assert kept == [
         "epoch-1.rank-1-of-2.t1.npy",
         "epoch-1.safetensors",
@@ -223,7 +228,7 @@ def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
     assert tfs.read_exact(a.p("epoch-0", "all", "x.npy")) == raw
     assert tfs.stats(a)["ahead_opens"] == 1
     a.unmount()
-    assert [os.path.basename(p) for p in kept_files(a)] == ["epoch-0.t1.npy"]
+    assert kept_names(a) == ["epoch-0.t1.npy"]
     b = mounter(shuf_ds.path, *opts, cache=a.cache)
     assert tfs.read_exact(b.p("epoch-0", "all", "x.npy")) == raw
     s = tfs.stats(b)
@@ -241,7 +246,7 @@ def test_warm_builds_one_open_files_that_a_reader_opens_by_passthrough(mounter, 
     assert proc.returncode == 0, proc.stderr
     s = tfs.stats(m)
     assert s["ahead_files_built"] == 4 and s["batch_files_written"] == 0, s
-    kept = [os.path.basename(p) for p in kept_files(m)]
+    kept = kept_names(m)
     assert kept == [
         "epoch-0.safetensors",
         "epoch-1.rank-1-of-2.t0.npy",
