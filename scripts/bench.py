@@ -317,6 +317,25 @@ def run(a) -> int:
                 check_permutation(m.mnt / "epoch-2", n, a.rows, f"shuffle={mode} epoch 2")
                 m.unmount()
                 mounts.remove(m)
+                # The same reads with opens=kernel (the kernel answers opens alone; the files
+                # built for the reader are stored in its page cache), on a new cache.
+                kcache = scratch / f"cache-{mode}-kernel"
+                shutil.rmtree(kcache, ignore_errors=True)
+                caches.drop()
+                m = Mount(binary, f"file://{data}", scratch / f"mnt-{mode}",
+                          [*base, f"shuffle={mode}", "epochs=3", "opens=kernel", f"cache_dir={kcache}"])
+                mounts.append(m)
+                for key, e, what in (("e0", 0, "epoch 0 (cold)"), ("warm", 0, "epoch 0 again (warm)"),
+                                     ("e1", 1, "epoch 1 (right after epoch 0)")):
+                    res.add(f"tfs_{mode}_kernel_{key}", f"tensorfs shuffle={mode}, opens=kernel, {what}",
+                            *read_safetensors_files(m.mnt / f"epoch-{e}", n))
+                m.settled("page_cache_stores")
+                res.add(f"tfs_{mode}_kernel_e2_ahead", f"tensorfs shuffle={mode}, opens=kernel, epoch 2, built ahead",
+                        *read_safetensors_files(m.mnt / "epoch-2", n))
+                check_permutation(m.mnt / "epoch-2", n, a.rows, f"shuffle={mode} opens=kernel epoch 2")
+                m.unmount()
+                mounts.remove(m)
+                shutil.rmtree(kcache, ignore_errors=True)
                 # One-open files, on the same cache (its columns): epoch 3 read as its
                 # all.safetensors with 1 MiB reads, gathered into memory tensor by tensor and
                 # served by the daemon, no batch file written.

@@ -39,6 +39,26 @@ impl Batch {
             FileKind::Npy(_) => std::borrow::Cow::Owned(layout.header(kind, self.rows)),
         }
     }
+
+    /// `size` bytes at `offset` of this batch's file `kind`.
+    pub fn file_bytes(&self, layout: &Layout, kind: FileKind, offset: u64, size: u32) -> Vec<u8> {
+        let header = self.header(layout, kind);
+        crate::layout::slice(&layout.parts(kind, &header, &self.tensors), offset, size)
+    }
+
+    /// This batch's file `kind`, whole, from byte `from` on.
+    pub fn file_from(&self, layout: &Layout, kind: FileKind, from: u64) -> Vec<u8> {
+        let header = self.header(layout, kind);
+        let parts = layout.parts(kind, &header, &self.tensors);
+        let mut out = Vec::new();
+        let mut base = 0;
+        for p in parts {
+            let skip = (from.saturating_sub(base) as usize).min(p.len());
+            out.extend_from_slice(&p[skip..]);
+            base += p.len() as u64;
+        }
+        out
+    }
 }
 
 /// Something whose memory a cache counts.

@@ -374,11 +374,12 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "cache_corrupt_dropped")
         ),
         format!(
-            "serving     {:.0} lookups, {:.0} opens, {:.0} by passthrough, {:.0} daemon reads; memory {:.1} MB",
+            "serving     {:.0} lookups, {:.0} opens, {:.0} by passthrough, {:.0} daemon reads, {:.0} files stored in the page cache; memory {:.1} MB",
             n(v, "lookups"),
             n(v, "opens"),
             n(v, "passthrough_opens"),
             n(v, "daemon_reads"),
+            n(v, "page_cache_stores"),
             mb("memory_bytes")
         ),
     ];

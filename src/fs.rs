@@ -567,6 +567,44 @@ impl Fs {
         }
     }
 
+    /// Whether `ino` is a file whose bytes change while mounted (stats.json).
+    pub fn is_live(&self, ino: u64) -> bool {
+        ino == STATS_JSON_INO
+    }
+
+    /// From now on, batch files built for a reader are stored in the kernel's page cache of
+    /// the files it opens (`opens=kernel`).
+    pub fn store_in(&self, page_cache: crate::page_cache::PageCache) {
+        self.prefetcher.store_in(page_cache);
+    }
+
+    /// A read of a file nobody opened through the daemon (`opens=kernel`: the kernel answers
+    /// opens alone): from its backing file where it has one now, else as [`Fs::read`] builds it.
+    pub async fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        let backing = if node.batch_file().is_some() {
+            let file = self.materialized(ino);
+            if file.is_some() {
+                // Fs::read follows the reader otherwise.
+                self.accessed(node);
+            }
+            file
+        } else if node.all_file().is_some() {
+            let file = match self.open_all(ino) {
+                Opening::Ready(file) => Some(file),
+                Opening::Soon(progress) => self.all_when_built(ino, progress).await,
+                Opening::Daemon => None,
+            };
+            if file.is_some() {
+                self.note_reader(ino);
+            }
+            file
+        } else {
+            None
+        };
+        self.read_open(ino, backing, offset, size).await
+    }
+
     /// Counts an open of a one-open file answered by passthrough.
     pub fn opened_by_passthrough(&self) {
         Stats::add(&self.stats().c.passthrough_opens, 1);
@@ -756,19 +794,6 @@ impl Fs {
         Ok(data)
     }
 
-    /// `size` bytes at `offset` of file `kind` of `batch`.
-    fn file_bytes(
-        &self,
-        batch: &crate::builder::Batch,
-        kind: FileKind,
-        offset: u64,
-        size: u32,
-    ) -> Vec<u8> {
-        let header = batch.header(&self.layout, kind);
-        let parts = self.layout.parts(kind, header.as_ref(), &batch.tensors);
-        layout::slice(&parts, offset, size)
-    }
-
     /// Reads `size` bytes at `offset`, building what it spans first if it must.
     pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
@@ -781,7 +806,7 @@ impl Fs {
                 let (epoch, g) = b.global(i);
                 self.accessed(node);
                 let batch = self.batch(epoch, g).await?;
-                Ok(self.file_bytes(&batch, kind, offset, size))
+                Ok(batch.file_bytes(&self.layout, kind, offset, size))
             }
             Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
                 let (_, kind) = node.all_file().expect("a one-open file");

@@ -32,6 +32,8 @@ pub struct FuseAdapter {
     /// since.
     passthrough: Arc<AtomicBool>,
     open_files: Arc<OpenFiles<BackingId>>,
+    /// `opens=kernel`: the kernel answers opens alone ([`crate::page_cache`]).
+    kernel_opens: bool,
 }
 
 /// The errno of an error of the core, which is logged here, once, as it is replied.
@@ -52,7 +54,7 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, runtime: Handle_, passthrough: bool) -> Self {
+    pub fn new(fs: Arc<Fs>, runtime: Handle_, passthrough: bool, kernel_opens: bool) -> Self {
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {
@@ -61,8 +63,25 @@ impl FuseAdapter {
             mounted_at: SystemTime::now(),
             uid,
             gid,
-            passthrough: Arc::new(AtomicBool::new(passthrough)),
+            passthrough: Arc::new(AtomicBool::new(passthrough && !kernel_opens)),
             open_files: Arc::default(),
+            kernel_opens,
+        }
+    }
+
+    /// Whether `ino`'s bytes change while mounted and the kernel caches them across opens
+    /// (`opens=kernel`): then its attributes are never cached, and its modification time is
+    /// always new, so that each open looks it up and drops the pages it kept
+    /// (`FUSE_AUTO_INVAL_DATA`).
+    fn revalidated(&self, ino: u64) -> bool {
+        self.kernel_opens && self.fs.is_live(ino)
+    }
+
+    /// How long the kernel may keep `ino`'s entry and attributes.
+    fn ttl(&self, ino: u64) -> Duration {
+        match self.revalidated(ino) {
+            true => Duration::ZERO,
+            false => TTL,
         }
     }
 
@@ -72,12 +91,16 @@ impl FuseAdapter {
             Kind::File => (FileType::RegularFile, 0o444, 1),
             Kind::Symlink => (FileType::Symlink, 0o777, 1),
         };
+        let mtime = match self.revalidated(a.ino) {
+            true => SystemTime::now(),
+            false => self.mounted_at,
+        };
         FileAttr {
             ino: INodeNo(a.ino),
             size: a.size,
             blocks: a.size.div_ceil(512),
             atime: self.mounted_at,
-            mtime: self.mounted_at,
+            mtime,
             ctime: self.mounted_at,
             crtime: self.mounted_at,
             kind,
@@ -188,6 +211,10 @@ impl Filesystem for FuseAdapter {
         // memory for their inodes.
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        if self.kernel_opens {
+            // See `revalidated`: how stats.json stays live without opens.
+            let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
+        }
         if self.passthrough.load(Ordering::Relaxed) {
             // Backing files live on an ordinary filesystem: one level of stacking below us.
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -207,14 +234,14 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOENT);
         };
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(a.ino), &self.attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e, "lookup")),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Ok(a) => reply.attr(&self.ttl(a.ino), &self.attr(&a)),
             Err(e) => reply.error(errno(e, "getattr")),
         }
     }
@@ -227,6 +254,10 @@ impl Filesystem for FuseAdapter {
             Ok(k) => k,
             Err(e) => return reply.error(errno(e, "open")),
         };
+        if self.kernel_opens {
+            // The kernel answers this open and every later one itself.
+            return reply.error(Errno::ENOSYS);
+        }
         let fh = self.open_files.next_fh();
         match kind {
             Openable::Live(snapshot) => {
@@ -329,6 +360,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
+        if self.kernel_opens {
+            let span = tracing::debug_span!("read", ino = ino.0, offset, size);
+            let task = async move {
+                match fs.read_unopened(ino.0, offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(errno(e, "read")),
+                }
+            };
+            self.runtime.spawn(task.instrument(span));
+            return;
+        }
         let ReadFrom { file, snapshot } = self.open_files.read_from(fh.0);
         if let Some(snapshot) = snapshot {
             let start = (offset as usize).min(snapshot.len());
@@ -388,7 +430,8 @@ impl Filesystem for FuseAdapter {
         let listed = self.list(ino, offset, |e, next| {
             let a = self.fs.getattr(e.ino)?;
             let attr = self.attr(&a);
-            Ok(reply.add(INodeNo(e.ino), next, &e.name, &TTL, &attr, Generation(0)))
+            let ttl = self.ttl(e.ino);
+            Ok(reply.add(INodeNo(e.ino), next, &e.name, &ttl, &attr, Generation(0)))
         });
         match listed {
             Ok(()) => reply.ok(),

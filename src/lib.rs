@@ -26,6 +26,7 @@ pub mod materialize;
 pub mod mount;
 pub mod open_files;
 pub mod options;
+pub mod page_cache;
 pub mod petastorm;
 pub mod plan;
 pub mod pool;

@@ -10,6 +10,7 @@ use crate::fuse::FuseAdapter;
 use crate::layout::Layout;
 use crate::materialize::Materializer;
 use crate::options::Options;
+use crate::page_cache::PageCache;
 use crate::plan::{Orders, Plan};
 use crate::prefetch::Prefetcher;
 use crate::readers::Readers;
@@ -728,8 +729,18 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
         let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
-        let adapter = FuseAdapter::new(fs, runtime.handle().clone(), passthrough);
-        Ok((dataset, session(adapter, mountpoint, source, opts)?))
+        let kernel_opens = opts.opens == crate::options::Opens::Kernel;
+        let adapter = FuseAdapter::new(
+            fs.clone(),
+            runtime.handle().clone(),
+            passthrough,
+            kernel_opens,
+        );
+        let session = session(adapter, mountpoint, source, opts)?;
+        if kernel_opens {
+            fs.store_in(PageCache::new(session.notifier(), mountpoint));
+        }
+        Ok((dataset, session))
     });
     let (dataset, mut session) = match mounted {
         Ok(m) => m,

@@ -43,6 +43,16 @@ pub enum Passthrough {
     Off,
 }
 
+/// Who answers an open of a file of the mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opens {
+    /// The daemon: each open is a round trip, answered by passthrough where it may.
+    Daemon,
+    /// The kernel alone: opens and closes cost no round trip, reads come from the kernel's page
+    /// cache, which the prefetcher fills ahead of the reader (see `docs/reading.md`).
+    Kernel,
+}
+
 #[derive(Clone, Debug)]
 pub struct Options {
     // Content options.
@@ -66,6 +76,7 @@ pub struct Options {
     pub memory_limit: u64,
     pub threads: usize,
     pub passthrough: Passthrough,
+    pub opens: Opens,
     pub allow_other: bool,
     /// Unmount when the daemon dies (through fusermount3).
     pub auto_unmount: bool,
@@ -160,6 +171,7 @@ impl Default for Options {
             memory_limit: 2 << 30,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             passthrough: Passthrough::Auto,
+            opens: Opens::Daemon,
             allow_other: false,
             auto_unmount: false,
             nonempty: false,
@@ -190,6 +202,7 @@ const KNOWN: &[&str] = &[
     "memory_limit",
     "threads",
     "passthrough",
+    "opens",
     "allow_other",
     "auto_unmount",
     "nonempty",
@@ -519,6 +532,13 @@ impl Options {
                     _ => return Err(bad(key, value, "expected auto or off")),
                 }
             }
+            "opens" => {
+                self.opens = match value {
+                    "daemon" => Opens::Daemon,
+                    "kernel" => Opens::Kernel,
+                    _ => return Err(bad(key, value, "expected daemon or kernel")),
+                }
+            }
             "log" => {
                 tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(key, value, e))?;
                 self.log = value.into();
@@ -601,6 +621,7 @@ impl Options {
             memory_limit: _,
             threads: _,
             passthrough: _,
+            opens: _,
             allow_other: _,
             auto_unmount: _,
             nonempty: _,
@@ -683,6 +704,13 @@ impl Options {
                 "auto"
             } else {
                 "off"
+            }),
+        );
+        m.insert(
+            "opens",
+            json!(match self.opens {
+                Opens::Daemon => "daemon",
+                Opens::Kernel => "kernel",
             }),
         );
         m.insert("allow_other", json!(self.allow_other));
@@ -831,7 +859,7 @@ mod tests {
 
         #[test]
         fn known_keys_with_any_value_never_panic(
-            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
+            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "opens", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
             value in "[ -+--~]{0,40}",
         ) {
             match Options::parse(&[format!("{key}={value}")]) {
@@ -869,6 +897,7 @@ mod tests {
             "memory_limit=64M",
             "threads=1",
             "passthrough=off",
+            "opens=kernel",
             "allow_other",
             "auto_unmount",
             "nonempty",

@@ -16,6 +16,7 @@
 
 use crate::layout::{FileKind, Item, Layout};
 use crate::materialize::Materializer;
+use crate::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
 use crate::plan::{Batches, Plan};
 use crate::readers::Readers;
 use crate::stats::Stats;
@@ -65,6 +66,8 @@ pub struct Prefetcher {
     /// Items being prefetched now.
     scheduled: Arc<Mutex<HashSet<Item>>>,
     next_epoch: Arc<NextEpoch>,
+    /// With `opens=kernel`: the files built for a reader go into the page cache.
+    filler: Arc<Filler>,
 }
 
 impl Prefetcher {
@@ -77,6 +80,7 @@ impl Prefetcher {
         epochs: u64,
         memory_limit: u64,
     ) -> Prefetcher {
+        let filler = Arc::new(Filler::new(materializer.builder().clone(), layout.clone()));
         let next_epoch = Arc::new(NextEpoch {
             materializer: materializer.clone(),
             readers: readers.clone(),
@@ -84,6 +88,7 @@ impl Prefetcher {
             depth,
             memory_limit,
             walks: Mutex::default(),
+            filler: filler.clone(),
         });
         Prefetcher {
             materializer,
@@ -94,7 +99,14 @@ impl Prefetcher {
             memory_limit,
             scheduled: Arc::default(),
             next_epoch,
+            filler,
         }
+    }
+
+    /// From now on, the files built for a reader are stored in the kernel's page cache of the
+    /// files it opens, instead of written to the cache (`opens=kernel`).
+    pub fn store_in(&self, page_cache: PageCache) {
+        self.filler.set(page_cache);
     }
 
     fn plan(&self) -> &Plan {
@@ -154,6 +166,10 @@ impl Prefetcher {
                 continue;
             }
             for &kind in kinds {
+                if self.filler.on() {
+                    self.fill(d, j, kind, tripwire(j, self.depth / 2));
+                    continue;
+                }
                 let item = self.materializer.item(kind, epoch, batch);
                 if self.materializer.checked_already(item)
                     || !self.scheduled.lock().unwrap().insert(item)
@@ -171,6 +187,25 @@ impl Prefetcher {
                 });
             }
         }
+    }
+
+    /// Stores file `kind` of batch `j` of `dir` in the page cache, once however many readers
+    /// want it; with its first page left out where `tripwire`.
+    fn fill(&self, dir: Batches, j: u64, kind: FileKind, tripwire: bool) {
+        if !self.filler.claim(dir, j, kind) {
+            return;
+        }
+        let filler = self.filler.clone();
+        Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
+        self.runtime.spawn(async move {
+            if let Err(e) = filler.fill(dir, j, kind, tripwire_from(tripwire)).await {
+                tracing::warn!(
+                    "prefetch of {} batch {j}: {}",
+                    crate::layout::dir_name(dir),
+                    crate::describe(&e)
+                );
+            }
+        });
     }
 
     /// Whether a reader opening the batch files `kinds` is served from materialised files, or
@@ -227,11 +262,15 @@ impl Prefetcher {
             return;
         }
         // Batches whose files are there already (a warm epoch) need nothing decoded.
-        let fresh: Vec<(u64, u64)> = self
+        let not_warmed: HashSet<(u64, u64)> = self
             .readers
             .not_yet_warmed(dir, beyond)
             .into_iter()
-            .filter(|&g| g.0 < last && !self.ready(kinds, g))
+            .collect();
+        let fresh: Vec<(u64, u64)> = (beyond.iter())
+            .filter(|&&(d, j)| not_warmed.contains(&d.global(j)) && !self.ready(kinds, d, j))
+            .map(|&(d, j)| d.global(j))
+            .filter(|g| g.0 < last)
             .collect();
         if fresh.is_empty() {
             return;
@@ -250,15 +289,13 @@ impl Prefetcher {
 
     /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or, for a reader
     /// of the one-open files, some of the batch is in memory or its file is materialised).
-    fn ready(&self, kinds: &[FileKind], (epoch, batch): (u64, u64)) -> bool {
+    fn ready(&self, kinds: &[FileKind], dir: Batches, j: u64) -> bool {
+        let (epoch, batch) = dir.global(j);
         if !self.to_disk(kinds) {
             return self.materializer.builder().holds_any_of(epoch, batch)
                 || self.on_disk(epoch, batch);
         }
-        kinds.iter().all(|&k| {
-            self.materializer
-                .contains(self.materializer.item(k, epoch, batch))
-        })
+        kinds.iter().all(|&k| self.next_epoch.has(dir, j, k))
     }
 
     /// Each reader's position and how many of the batches it reads next are materialised.
@@ -270,7 +307,7 @@ impl Prefetcher {
             .map(|p| {
                 let ready = ahead(self.plan(), p.dir, p.at, self.depth)
                     .into_iter()
-                    .take_while(|&(d, j)| self.ready(&p.kinds, d.global(j)))
+                    .take_while(|&(d, j)| self.ready(&p.kinds, d, j))
                     .count();
                 let name = crate::layout::dir_name(p.dir);
                 let v = serde_json::json!({"dir": name, "batch": p.at, "ahead": ready});
@@ -281,6 +318,28 @@ impl Prefetcher {
         out.into_iter().map(|(_, v)| v).collect()
     }
 }
+
+/// Whether batch `j`'s file, stored in the page cache, leaves its first page out, so that its
+/// reader's read of it reaches the daemon and the prefetcher sees where the reader is
+/// ([`crate::page_cache`]): every `every` batches. The prefetcher's files have one every half
+/// its depth, so that the reader is seen again before it reaches the last file the sighting
+/// before had built.
+fn tripwire(j: u64, every: u64) -> bool {
+    j.is_multiple_of(every.max(1))
+}
+
+/// Where a file stored in the page cache starts: past its first page where it is a tripwire.
+fn tripwire_from(tripwire: bool) -> u64 {
+    match tripwire {
+        true => TRIPWIRE_PAGE,
+        false => 0,
+    }
+}
+
+/// How far apart the tripwires of files a walk stores are: a reader of an epoch stored whole
+/// ahead of it needs seeing only where it starts the epoch (which starts the walk through the
+/// next) and now and then (a walk ends where its reader comes near).
+const WALK_TRIPWIRES: u64 = 64;
 
 /// Whether the builder's buffers hold more than the memory budget: work ahead waits.
 fn over_budget(materializer: &Materializer, memory_limit: u64) -> bool {
@@ -330,6 +389,7 @@ struct NextEpoch {
     memory_limit: u64,
     /// Each chain's walk: the latest, one at a time.
     walks: Mutex<HashMap<Chain, Walk>>,
+    filler: Arc<Filler>,
 }
 
 struct Walk {
@@ -396,6 +456,17 @@ impl Pace {
 }
 
 impl NextEpoch {
+    /// Whether file `kind` of batch `j` of `dir` is ready for its reader: in the cache, or, with
+    /// `opens=kernel`, stored in the page cache.
+    fn has(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        if self.filler.on() {
+            return self.filler.has(dir, j, kind);
+        }
+        let (epoch, g) = dir.global(j);
+        self.materializer
+            .contains(self.materializer.item(kind, epoch, g))
+    }
+
     /// The reader of `dir`, which opens the files `kinds` of each batch, is at batch `i`:
     /// start the walk through its next epoch (or go on with a stalled one), unless one is
     /// under way or done. The mount lists `listed` epochs.
@@ -481,9 +552,11 @@ impl NextEpoch {
                 return WalkState::Done;
             }
             let (epoch, g) = dir.global(j);
-            let items: Vec<Item> = (kinds.iter())
+            let missing: Vec<FileKind> = (kinds.iter().copied())
+                .filter(|&k| !self.has(dir, j, k))
+                .collect();
+            let items: Vec<Item> = (missing.iter())
                 .map(|&k| self.materializer.item(k, epoch, g))
-                .filter(|&item| !self.materializer.contains(item))
                 .collect();
             if items.is_empty() {
                 j += 1;
@@ -507,6 +580,23 @@ impl NextEpoch {
                 continue;
             }
             waiting_since = None;
+            if self.filler.on() {
+                for kind in missing {
+                    if !self.filler.claim(dir, j, kind) {
+                        continue;
+                    }
+                    let from = tripwire_from(tripwire(j, WALK_TRIPWIRES));
+                    match self.filler.fill(dir, j, kind, from).await {
+                        Ok(()) => Stats::add(&stats.c.next_epoch_files_built, 1),
+                        Err(e) => {
+                            tracing::debug!("storing {kind:?} of {dir:?} batch {j} ahead: {e:#}");
+                            return WalkState::Done;
+                        }
+                    }
+                }
+                j += 1;
+                continue;
+            }
             for item in items {
                 match self.materializer.build_ahead(item).await {
                     Ok(true) => Stats::add(&stats.c.next_epoch_files_built, 1),
@@ -531,13 +621,8 @@ impl NextEpoch {
             return true;
         };
         let plan = self.materializer.plan();
-        ahead(plan, dir, at, self.depth).into_iter().all(|(d, j)| {
-            let (epoch, g) = d.global(j);
-            (kinds.iter()).all(|&k| {
-                self.materializer
-                    .contains(self.materializer.item(k, epoch, g))
-            })
-        })
+        (ahead(plan, dir, at, self.depth).into_iter())
+            .all(|(d, j)| kinds.iter().all(|&k| self.has(d, j, k)))
     }
 
     /// Why batch `g` of `epoch`, whose files `items` are missing, is not built now, if it
@@ -548,6 +633,10 @@ impl NextEpoch {
         }
         if !self.materializer.builder().row_groups_at_hand(epoch, g) {
             return Some("its row groups are not decoded yet");
+        }
+        // Stored in the page cache, nothing takes room in the cache.
+        if self.filler.on() {
+            return None;
         }
         let rows = self.materializer.plan().batch_len(g);
         let bytes: u64 = (items.iter())
@@ -715,5 +804,22 @@ mod tests {
             ),
             vec![]
         );
+    }
+
+    /// A reader of files the prefetcher stored in the page cache is seen every half prefetch
+    /// depth: at its first batch, and again before it passes the files the sighting before had
+    /// built.
+    #[test]
+    fn tripwires_come_every_half_prefetch_depth() {
+        let at = |every| -> Vec<u64> { (0..10).filter(|&j| tripwire(j, every)).collect() };
+        assert_eq!(at(4), vec![0, 4, 8]);
+        assert_eq!(at(0), (0..10).collect::<Vec<_>>());
+        for depth in 1..20 {
+            let seen: Vec<u64> = (0..100).filter(|&j| tripwire(j, depth / 2)).collect();
+            assert!(
+                seen.windows(2).all(|w| w[1] - w[0] <= depth),
+                "{depth}: {seen:?}"
+            );
+        }
     }
 }

@@ -66,6 +66,8 @@ counters!(
     stall_count,
     stall_ns,
     passthrough_opens,
+    // With opens=kernel: batch files stored in the kernel's page cache ahead of their reader.
+    page_cache_stores,
     // One-open files of a reader's next epoch built whole ahead of it, their bytes, those the
     // cache had no room for, and opens answered from them.
     ahead_files_built,

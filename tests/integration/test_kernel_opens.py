@@ -1,0 +1,109 @@
+"""opens=kernel (src/page_cache.rs): the kernel answers every open alone (the daemon never
+sees one), reads come from the mount's own page cache, and the prefetcher stores the files it
+builds for a reader there ahead of it. Every file reads the same bytes as with the daemon
+answering opens; stats.json stays live; the next epoch's batch files, built in idle time, are
+read without one request reaching the daemon."""
+
+import errno
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+
+import tfs
+
+BS = 256
+
+
+def digests(m: tfs.Mount, rels) -> dict[str, str]:
+    return {rel: tfs.sha256(m.p(rel)) for rel in rels}
+
+
+def test_every_file_reads_as_it_does_with_the_daemon_answering_opens(mounter, main_ds):
+    opts = (f"batch_size={BS}", "epochs=2", "world_size=2", "pad=tokens:8")
+    k = mounter(main_ds.path, *opts, "opens=kernel")
+    d = mounter(main_ds.path, *opts)
+    assert k.dataset()["options"]["opens"] == "kernel"
+    assert d.dataset()["options"]["opens"] == "daemon"
+    n = d.dataset()["batches_per_epoch"]
+    per_rank = n // 2  # 12 batches: none left out of the rank views
+    assert n == 12
+    rels = [*tfs.all_files(d, "epoch-0", n), *tfs.all_files(d, "epoch-1/rank-1-of-2", per_rank)]
+    names = [t["name"] for t in d.dataset()["tensors"]]
+    for dir_ in ("epoch-0", "epoch-1", "epoch-1/rank-1-of-2"):
+        rels += [f"{dir_}/all.safetensors", *(f"{dir_}/all/{name}.npy" for name in names)]
+    want = digests(d, rels)
+    # Read twice: the second time from the page cache the first read filled.
+    assert digests(k, rels) == want
+    assert digests(k, rels) == want
+    # Memory maps and O_DIRECT reads at aligned offsets.
+    for name in names:
+        rel = f"epoch-1/all/{name}.npy"
+        np.testing.assert_array_equal(
+            np.load(k.p(rel), mmap_mode="r")[BS : 2 * BS], np.load(d.p(rel))[BS : 2 * BS]
+        )
+    rel = "epoch-0/000001.safetensors"
+    size = os.path.getsize(d.p(rel))
+    fd = os.open(k.p(rel), os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 1 << 20)
+        got = os.preadv(fd, [buf], 4096)
+        assert buf[:got] == tfs.read_exact(d.p(rel))[4096:]
+        assert got == size - 4096
+    finally:
+        os.close(fd)
+    # A read-only mount either way.
+    with pytest.raises(OSError) as e:
+        os.open(k.p(rel), os.O_WRONLY)
+    assert e.value.errno == errno.EROFS
+    # No open reached the daemon; stats.json is read anew at each open all the same.
+    before = tfs.stats(k)
+    assert before["opens"] == 0, before
+    tfs.sha256(k.p("epoch-5/000003.safetensors"))  # past the listed epochs: not prefetched
+    after = tfs.stats(k)
+    assert after["daemon_reads"] > before["daemon_reads"], (before, after)
+    assert after["opens"] == 0, after
+
+
+def settled_stores(m: tfs.Mount) -> dict:
+    """The counters once nothing has been stored in the page cache for a second (or after a
+    minute)."""
+    deadline = time.monotonic() + 60
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        s = tfs.stats(m)
+        if s["page_cache_stores"] != last:
+            last, since = s["page_cache_stores"], time.monotonic()
+        elif time.monotonic() - since >= 1:
+            return s
+        time.sleep(0.05)
+    return tfs.stats(m)
+
+
+@pytest.mark.parametrize("mode", ["window", "global"])
+def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_ds, mode):
+    n = 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
+    opts = (f"shuffle={mode}", f"batch_size={BS}", "epochs=3", "prefetch=8")
+    k = mounter(shuf_ds.path, *opts, "opens=kernel")
+    ref = mounter(shuf_ds.path, *opts, "prefetch=0")
+    rels = lambda e: [f"epoch-{e}/{tfs.batch_name(i)}.safetensors" for i in range(n)]  # noqa: E731
+    got = {**digests(k, rels(0)), **digests(k, rels(1))}
+    # Reading epoch 1 had epoch 2's files built and stored in the page cache, from memory: no
+    # batch file is written to the cache.
+    s = settled_stores(k)
+    assert s["page_cache_stores"] >= 2 * n, s
+    assert s["batch_files_written"] == 0, s
+    assert not list((k.cache / "v1").glob("batches-*/epoch-*/*.safetensors"))
+    got.update(digests(k, rels(2)))
+    after = tfs.stats(k)
+    # Every byte of epoch 2 came from the page cache but the first page of a few files, left
+    # out so that the daemon sees where its reader is: at the epoch's first batch, and at most
+    # every fourth (half the prefetch depth).
+    reads = after["daemon_reads"] - s["daemon_reads"]
+    assert 1 <= reads <= len(range(0, n, 4)), (s, after)
+    assert after["daemon_read_bytes"] - s["daemon_read_bytes"] == reads * 4096, (s, after)
+    assert after["opens"] == 0, after
+    want = {**digests(ref, rels(0)), **digests(ref, rels(1)), **digests(ref, rels(2))}
+    assert got == want
