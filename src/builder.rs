@@ -389,6 +389,11 @@ impl Builder {
     }
 
     /// Whether batch `i` of `epoch` is in memory whole ([`Builder::gather_here`] takes it).
+    /// Batch `i` of `epoch` if it is in memory now.
+    pub fn batch_at_hand(&self, epoch: u64, i: u64) -> Option<Arc<Batch>> {
+        self.batches.get(&(self.plan().same_as(epoch), i))
+    }
+
     pub fn has_batch(&self, epoch: u64, i: u64) -> bool {
         self.batches.contains(&(self.plan().same_as(epoch), i))
     }

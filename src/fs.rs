@@ -786,12 +786,33 @@ impl Fs {
             None => self.read(ino, offset, size).await?,
         };
         if self.is_batch_file(ino) {
-            let stats = self.stats();
-            stats.stall(started.elapsed());
-            Stats::add(&stats.c.daemon_reads, 1);
-            Stats::add(&stats.c.daemon_read_bytes, data.len() as u64);
+            self.served_by_daemon(started.elapsed(), data.len());
         }
         Ok(data)
+    }
+
+    /// Counts a read of a batch file served by the daemon, which waited `waited`.
+    fn served_by_daemon(&self, waited: Duration, bytes: usize) {
+        let stats = self.stats();
+        stats.stall(waited);
+        Stats::add(&stats.c.daemon_reads, 1);
+        Stats::add(&stats.c.daemon_read_bytes, bytes as u64);
+    }
+
+    /// A read of batch file `ino` nobody opened through the daemon (`opens=kernel`: a tripwire
+    /// page, or pages the page cache did not hold), answered at once where its batch is in
+    /// memory: on the FUSE thread, with no trip through the async workers, which cost a few
+    /// times more than the copy. `None` where it must wait ([`Fs::read_unopened`]). The caller
+    /// lets the prefetcher follow the reader once it has answered ([`Fs::note_reader`]).
+    pub fn read_at_hand(&self, ino: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
+        let started = std::time::Instant::now();
+        let node = self.node(ino).ok()?;
+        let (d, i, kind) = node.batch_file()?;
+        let (epoch, g) = self.dir(d).ok()?.global(i);
+        let batch = self.materializer.builder().batch_at_hand(epoch, g)?;
+        let data = batch.file_bytes(&self.layout, kind, offset, size);
+        self.served_by_daemon(started.elapsed(), data.len());
+        Some(data)
     }
 
     /// Reads `size` bytes at `offset`, building what it spans first if it must.

@@ -361,6 +361,13 @@ impl Filesystem for FuseAdapter {
     ) {
         let fs = self.fs.clone();
         if self.kernel_opens {
+            if let Some(data) = self.fs.read_at_hand(ino.0, offset, size) {
+                reply.data(&data);
+                // After the reply: what it schedules wakes workers, which costs more than the
+                // read (measured: a tripwire read took 330 µs with it before, 60 after).
+                self.fs.note_reader(ino.0);
+                return;
+            }
             let span = tracing::debug_span!("read", ino = ino.0, offset, size);
             let task = async move {
                 match fs.read_unopened(ino.0, offset, size).await {
