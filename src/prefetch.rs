@@ -289,8 +289,9 @@ impl Prefetcher {
         });
     }
 
-    /// Whether the files `kinds` of batch (epoch, batch) are all in the cache (or, for a reader
-    /// of the one-open files, some of the batch is in memory or its file is materialised).
+    /// Whether the files `kinds` of batch `j` of `dir` are all ready for its reader: in the
+    /// cache, or stored in the page cache with `opens=kernel` (or, for a reader of the one-open
+    /// files, some of the batch is in memory or its file is materialised).
     fn ready(&self, kinds: &[FileKind], dir: Batches, j: u64) -> bool {
         let (epoch, batch) = dir.global(j);
         if !self.to_disk(kinds) {
