@@ -11,7 +11,7 @@
 //! pressure are read from the daemon again, from the same bytes.
 //!
 //! A read served from the page cache is one the daemon never sees, yet the prefetcher must
-//! follow the reader. So of every few files stored ahead (`prefetch::tripwire`), the first page
+//! follow the reader. So of every few files stored ahead (`prefetch::stored_from`), the first page
 //! (the header's, the data starts at 4096) is left out: the reader's read of it is a round trip
 //! that says where it is, paid once for those few files.
 

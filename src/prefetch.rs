@@ -167,7 +167,7 @@ impl Prefetcher {
             }
             for &kind in kinds {
                 if self.filler.on() {
-                    self.fill(d, j, kind, tripwire(j, self.depth / 2));
+                    self.fill(d, j, kind, stored_from(j, self.depth / 2));
                     continue;
                 }
                 let item = self.materializer.item(kind, epoch, batch);
@@ -189,9 +189,9 @@ impl Prefetcher {
         }
     }
 
-    /// Stores file `kind` of batch `j` of `dir` in the page cache, once however many readers
-    /// want it; with its first page left out where `tripwire`.
-    fn fill(&self, dir: Batches, j: u64, kind: FileKind, tripwire: bool) {
+    /// Stores file `kind` of batch `j` of `dir` in the page cache from byte `from` on, once
+    /// however many readers want it.
+    fn fill(&self, dir: Batches, j: u64, kind: FileKind, from: u64) {
         if !self.filler.claim(dir, j, kind) {
             return;
         }
@@ -200,7 +200,7 @@ impl Prefetcher {
         self.runtime.spawn(async move {
             // Its reader reads it from the daemon instead (the same bytes), and meets any
             // error of the build there; a store fails as a mount goes away.
-            if let Err(e) = filler.fill(dir, j, kind, tripwire_from(tripwire)).await {
+            if let Err(e) = filler.fill(dir, j, kind, from).await {
                 tracing::debug!(
                     "prefetch of {} batch {j}: {}",
                     crate::layout::dir_name(dir),
@@ -322,20 +322,16 @@ impl Prefetcher {
     }
 }
 
-/// Whether batch `j`'s file, stored in the page cache, leaves its first page out, so that its
-/// reader's read of it reaches the daemon and the prefetcher sees where the reader is
-/// ([`crate::page_cache`]): every `every` batches. The prefetcher's files have one every half
-/// its depth: each sighting schedules the files from half the depth ahead on, while the reader
-/// still has the other half stored before it (with one every `prefetch` files, a reader at
-/// half the cold rate came to the file after each sighting before it was stored). A reader
-/// that comes faster than the files are stored is also seen at each file it misses.
-fn tripwire(j: u64, every: u64) -> bool {
-    j.is_multiple_of(every.max(1))
-}
-
-/// Where a file stored in the page cache starts: past its first page where it is a tripwire.
-fn tripwire_from(tripwire: bool) -> u64 {
-    match tripwire {
+/// Where the bytes of batch `j`'s file stored in the page cache start: past the first page
+/// every `every` batches (a tripwire), else at 0. The page left out is read from the daemon,
+/// so the prefetcher sees where the reader is ([`crate::page_cache`]). The prefetcher's files
+/// have one every half its depth: each sighting schedules the files from half the depth ahead
+/// on, while the reader still has the other half stored before it (with one every `prefetch`
+/// files, a reader at half the cold rate came to the file after each sighting before it was
+/// stored). A reader that comes faster than the files are stored is also seen at each file it
+/// misses.
+fn stored_from(j: u64, every: u64) -> u64 {
+    match j.is_multiple_of(every.max(1)) {
         true => TRIPWIRE_PAGE,
         false => 0,
     }
@@ -590,7 +586,7 @@ impl NextEpoch {
                     if !self.filler.claim(dir, j, kind) {
                         continue;
                     }
-                    let from = tripwire_from(tripwire(j, WALK_TRIPWIRES));
+                    let from = stored_from(j, WALK_TRIPWIRES);
                     match self.filler.fill(dir, j, kind, from).await {
                         Ok(()) => Stats::add(&stats.c.next_epoch_files_built, 1),
                         Err(e) => {
@@ -816,6 +812,7 @@ mod tests {
     /// built are still ahead of it.
     #[test]
     fn tripwires_come_every_half_prefetch_depth() {
+        let tripwire = |j, every| stored_from(j, every) == TRIPWIRE_PAGE;
         let at = |every| -> Vec<u64> { (0..10).filter(|&j| tripwire(j, every)).collect() };
         assert_eq!(at(4), vec![0, 4, 8]);
         assert_eq!(at(0), (0..10).collect::<Vec<_>>());
