@@ -113,14 +113,15 @@ impl Picks {
         stats: &Stats,
     ) -> Vec<Vec<u8>> {
         let cpu_started = crate::pool::thread_cpu_ns();
-        let picks: Vec<(&Columns, usize)> = self
-            .rows
-            .iter()
-            .map(|&(k, r)| (decoded[k].as_ref(), r))
-            .collect();
+        let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
         let rows = match only {
-            None => transform::gather(view, &picks),
-            Some(t) => vec![transform::gather_tensor(view, t, &picks)],
+            None => transform::gather(view, &from, &self.rows),
+            Some(t) => vec![transform::gather_tensor(
+                t,
+                view.tensors[t].row_bytes(),
+                &from,
+                &self.rows,
+            )],
         };
         let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
