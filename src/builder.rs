@@ -64,6 +64,11 @@ impl Batch {
 /// Something whose memory a cache counts.
 pub trait Weighted {
     fn weight(&self) -> usize;
+
+    /// Whether it holds a mapped file (see [`Memo::with_max_mappings`]).
+    fn is_mapping(&self) -> bool {
+        false
+    }
 }
 
 impl Weighted for Batch {
@@ -165,11 +170,16 @@ impl Weighted for Columns {
     fn weight(&self) -> usize {
         self.bytes()
     }
+
+    fn is_mapping(&self) -> bool {
+        self.is_mapped()
+    }
 }
 
 struct MemoState<K, V> {
     cache: LruCache<K, Arc<V>>,
     bytes: usize,
+    mappings: usize,
     flights: HashMap<K, Arc<OnceCell<Arc<V>>>>,
 }
 
@@ -177,16 +187,27 @@ struct MemoState<K, V> {
 /// share one build.
 pub struct Memo<K, V> {
     capacity: usize,
+    /// At most this many values held that are mappings, whatever they weigh.
+    max_mappings: usize,
     state: Mutex<MemoState<K, V>>,
 }
 
 impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     pub fn new(capacity: usize) -> Self {
+        Self::with_max_mappings(capacity, usize::MAX)
+    }
+
+    /// Holding at most `max_mappings` values that are mapped files: their pages are the page
+    /// cache's, left out of their weight, but each is a mapping, which a process has only so
+    /// many of.
+    pub fn with_max_mappings(capacity: usize, max_mappings: usize) -> Self {
         Memo {
             capacity,
+            max_mappings,
             state: Mutex::new(MemoState {
                 cache: LruCache::unbounded(),
                 bytes: 0,
+                mappings: 0,
                 flights: HashMap::new(),
             }),
         }
@@ -210,14 +231,17 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
             let w = value.weight();
             if w <= self.capacity {
                 s.bytes += w;
+                s.mappings += usize::from(value.is_mapping());
                 if let Some(old) = s.cache.put(key, value.clone()) {
                     s.bytes -= old.weight();
+                    s.mappings -= usize::from(old.is_mapping());
                 }
-                while s.bytes > self.capacity {
+                while s.bytes > self.capacity || s.mappings > self.max_mappings {
                     let Some((_, old)) = s.cache.pop_lru() else {
                         break;
                     };
                     s.bytes -= old.weight();
+                    s.mappings -= usize::from(old.is_mapping());
                 }
             }
         }
@@ -330,7 +354,10 @@ impl Builder {
             background: Background::new(limits.threads)
                 .context("the threads for fetches ahead cannot start")?,
             row_groups,
-            decoded: Memo::new(half),
+            // Mapped columns (`shuffle=global`) weigh nothing here, as their pages are the
+            // page cache's, but each is a mapping: a process past `vm.max_map_count` has its
+            // next allocation fail, which aborts it.
+            decoded: Memo::with_max_mappings(half, crate::cache::mappings_allowed()),
             // Built batches are held only until their files are written and opened (a few
             // times the prefetch depth): holding more kept the allocator on fresh pages,
             // measured slower than rebuilding from the decoded columns.
@@ -632,8 +659,10 @@ impl Builder {
                 if keep {
                     let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
                     let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);
+                    let bytes = parts.iter().map(|p| p.len() as u64).sum();
                     if stored.is_ok()
                         && map
+                        && crate::cache::worth_mapping(bytes)
                         && let Some(l) = cache.load_columns(g, parts.len(), true, &stats)
                     {
                         return Ok(Columns::loaded(l));
@@ -659,6 +688,17 @@ mod tests {
     struct Blob(usize);
     impl Weighted for Blob {
         fn weight(&self) -> usize {
+            self.0
+        }
+    }
+
+    /// Weighs nothing; a mapping or not.
+    struct Mapping(bool);
+    impl Weighted for Mapping {
+        fn weight(&self) -> usize {
+            0
+        }
+        fn is_mapping(&self) -> bool {
             self.0
         }
     }
@@ -703,6 +743,20 @@ mod tests {
             .await
             .unwrap();
         assert!(memo.bytes() <= 100);
+    }
+
+    #[tokio::test]
+    async fn mappings_are_held_up_to_their_limit() {
+        let memo: Memo<u32, Mapping> = Memo::with_max_mappings(100, 3);
+        for k in 0..30 {
+            let mapped = k < 5;
+            memo.get_or_build(k, async move { Ok(Arc::new(Mapping(mapped))) })
+                .await
+                .unwrap();
+        }
+        // The last three mappings, and every value that is none.
+        let held: Vec<u32> = (0..30).filter(|k| memo.contains(k)).collect();
+        assert_eq!(held, (2..30).collect::<Vec<u32>>());
     }
 
     #[tokio::test]

@@ -117,6 +117,26 @@ pub struct LoadedColumns {
     pub ranges: Vec<std::ops::Range<usize>>,
 }
 
+/// Columns files smaller than this are read even where mapping is asked for: a mapping costs
+/// more than reading a few pages, and the mappings a process may hold are limited.
+const MAP_AT_LEAST: u64 = 64 << 10;
+
+/// Whether a columns file of `len` bytes is mapped where mapping is asked for.
+pub fn worth_mapping(len: u64) -> bool {
+    len >= MAP_AT_LEAST
+}
+
+/// How many columns files may be mapped at once: half of what the kernel lets a process map
+/// (`vm.max_map_count`, 65530 by default), leaving the rest to the allocator, thread stacks
+/// and libraries.
+pub fn mappings_allowed() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(65530)
+        / 2
+}
+
 /// Read into memory, or mapped. Reading is the default: a mapping would show readers a change
 /// made to the file in place after the check. `shuffle=global`, whose every batch gathers from
 /// every row group, maps them instead (tensorfs itself only ever replaces cache files by
@@ -455,21 +475,27 @@ impl DiskCache {
         if !self.contains(item) {
             return None;
         }
-        let path = self.path(item);
-        let buf = if map {
-            // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
-            // cache files only by rename, which leaves this mapping's pages as they were.
-            File::open(&path)
-                .and_then(|f| unsafe { Mmap::map(&f) })
-                .map(ColumnBuf::Mapped)
-        } else {
-            std::fs::read(&path).map(ColumnBuf::Read)
+        let Ok(mut file) = File::open(self.path(item)) else {
+            self.drop_corrupt(item, "missing", stats);
+            return None;
         };
-        let buf = match buf {
-            Ok(b) => b,
-            Err(_) => {
-                self.drop_corrupt(item, "missing", stats);
-                return None;
+        let len = file.metadata().map_or(0, |m| m.len());
+        // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
+        // cache files only by rename, which leaves this mapping's pages as they were.
+        let mapped = (map && worth_mapping(len))
+            .then(|| unsafe { Mmap::map(&file) }.ok())
+            .flatten();
+        let buf = match mapped {
+            Some(m) => ColumnBuf::Mapped(m),
+            // Small files cost less read than mapped; a mapping refused (the process at its
+            // limit of mappings) is read instead.
+            None => {
+                let mut v = Vec::with_capacity(len as usize);
+                if let Err(e) = file.read_to_end(&mut v) {
+                    self.drop_corrupt(item, &format!("unreadable ({e})"), stats);
+                    return None;
+                }
+                ColumnBuf::Read(v)
             }
         };
         match parse_columns(&buf, &self.identity(item), tensors) {
@@ -1217,6 +1243,28 @@ mod tests {
         assert!(c.check_file(b, &|_| {}, &stats).is_none());
         assert!(!path.exists() && !c.contains(b) && c.used() == 0);
         assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn only_large_columns_files_are_mapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Stats::default();
+        let c = cache(dir.path(), 1 << 22);
+        let large = vec![7u8; MAP_AT_LEAST as usize];
+        c.store_columns(1, 1, &[b"xxxxxxxx"], &near, &stats)
+            .unwrap();
+        c.store_columns(2, 1, &[&large], &near, &stats).unwrap();
+        let small = c.load_columns(1, 1, true, &stats).unwrap();
+        assert!(matches!(small.buf, ColumnBuf::Read(_)));
+        assert_eq!(&small.buf[small.ranges[0].clone()], b"xxxxxxxx");
+        let mapped = c.load_columns(2, 1, true, &stats).unwrap();
+        assert!(matches!(mapped.buf, ColumnBuf::Mapped(_)));
+        assert_eq!(&mapped.buf[mapped.ranges[0].clone()], &large[..]);
+        assert!(matches!(
+            c.load_columns(2, 1, false, &stats).unwrap().buf,
+            ColumnBuf::Read(_)
+        ));
+        assert!(mappings_allowed() >= 1000);
     }
 
     #[test]

@@ -45,6 +45,11 @@ impl Columns {
         }
     }
 
+    /// Whether the columns are a mapped file of the local cache.
+    pub fn is_mapped(&self) -> bool {
+        matches!(&self.data, ColumnData::Loaded(l) if matches!(l.buf, ColumnBuf::Mapped(_)))
+    }
+
     /// Bytes held in the daemon's memory (mapped pages belong to the page cache).
     pub fn bytes(&self) -> usize {
         match &self.data {

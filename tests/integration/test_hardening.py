@@ -808,3 +808,52 @@ def test_a_corrupt_page_is_eio_with_a_log_line_naming_the_column(mounter, tmp_pa
     assert lines, log_tail(m.cache)
     assert "file 'corrupt.parquet' row group 1 column 'b' cannot be read:" in lines[-1], lines[-1]
     assert tfs.is_mounted(m.path)
+
+
+MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
+
+
+@pytest.fixture
+def few_mappings():
+    """The kernel's limit on mappings per process (`vm.max_map_count`) lowered to 3000 for the
+    test, so that a dataset of a few thousand row groups goes past it; restored after."""
+    before = MAX_MAP_COUNT.read_text()
+    try:
+        MAX_MAP_COUNT.write_text("3000")
+    except OSError as e:
+        pytest.skip(f"vm.max_map_count cannot be lowered here: {e}")
+    try:
+        yield 3000
+    finally:
+        MAX_MAP_COUNT.write_text(before)
+
+
+def test_global_shuffle_over_more_row_groups_than_a_process_may_map(mounter, tmp_path, few_mappings):
+    """`shuffle=global` maps the cached columns of every row group (each batch gathers from all
+    of them). A dataset of more row groups than the process may hold mappings used to have its
+    maps refused (the cached columns dropped as "missing") and then an allocation fail, which
+    aborted the daemon. Now at most half the limit are held mapped, the rest let go and mapped
+    again when needed: every epoch is served, a permutation of the rows, the mount stays up."""
+    src = tmp_path / "src"
+    src.mkdir()
+    per_rg, rgs_per_file, files = 5, 100, 36  # 3,600 row groups of 80 KB of columns each
+    for f in range(files):
+        ids = np.arange(f * per_rg * rgs_per_file, (f + 1) * per_rg * rgs_per_file, dtype=np.int64)
+        emb = tfs.fsl(np.repeat(ids, 4096).astype(np.float32), 4096)
+        pq.write_table(pa.table({"id": ids, "emb": emb}), src / f"part-{f:03d}.parquet", row_group_size=per_rg)
+    rows = per_rg * rgs_per_file * files
+    m = mounter(src, "shuffle=global", "batch_size=200", "epochs=2")
+    pid = the_daemon(m)
+    n = m.dataset()["batches_per_epoch"]
+    most_maps = 0
+    for e in range(2):
+        ids = []
+        for i in range(n):
+            batch = tfs.load_safetensors(m.p(f"epoch-{e}", batch_name(i) + ".safetensors"))
+            assert np.array_equal(batch["emb"][:, 0], batch["id"].astype(np.float32)), (e, i)
+            ids.append(batch["id"])
+            most_maps = max(most_maps, len(Path(f"/proc/{pid}/maps").read_text().splitlines()))
+        assert np.array_equal(np.sort(np.concatenate(ids)), np.arange(rows)), f"epoch {e} is not a permutation"
+    assert most_maps < few_mappings, most_maps
+    assert tfs.is_mounted(m.path) and tfs.alive(pid)
+    assert " missing" not in log_text(m.cache), log_tail(m.cache)
