@@ -121,6 +121,21 @@ pub struct LoadedColumns {
 /// more than reading a few pages, and the mappings a process may hold are limited.
 const MAP_AT_LEAST: u64 = 64 << 10;
 
+/// Whether an error opening or reading a cache file says the process is short of something
+/// (file descriptors, memory) rather than anything about the file: the item is kept, the read
+/// misses (and is served from memory), and the first such error is logged.
+fn out_of_resources(e: &std::io::Error) -> bool {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    let short = matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    );
+    if short && !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::warn!("cache files cannot be opened or read ({e}): served from memory meanwhile");
+    }
+    short
+}
+
 /// Whether a columns file of `len` bytes is mapped where mapping is asked for.
 pub fn worth_mapping(len: u64) -> bool {
     len >= MAP_AT_LEAST
@@ -475,9 +490,13 @@ impl DiskCache {
         if !self.contains(item) {
             return None;
         }
-        let Ok(mut file) = File::open(self.path(item)) else {
-            self.drop_corrupt(item, "missing", stats);
-            return None;
+        let mut file = match File::open(self.path(item)) {
+            Ok(f) => f,
+            Err(e) if out_of_resources(&e) => return None,
+            Err(_) => {
+                self.drop_corrupt(item, "missing", stats);
+                return None;
+            }
         };
         let len = file.metadata().map_or(0, |m| m.len());
         // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
@@ -491,9 +510,13 @@ impl DiskCache {
             // limit of mappings) is read instead.
             None => {
                 let mut v = Vec::with_capacity(len as usize);
-                if let Err(e) = file.read_to_end(&mut v) {
-                    self.drop_corrupt(item, &format!("unreadable ({e})"), stats);
-                    return None;
+                match file.read_to_end(&mut v) {
+                    Ok(_) => {}
+                    Err(e) if out_of_resources(&e) => return None,
+                    Err(e) => {
+                        self.drop_corrupt(item, &format!("unreadable ({e})"), stats);
+                        return None;
+                    }
                 }
                 ColumnBuf::Read(v)
             }
@@ -718,6 +741,7 @@ impl DiskCache {
             Ok(checked) => Some(checked),
             // Evicted meanwhile: a plain miss.
             Err(_) if !self.contains(item) => None,
+            Err(e) if e.downcast_ref().is_some_and(out_of_resources) => None,
             Err(e) => {
                 self.drop_corrupt(item, &e.to_string(), stats);
                 None

@@ -723,8 +723,34 @@ fn unmount_on_signal(
     });
 }
 
+/// Raises this process's soft limit on open files to its hard limit. The daemon holds a file
+/// for each open of a materialised file, however many its readers keep open (a loader that
+/// keeps every batch memory-mapped keeps thousands), and the soft limit is often 1024: past it,
+/// opens of cache files would fail with EMFILE and the files be built again in memory.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                tracing::warn!(
+                    "cannot raise the limit on open files to {}: {}",
+                    limit.rlim_max,
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
 /// Opens the dataset, mounts it and serves until unmounted.
 pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
+    raise_open_files_limit();
     let runtime = runtime(opts.threads)?;
     let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);

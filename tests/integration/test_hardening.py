@@ -857,3 +857,53 @@ def test_global_shuffle_over_more_row_groups_than_a_process_may_map(mounter, tmp
     assert most_maps < few_mappings, most_maps
     assert tfs.is_mounted(m.path) and tfs.alive(pid)
     assert " missing" not in log_text(m.cache), log_tail(m.cache)
+
+
+@pytest.mark.parametrize("daemon_hard", ["above", "256"])
+def test_readers_may_hold_more_files_open_than_the_daemons_soft_limit(mounter, tmp_path, daemon_hard):
+    """The daemon holds a file for each open of a materialised file. Started with a soft limit
+    on open files of 256 under a higher hard limit, it raises its soft limit to the hard one, so
+    a reader holding 700 batch files of the cache open gets each from the cache. Where both
+    limits are then lowered to 256, the opens past them are served from memory, right: no cache
+    file is dropped as if corrupt (EMFILE used to drop valid cache files, which were then built
+    again), and one log line says why."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": np.arange(6000, dtype=np.int64)}), src / "ids.parquet")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        m = mounter(src, "batch_size=8", "shuffle=none", "prefetch=0")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    daemon = the_daemon(m)
+    limits = Path(f"/proc/{daemon}/limits").read_text()
+    daemon_soft, daemon_hard_now = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()
+    assert daemon_soft == daemon_hard_now, limits
+    for i in range(700):  # every file materialised in the cache first
+        tfs.read_exact(m.p("epoch-0", batch_name(i) + ".safetensors"))
+    if daemon_hard == "256":
+        resource.prlimit(daemon, resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = []
+    try:
+        for i in range(700):
+            held.append(os.open(m.p("epoch-0", batch_name(i) + ".safetensors"), os.O_RDONLY))
+            raw = os.pread(held[-1], 1 << 16, 0)
+            header = tfs.parse_safetensors_header(raw)
+            start = 8 + int.from_bytes(raw[:8], "little")
+            ids = np.frombuffer(raw[start + header["id"]["data_offsets"][0]:][:64], dtype=np.int64)
+            assert np.array_equal(ids, np.arange(8 * i, 8 * i + 8)), i
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert tfs.stats(m)["cache_corrupt_dropped"] == 0, log_tail(m.cache)
+    log = log_text(m.cache)
+    assert "dropped" not in log, log_tail(m.cache)
+    short = log.count("cache files cannot be opened or read (Too many open files")
+    assert short == (daemon_hard == "256"), log_tail(m.cache)
