@@ -258,11 +258,20 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         self.state.lock().unwrap().cache.contains(key)
     }
 
+    /// The bytes it may hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
         self.state.lock().unwrap().bytes
     }
 }
+
+/// The smallest row group's columns mapped for being too large to hold (see
+/// [`Builder::map_from`]).
+const MAP_WHEN_TOO_LARGE_FROM: u64 = 16 << 20;
 
 /// What the builder may use: worker threads, and bytes of memory for what it holds.
 pub struct Limits {
@@ -590,20 +599,29 @@ impl Builder {
             .await
     }
 
-    /// Every global batch gathers from every row group (`shuffle=global`): the cached columns
-    /// are mapped, not copied.
-    fn map_columns(&self) -> bool {
-        self.plan().options().shuffle == Shuffle::Global
+    /// Cached columns files of this many bytes or more are mapped rather than read into memory
+    /// (their pages are then the page cache's). Under `shuffle=global`, where every batch
+    /// gathers from every row group, all but the smallest. Else only those too large for the
+    /// memory of decoded row groups to hold several of: a row group of a gigabyte (a million
+    /// rows of a kilobyte, which writers' default row group sizes make) would otherwise be read
+    /// whole, or decoded again, for each few of its batches. A row group read is checked once
+    /// and held, whereas a mapping shows a change made to its file after the check: so never
+    /// below [`MAP_WHEN_TOO_LARGE_FROM`].
+    fn map_from(&self) -> u64 {
+        match self.plan().options().shuffle {
+            Shuffle::Global => 0,
+            _ => (self.decoded.capacity() as u64 / 8).max(MAP_WHEN_TOO_LARGE_FROM),
+        }
     }
 
     /// Row group `g`'s columns from the local cache, if they are there: a file read, on a worker.
     async fn cached_row_group(&self, g: usize) -> Result<Option<Columns>> {
         let _permit = self.workers.acquire().await?;
         let (cache, stats) = (self.cache.clone(), self.stats.clone());
-        let (tensors, map) = (self.view.tensors.len(), self.map_columns());
+        let (tensors, map_from) = (self.view.tensors.len(), self.map_from());
         let loaded = self
             .pool
-            .run(move || cache.load_columns(g, tensors, map, &stats))
+            .run(move || cache.load_columns(g, tensors, map_from, &stats))
             .await?;
         Ok(loaded.map(Columns::loaded))
     }
@@ -617,7 +635,7 @@ impl Builder {
         let (runtime, cache, stats) =
             (self.runtime.clone(), self.cache.clone(), self.stats.clone());
         let distance = self.eviction.distance_fn();
-        let map = self.map_columns();
+        let map_from = self.map_from();
         // Where epochs repeat, the batch files are all that is needed again for their readers:
         // keeping the columns too would write every byte twice.
         let keep =
@@ -656,14 +674,16 @@ impl Builder {
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
                 let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
                 Stats::add(&stats.c.decode_cpu_ns, cpu);
-                if keep {
+                let bytes: u64 = t.tensors.iter().map(|t| t.len() as u64).sum();
+                let map = bytes >= map_from.max(crate::cache::MAP_AT_LEAST);
+                // Columns to be mapped are kept even where epochs repeat: too large to hold,
+                // they would otherwise be decoded again for each few batches.
+                if keep || map {
                     let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
                     let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);
-                    let bytes = parts.iter().map(|p| p.len() as u64).sum();
                     if stored.is_ok()
                         && map
-                        && crate::cache::worth_mapping(bytes)
-                        && let Some(l) = cache.load_columns(g, parts.len(), true, &stats)
+                        && let Some(l) = cache.load_columns(g, parts.len(), map_from, &stats)
                     {
                         return Ok(Columns::loaded(l));
                     }

@@ -117,9 +117,9 @@ pub struct LoadedColumns {
     pub ranges: Vec<std::ops::Range<usize>>,
 }
 
-/// Columns files smaller than this are read even where mapping is asked for: a mapping costs
-/// more than reading a few pages, and the mappings a process may hold are limited.
-const MAP_AT_LEAST: u64 = 64 << 10;
+/// Columns files smaller than this are read, never mapped: a mapping costs more than reading a
+/// few pages, and the mappings a process may hold are limited.
+pub const MAP_AT_LEAST: u64 = 64 << 10;
 
 /// Whether an error opening or reading a cache file says the process is short of something
 /// (file descriptors, memory) rather than anything about the file: the item is kept, the read
@@ -134,11 +134,6 @@ fn out_of_resources(e: &std::io::Error) -> bool {
         tracing::warn!("cache files cannot be opened or read ({e}): served from memory meanwhile");
     }
     short
-}
-
-/// Whether a columns file of `len` bytes is mapped where mapping is asked for.
-pub fn worth_mapping(len: u64) -> bool {
-    len >= MAP_AT_LEAST
 }
 
 /// How many columns files may be mapped at once: half of what the kernel lets a process map
@@ -478,12 +473,13 @@ impl DiskCache {
         }
     }
 
-    /// A row group's columns from the cache, checked; `None` on a miss.
+    /// A row group's columns from the cache, checked; `None` on a miss. A file of `map_from`
+    /// bytes or more (and at least [`MAP_AT_LEAST`]) is mapped, a smaller one read.
     pub fn load_columns(
         &self,
         rg: usize,
         tensors: usize,
-        map: bool,
+        map_from: u64,
         stats: &Stats,
     ) -> Option<LoadedColumns> {
         let item = Item::Columns { rg };
@@ -501,13 +497,12 @@ impl DiskCache {
         let len = file.metadata().map_or(0, |m| m.len());
         // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
         // cache files only by rename, which leaves this mapping's pages as they were.
-        let mapped = (map && worth_mapping(len))
+        let mapped = (len >= map_from.max(MAP_AT_LEAST))
             .then(|| unsafe { Mmap::map(&file) }.ok())
             .flatten();
         let buf = match mapped {
             Some(m) => ColumnBuf::Mapped(m),
-            // Small files cost less read than mapped; a mapping refused (the process at its
-            // limit of mappings) is read instead.
+            // A mapping refused (the process at its limit of mappings) is read instead.
             None => {
                 let mut v = Vec::with_capacity(len as usize);
                 match file.read_to_end(&mut v) {
@@ -1278,14 +1273,14 @@ mod tests {
         c.store_columns(1, 1, &[b"xxxxxxxx"], &near, &stats)
             .unwrap();
         c.store_columns(2, 1, &[&large], &near, &stats).unwrap();
-        let small = c.load_columns(1, 1, true, &stats).unwrap();
+        let small = c.load_columns(1, 1, 0, &stats).unwrap();
         assert!(matches!(small.buf, ColumnBuf::Read(_)));
         assert_eq!(&small.buf[small.ranges[0].clone()], b"xxxxxxxx");
-        let mapped = c.load_columns(2, 1, true, &stats).unwrap();
+        let mapped = c.load_columns(2, 1, 0, &stats).unwrap();
         assert!(matches!(mapped.buf, ColumnBuf::Mapped(_)));
         assert_eq!(&mapped.buf[mapped.ranges[0].clone()], &large[..]);
         assert!(matches!(
-            c.load_columns(2, 1, false, &stats).unwrap().buf,
+            c.load_columns(2, 1, u64::MAX, &stats).unwrap().buf,
             ColumnBuf::Read(_)
         ));
         assert!(mappings_allowed() >= 1000);
@@ -1298,9 +1293,9 @@ mod tests {
         let c = cache(dir.path(), 1 << 20);
         c.store_columns(4, 2, &[b"xxxxxxxx", b"yy"], &near, &stats)
             .unwrap();
-        let cols = c.load_columns(4, 2, false, &stats).unwrap();
+        let cols = c.load_columns(4, 2, u64::MAX, &stats).unwrap();
         assert_eq!(
-            &c.load_columns(4, 2, true, &stats).unwrap().buf[4096..4104],
+            &c.load_columns(4, 2, 0, &stats).unwrap().buf[4096..4104],
             b"xxxxxxxx"
         );
         assert_eq!(cols.rows, 2);
@@ -1310,7 +1305,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[4096] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(c.load_columns(4, 2, false, &stats).is_none());
+        assert!(c.load_columns(4, 2, u64::MAX, &stats).is_none());
         assert!(!path.exists());
         assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
         assert_eq!(c.used(), 0);

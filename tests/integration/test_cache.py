@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import tfs
@@ -705,3 +706,33 @@ def test_global_shuffle_needs_the_decoded_dataset_in_the_cache(mounter, shuf_ds)
         for i in range(m.dataset()["batches_per_epoch"])
     ])
     assert np.array_equal(np.sort(ids), np.arange(len(ids)))
+
+
+@pytest.mark.parametrize("shuffle", ["none", "window"])
+def test_a_row_group_too_large_to_hold_is_decoded_once(mounter, tmp_path, shuffle):
+    """A row group larger than the memory for decoded row groups holds several of (here 20 MiB
+    of columns under memory_limit=32M, which holds 16 MiB of them; a million rows of a kilobyte
+    under the default 2G) used to be decoded again (`shuffle=none`, whose columns are not kept)
+    or read whole from the cache again (`window`) for each few of its batches: an epoch of such
+    row groups took minutes. Its columns are now kept and mapped: one decode, no reloads, every
+    batch right."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, dim = 20_000, 256
+    ids = np.arange(rows, dtype=np.int64)
+    emb = tfs.fsl(np.repeat((ids % 977).astype(np.float32), dim), dim)
+    pq.write_table(pa.table({"id": ids, "emb": emb}), src / "one.parquet", row_group_size=rows)
+    m = mounter(src, f"shuffle={shuffle}", "batch_size=500", "memory_limit=32M")
+    n = m.dataset()["batches_per_epoch"]
+    seen = []
+    for i in range(n):
+        b = tfs.load_safetensors(m.p("epoch-0", batch_name(i) + ".safetensors"))
+        assert np.array_equal(b["emb"], np.repeat((b["id"] % 977).astype(np.float32)[:, None], dim, axis=1)), i
+        seen.append(b["id"])
+    seen = np.concatenate(seen)
+    assert np.array_equal(np.sort(seen), ids)
+    if shuffle == "none":
+        assert np.array_equal(seen, ids)
+    st = tfs.stats(m)
+    assert st["row_groups_decoded"] == 1, st
+    assert st["column_hits"] <= 1, st
