@@ -29,7 +29,9 @@ refuses everything):
 Control (handled by the proxy, never forwarded):
 
     POST /__fault__         JSON {"mode": "503", "rate": 0.3, "seed": 1, "hold": 40,
-                            "count": 5, "match": "\\.parquet$"}: any subset. `count` caps the
+                            "count": 5, "match": "\\.parquet$", "bandwidth": 50e6}: any
+                            subset. `bandwidth` caps each response body's bytes per second
+                            (as one connection to a store is capped; 0: no cap). `count` caps the
                             faults injected from now on (null: no cap), `match` is a regex the
                             object's path must match, `seed` restarts the RNG. Setting it
                             restarts the fault count. Answers the configuration in force.
@@ -90,8 +92,9 @@ class BadRequest(Exception):
 
 
 class Config:
-    def __init__(self, mode="none", rate=1.0, seed=0, hold=40.0, count=None, match=None):
+    def __init__(self, mode="none", rate=1.0, seed=0, hold=40.0, count=None, match=None, bandwidth=0.0):
         self.mode = mode
+        self.bandwidth = bandwidth  # bytes/s of each response body, as one connection to a store gets; 0: any
         self.rate = rate
         self.seed = seed
         self.hold = hold
@@ -101,7 +104,7 @@ class Config:
         self.injected = 0  # faults injected since the configuration was last set
 
     def update(self, d: dict) -> None:
-        unknown = set(d) - {"mode", "rate", "seed", "hold", "count", "match"}
+        unknown = set(d) - {"mode", "rate", "seed", "hold", "count", "match", "bandwidth"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         mode = str(d.get("mode", self.mode))
@@ -121,6 +124,10 @@ class Config:
         match = d.get("match", self.match)
         if match is not None:
             re.compile(match)
+        bandwidth = float(d.get("bandwidth", self.bandwidth))
+        if bandwidth < 0:
+            raise ValueError("bandwidth must be >= 0 (0: unlimited)")
+        self.bandwidth = bandwidth
         self.mode, self.rate, self.hold, self.count, self.match = mode, rate, hold, count, match
         if "seed" in d:
             self.seed = int(d["seed"])
@@ -135,6 +142,7 @@ class Config:
             "hold": self.hold,
             "count": self.count,
             "match": self.match,
+            "bandwidth": self.bandwidth,
             "injected": self.injected,
         }
 
@@ -563,6 +571,8 @@ class Proxy:
                 writer.write(b"%x\r\n%s\r\n" % (len(data), data) if rechunk else data)
                 self.count("bytes_forwarded", n=len(data))
                 await writer.drain()
+                if self.config.bandwidth:
+                    await asyncio.sleep(len(data) / self.config.bandwidth)
             if rechunk:
                 writer.write(b"0\r\n\r\n")
             await writer.drain()

@@ -365,6 +365,37 @@ def test_many_small_objects_in_lexicographic_order(mounter, remote, tmp_path):
     tfs.assert_array(got["x"], (want * 3).astype(np.int32), "x")
 
 
+def test_a_large_column_chunk_is_fetched_in_parts(mounter, remote, proxy, tmp_path):
+    """One connection to an object store serves far less than a host's bandwidth, so a column
+    chunk larger than 16 MiB is fetched as ranged GETs of 16 MiB, several at once, and put back
+    together: here a 40 MiB chunk in 3 parts, with resets on some of them (each part retried
+    alone), and every byte as the file holds it."""
+    rows, dim = 10_240, 1024  # emb: 40 MiB of random float32, which no codec shrinks
+    rng = np.random.default_rng(5)
+    emb = rng.standard_normal((rows, dim), dtype=np.float32)
+    src = tmp_path / "large"
+    src.mkdir()
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "emb": tfs.fsl(emb.ravel(), dim)})
+    pq.write_table(table, src / "large.parquet", row_group_size=rows, compression="none")
+    chunk = pq.ParquetFile(src / "large.parquet").metadata.row_group(0).column(1).total_compressed_size
+    assert 32 << 20 < chunk <= 48 << 20, chunk
+    prefix = f"large-{uuid.uuid4().hex[:8]}"
+    remote.s3.upload_dir(src, prefix)
+    m = mounter(remote.src(prefix), "shuffle=none", "batch_size=4096", "prefetch=0", *s3_opts(proxy.url))
+    before = tfs.stats(m)
+    proxy.reset_stats()
+    proxy.set("reset", rate=0.3, seed=3)
+    got = tfs.load_safetensors(m.p("epoch-0", "000001.safetensors"))
+    proxy.set("none")
+    tfs.assert_array(got["emb"], emb[4096:8192], "emb")
+    tfs.assert_array(got["id"], np.arange(4096, 8192), "id")
+    after = tfs.stats(m)
+    # The two chunks lie side by side, one range of 40 MiB: three parts (retries not counted).
+    assert after["remote_requests"] - before["remote_requests"] == 3, (before, after)
+    assert after["row_groups_decoded"] - before["row_groups_decoded"] == 1, after
+    assert proxy.stats()["faults"].get("reset", 0) >= 1, proxy.stats()
+
+
 # --------------------------------------------------------------------------------------------
 # Secrets
 # --------------------------------------------------------------------------------------------
