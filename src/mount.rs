@@ -168,6 +168,7 @@ impl Dataset {
             Limits {
                 threads: opts.threads,
                 memory: buffers,
+                prefetch: opts.prefetch,
             },
         )?);
         let materializer = Arc::new(Materializer::new(

@@ -140,3 +140,43 @@ def test_what_a_reader_of_the_all_files_decoded_is_kept_for_later_epochs_and_mou
     assert tfs.read_exact(again.p("epoch-0", "all.safetensors")) == first
     s = tfs.stats(again)
     assert s["row_groups_decoded"] == 0 and s["remote_bytes"] == 0, s
+
+
+@pytest.mark.parametrize("read", ["all/emb.npy", "batch files, nothing cached"])
+def test_batches_larger_than_an_eighth_of_the_memory_are_built_once_per_read_through(mounter, tmp_path, read):
+    """Read through the daemon in pieces (1 MiB reads of all/NAME.npy for an epoch not built
+    ahead, or batch files when the cache cannot keep them), each piece is served from the batch
+    or tensor held in memory. A batch too large for its share of memory_limit (here 16 MiB a
+    tensor against 16 MiB; 1,024 images of 150 KB against 128 MB under the default) was built
+    again for every piece: 23 gathers a batch. Now the memory holds the one read and those built
+    ahead, up to three eighths of the buffers' half."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, dim, bs = 8192, 4096, 1024
+    ids = np.arange(rows, dtype=np.int64)
+    emb = tfs.fsl(np.repeat(ids.astype(np.float32), dim), dim)
+    pq.write_table(pa.table({"id": ids, "emb": emb}), src / "big.parquet", row_group_size=2048)
+    opts = ["batch_size=1024", "memory_limit=256M", "prefetch=1", "shuffle=window"]
+    if read != "all/emb.npy":
+        opts.append("cache_size=1M")
+    m = mounter(src, *opts)
+    n = rows // bs
+    before = tfs.stats(m)
+    if read == "all/emb.npy":
+        got = []
+        with open(m.p("epoch-0", "all", "emb.npy"), "rb", buffering=0) as f:
+            while piece := f.read(1 << 20):
+                got.append(piece)
+        counter, after = "tensors_gathered", tfs.stats(m)
+        raw = b"".join(got)
+        first = np.frombuffer(raw[tfs.DATA_OFFSET:], dtype=np.float32).reshape(rows, dim)[:, 0]
+        want = np.load(m.p("epoch-0", "all", "id.npy")).astype(np.float32)
+        assert np.array_equal(first, want)
+    else:
+        for i in range(n):
+            b = tfs.load_safetensors(m.p("epoch-0", batch_name(i) + ".safetensors"))
+            assert np.array_equal(b["emb"][:, 0], b["id"].astype(np.float32)), i
+        counter, after = "batches_built", tfs.stats(m)
+    built = after[counter] - before[counter]
+    # One each, and as many again for the next epoch's file, which may be built meanwhile.
+    assert built <= 4 * n, f"{built} {counter} for {n} batches"
