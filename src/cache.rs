@@ -149,7 +149,8 @@ pub fn mappings_allowed() -> usize {
 
 /// Read into memory, or mapped. Reading is the default: a mapping would show readers a change
 /// made to the file in place after the check. `shuffle=global`, whose every batch gathers from
-/// every row group, maps them instead (tensorfs itself only ever replaces cache files by
+/// every row group, maps them instead, and so does any mount a row group too large to hold in
+/// memory (`Builder::map_from` says which; tensorfs itself only ever replaces cache files by
 /// rename, which leaves a mapping as it was).
 pub enum ColumnBuf {
     Read(Vec<u8>),
