@@ -681,8 +681,8 @@ impl Builder {
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
                 let cpu_started = crate::pool::thread_cpu_ns();
-                let batch = runtime.block_on(source.decode_row_group(fetched))?;
-                let t = transform::transform(&view, &batch).with_context(|| {
+                let pieces = runtime.block_on(source.decode_row_group(fetched))?;
+                let t = transform::transform_row_group(&view, pieces).with_context(|| {
                     format!("file '{}' row group {rg}", source.files[file].name)
                 })?;
                 Stats::add(&stats.c.row_groups_decoded, 1);

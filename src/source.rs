@@ -508,7 +508,8 @@ impl Source {
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Reads one row group of one file, only the given root columns (Arrow field indices).
+    /// Reads one row group of one file, only the given root columns (Arrow field indices), as
+    /// one record batch.
     pub async fn read_row_group(
         &self,
         file: usize,
@@ -516,7 +517,12 @@ impl Source {
         roots: &[usize],
     ) -> Result<RecordBatch> {
         let fetched = self.fetch_row_group(file, rg, roots).await?;
-        self.decode_row_group(fetched).await
+        let pieces = self.decode_row_group(fetched).await?;
+        let schema = match pieces.first() {
+            Some(p) => p.schema(),
+            None => Arc::new(self.files[file].metadata.schema().project(roots)?),
+        };
+        Ok(arrow::compute::concat_batches(&schema, &pieces)?)
     }
 
     fn reader(&self, file: usize) -> ObjectReader {
@@ -569,9 +575,10 @@ impl Source {
     }
 
     /// Decodes a fetched row group (CPU only, unless the decoder asks for bytes that were not
-    /// fetched, which are then read). Where it fails as the footer says, and padding the column
-    /// chunks (PARQUET-816, see `footer`) changes them, it is decoded once more that way.
-    pub async fn decode_row_group(&self, fetched: Fetched) -> Result<RecordBatch> {
+    /// fetched, which are then read), as record batches of up to 8,192 rows, in order. Where it
+    /// fails as the footer says, and padding the column chunks (PARQUET-816, see `footer`)
+    /// changes them, it is decoded once more that way.
+    pub async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
         let Fetched {
             file,
             rg,
@@ -654,7 +661,7 @@ impl Source {
         mask: ProjectionMask,
         chunks: Vec<(Range<u64>, Bytes)>,
         metadata: &ArrowReaderMetadata,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Vec<RecordBatch>> {
         let f = &self.files[file];
         let what = match roots {
             [root] => format!(
@@ -675,23 +682,20 @@ impl Source {
             .with_batch_size(rows.clamp(1, 8192))
             .build()
             .with_context(|| what.clone())?;
-        let batches: Vec<RecordBatch> = stream
+        // Kept as the decoder's pieces: a row group concatenated whole would be a third copy of
+        // it in memory, beside the pieces and the tensor columns transformed from them.
+        let pieces: Vec<RecordBatch> = stream
             .try_collect()
             .await
             .with_context(|| format!("{what} cannot be read"))?;
-        let schema = match batches.first() {
-            Some(b) => b.schema(),
-            None => Arc::new(metadata.schema().project(roots)?),
-        };
-        let batch = arrow::compute::concat_batches(&schema, &batches)?;
-        if batch.num_rows() != rows {
+        let decoded: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+        if decoded != rows {
             bail!(
-                "file '{}' row group {rg}: {} rows decoded where its footer says {rows}",
-                f.name,
-                batch.num_rows()
+                "file '{}' row group {rg}: {decoded} rows decoded where its footer says {rows}",
+                f.name
             );
         }
-        Ok(batch)
+        Ok(pieces)
     }
 }
 

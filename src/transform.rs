@@ -298,6 +298,7 @@ fn decode_cells(
     array: &dyn Array,
     spec: &crate::petastorm::Field,
     item: &crate::view::Item,
+    first_row: usize,
 ) -> Result<(Vec<u8>, Option<Vec<bool>>)> {
     let row_bytes = item.inner.iter().product::<usize>() * item.source_dtype.size();
     let elems = item.inner.iter().product::<usize>();
@@ -317,7 +318,7 @@ fn decode_cells(
         match cell(r) {
             Some(bytes) => {
                 let decoded = crate::petastorm::decode_cell(spec, spec.codec, bytes)
-                    .with_context(|| format!("field '{}' row {r}", spec.name))?;
+                    .with_context(|| format!("field '{}' row {}", spec.name, first_row + r))?;
                 data.extend_from_slice(&decoded);
             }
             None => {
@@ -330,8 +331,41 @@ fn decode_cells(
     Ok((data, valid))
 }
 
-/// Transforms one row group, projected to `view.roots`, into the view's tensor columns.
-pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Transformed> {
+/// Transforms one row group, projected to `view.roots` and decoded as `pieces` (record
+/// batches in row order), into the view's tensor columns. Each piece is let go once
+/// transformed, so the row group is held about once, not as Arrow arrays and tensor columns
+/// both.
+pub fn transform_row_group(
+    view: &View,
+    pieces: Vec<arrow::array::RecordBatch>,
+) -> Result<Transformed> {
+    let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
+    let mut tensors: Vec<Vec<u8>> = (view.tensors.iter())
+        .map(|t| Vec::with_capacity(rows * t.row_bytes()))
+        .collect();
+    let (mut first_row, mut truncated) = (0, 0);
+    for piece in pieces {
+        let t = transform(view, &piece, first_row)?;
+        for (whole, part) in tensors.iter_mut().zip(&t.tensors) {
+            whole.extend_from_slice(part);
+        }
+        truncated += t.truncated;
+        first_row += t.rows;
+    }
+    Ok(Transformed {
+        rows,
+        tensors,
+        truncated,
+    })
+}
+
+/// Transforms rows `first_row..` of a row group (`batch`), projected to `view.roots`, into
+/// the view's tensor columns.
+fn transform(
+    view: &View,
+    batch: &arrow::array::RecordBatch,
+    first_row: usize,
+) -> Result<Transformed> {
     let rows = batch.num_rows();
     let mut tensors: Vec<Vec<u8>> = vec![Vec::new(); view.tensors.len()];
     let mut truncated = 0;
@@ -375,7 +409,7 @@ pub fn transform(view: &View, batch: &arrow::array::RecordBatch) -> Result<Trans
                 (cast(data, item.source_dtype, item.dtype), None, mask)
             }
             ItemKind::Cell { field, spec } => {
-                let (data, valid) = decode_cells(column(*field), spec, item)?;
+                let (data, valid) = decode_cells(column(*field), spec, item, first_row)?;
                 if valid.is_some() && !item.mask {
                     return Err(null_error());
                 }
