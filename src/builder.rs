@@ -380,9 +380,9 @@ impl Builder {
             background: Background::new(limits.threads)
                 .context("the threads for fetches ahead cannot start")?,
             row_groups,
-            // Mapped columns (`shuffle=global`) weigh nothing here, as their pages are the
-            // page cache's, but each is a mapping: a process past `vm.max_map_count` has its
-            // next allocation fail, which aborts it.
+            // Mapped columns (see `map_from`) weigh nothing here, as their pages are the page
+            // cache's, but each is a mapping: a process past `vm.max_map_count` has its next
+            // allocation fail, which aborts it.
             decoded: Memo::with_max_mappings(half, crate::cache::mappings_allowed()),
             // Built batches are held only until their files are written and opened (a few
             // times the prefetch depth): holding more kept the allocator on fresh pages,
@@ -692,7 +692,7 @@ impl Builder {
                 let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
                 Stats::add(&stats.c.decode_cpu_ns, cpu);
                 let bytes: u64 = t.tensors.iter().map(|t| t.len() as u64).sum();
-                let map = bytes >= map_from.max(crate::cache::MAP_AT_LEAST);
+                let map = crate::cache::mapped(bytes, map_from);
                 // Columns to be mapped are kept even where epochs repeat: too large to hold,
                 // they would otherwise be decoded again for each few batches.
                 if keep || map {

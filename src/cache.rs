@@ -119,7 +119,13 @@ pub struct LoadedColumns {
 
 /// Columns files smaller than this are read, never mapped: a mapping costs more than reading a
 /// few pages, and the mappings a process may hold are limited.
-pub const MAP_AT_LEAST: u64 = 64 << 10;
+const MAP_AT_LEAST: u64 = 64 << 10;
+
+/// Whether a columns file of `len` bytes is mapped where files of `map_from` bytes or more
+/// are to be.
+pub fn mapped(len: u64, map_from: u64) -> bool {
+    len >= map_from.max(MAP_AT_LEAST)
+}
 
 /// Whether an error opening or reading a cache file says the process is short of something
 /// (file descriptors, memory) rather than anything about the file: the item is kept, the read
@@ -474,8 +480,8 @@ impl DiskCache {
         }
     }
 
-    /// A row group's columns from the cache, checked; `None` on a miss. A file of `map_from`
-    /// bytes or more (and at least [`MAP_AT_LEAST`]) is mapped, a smaller one read.
+    /// A row group's columns from the cache, checked; `None` on a miss. Mapped where [`mapped`]
+    /// says so, else read.
     pub fn load_columns(
         &self,
         rg: usize,
@@ -498,10 +504,10 @@ impl DiskCache {
         let len = file.metadata().map_or(0, |m| m.len());
         // SAFETY: the file is checked below before any byte is used, and tensorfs replaces
         // cache files only by rename, which leaves this mapping's pages as they were.
-        let mapped = (len >= map_from.max(MAP_AT_LEAST))
+        let map = mapped(len, map_from)
             .then(|| unsafe { Mmap::map(&file) }.ok())
             .flatten();
-        let buf = match mapped {
+        let buf = match map {
             Some(m) => ColumnBuf::Mapped(m),
             // A mapping refused (the process at its limit of mappings) is read instead.
             None => {

@@ -339,6 +339,10 @@ pub fn transform_row_group(
     view: &View,
     pieces: Vec<arrow::array::RecordBatch>,
 ) -> Result<Transformed> {
+    if let [only] = pieces.as_slice() {
+        // A row group of one piece (up to 8,192 rows): its columns as transformed, uncopied.
+        return transform(view, only, 0);
+    }
     let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
     let mut tensors: Vec<Vec<u8>> = (view.tensors.iter())
         .map(|t| Vec::with_capacity(rows * t.row_bytes()))
