@@ -356,7 +356,7 @@ impl Builder {
             .files
             .iter()
             .enumerate()
-            .flat_map(|(f, file)| (0..file.row_groups()).map(move |rg| (f, rg)))
+            .flat_map(|(f, file)| (0..file.rg_rows.len()).map(move |rg| (f, rg)))
             .collect();
         let half = (limits.memory / 2) as usize;
         let batch_size = orders.plan().options().batch_size;

@@ -14,14 +14,18 @@ pub struct Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The object behind a file was replaced under the mount: what was read can't be mixed with
-/// what would be read now. Readers get `EIO`, as for any remote failure (PRODUCT.md §7); the
-/// log says what happened.
+/// The object behind a file was replaced or removed since the dataset was read (under the
+/// mount, or since the snapshot that pinned it): what was read can't be mixed with what would
+/// be read now. Readers get `EIO`, as for any remote failure (PRODUCT.md §7); the log says what
+/// happened.
 #[derive(Debug, thiserror::Error)]
-#[error("object '{location}' changed under the mount (it is no longer version {version})")]
+#[error("object '{location}' changed {since}: {how}")]
 pub struct ObjectChanged {
     pub location: String,
-    pub version: String,
+    /// "under the mount", "since the snapshot", …
+    pub since: &'static str,
+    /// How it is known: "it is no longer version …", "it no longer exists", …
+    pub how: String,
 }
 
 impl Error {
@@ -109,7 +113,8 @@ mod tests {
     fn failures_are_eio_and_say_what_failed() {
         let changed = anyhow::Error::new(ObjectChanged {
             location: "a.parquet".into(),
-            version: "\"e1\"".into(),
+            since: "under the mount",
+            how: "it is no longer version \"e1\"".into(),
         })
         .context("file 'a.parquet' row group 2");
         let e = Error::failed("epoch 0 batch 3", changed);

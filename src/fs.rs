@@ -193,6 +193,9 @@ pub struct Fs {
     epochs: u64,
     world_size: Option<u64>,
     dataset_json: Vec<u8>,
+    /// Where dataset.json's count of objects touched is written as it is served (a mount of a
+    /// snapshot), if it has one.
+    touched_at: Option<usize>,
     /// Exact sizes of each batch file kind at the two batch lengths an epoch has.
     sizes: HashMap<(u64, FileKind), u64>,
     /// Interned epoch and rank directories, and whether each is under `gds/`.
@@ -221,6 +224,9 @@ impl Fs {
                 sizes.insert((rows, kind), layout.size(kind, rows));
             }
         }
+        let placeholder = format!("\"{}\"", crate::view::TOUCHED_PLACEHOLDER);
+        let touched_at =
+            (dataset_json.windows(placeholder.len())).position(|w| w == placeholder.as_bytes());
         Fs {
             materializer,
             prefetcher,
@@ -229,6 +235,7 @@ impl Fs {
             epochs,
             world_size,
             dataset_json,
+            touched_at,
             sizes,
             dirs: Mutex::default(),
             stats_size: AtomicU64::new(0),
@@ -306,6 +313,19 @@ impl Fs {
         out.resize(size as usize - 1, b' ');
         out.push(b'\n');
         out
+    }
+
+    /// dataset.json as it is now: with the count of objects this host has touched where it has
+    /// one, written over its placeholder (a number padded with spaces, so the size stays).
+    fn dataset_json(&self) -> std::borrow::Cow<'_, [u8]> {
+        let Some(at) = self.touched_at else {
+            return (&self.dataset_json[..]).into();
+        };
+        let width = crate::view::TOUCHED_PLACEHOLDER.len() + 2;
+        let touched = self.stats().c.objects_touched.load(Ordering::Relaxed);
+        let mut out = self.dataset_json.clone();
+        out[at..at + width].copy_from_slice(format!("{touched:<width$}").as_bytes());
+        out.into()
     }
 
     /// The batch a name in directory `b` is.
@@ -538,6 +558,9 @@ impl Fs {
             Kind::Symlink => Err(Error::answer(libc::ELOOP)),
             Kind::File => Ok(match node {
                 Node::StatsJson => Openable::Live(self.stats_json()),
+                Node::DatasetJson if self.touched_at.is_some() => {
+                    Openable::Live(self.dataset_json().into_owned())
+                }
                 Node::DatasetJson => Openable::Fixed,
                 Node::AllSafetensors(_) | Node::AllNpy(..) => Openable::Concatenated,
                 _ => Openable::Batch,
@@ -567,9 +590,10 @@ impl Fs {
         }
     }
 
-    /// Whether `ino` is a file whose bytes change while mounted (stats.json).
+    /// Whether `ino` is a file whose bytes change while mounted (stats.json, and dataset.json
+    /// where it counts the objects touched).
     pub fn is_live(&self, ino: u64) -> bool {
-        ino == STATS_JSON_INO
+        ino == STATS_JSON_INO || (ino == DATASET_JSON_INO && self.touched_at.is_some())
     }
 
     /// From now on, batch files built for a reader are stored in the kernel's page cache of
@@ -819,7 +843,7 @@ impl Fs {
     pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
         match node {
-            Node::DatasetJson => Ok(layout::slice(&[&self.dataset_json], offset, size)),
+            Node::DatasetJson => Ok(layout::slice(&[&self.dataset_json()], offset, size)),
             Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
                 let (_, _, kind) = node.batch_file().expect("a batch file");

@@ -1,6 +1,7 @@
 //! tensorfs: a Parquet dataset shown as per-epoch, deterministic tensor batch files.
 //!
-//! The modules follow the data: `source` reads Parquet through object_store, `view` maps its
+//! The modules follow the data: `source` reads Parquet through object_store (its objects and
+//! footer facts in a `catalog`, which a `snapshot` pins for every host), `view` maps its
 //! schema to tensors, `plan` orders rows into batches, `layout` names the files and says their
 //! sizes and bytes, `transform` turns row groups into tensor columns and gathers batches,
 //! `format` encodes `.npy` and safetensors, `builder` builds row groups and batches on the
@@ -12,6 +13,7 @@
 pub mod ahead;
 pub mod builder;
 pub mod cache;
+pub mod catalog;
 pub mod client;
 pub mod dtype;
 pub mod error;
@@ -32,6 +34,7 @@ pub mod plan;
 pub mod pool;
 pub mod prefetch;
 pub mod readers;
+pub mod snapshot;
 pub mod source;
 pub mod stats;
 pub mod transform;

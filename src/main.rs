@@ -53,6 +53,17 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Pin the dataset SOURCE is now for every host: list it, read every footer once, and
+    /// write SNAPSHOT (a local path or an object URL); mount it with -o snapshot=SNAPSHOT.
+    #[command(
+        after_help = "Example: tensorfs snapshot s3://bucket/train/ s3://bucket/train.snapshot -o aws_region=us-east-1\nPrints the dataset's fingerprint. Refuses what `tensorfs mount` with the same options would."
+    )]
+    Snapshot {
+        source: String,
+        snapshot: String,
+        #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+        options: Vec<String>,
+    },
     /// Show the tensor view a mount of SOURCE would show, and what it would refuse.
     Inspect {
         source: String,
@@ -71,13 +82,14 @@ Mount options (-o, comma-separated; docs/options.md describes each):
            shuffle_window=K  partitions=P  cast=COL:DTYPE  stack=NAME:C1+C2  pad=COL:L
            nulls=error|zero
   runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
-           memory_limit=SIZE  threads=N  passthrough=auto|off  allow_other  auto_unmount
-           nonempty  log=LEVEL
+           memory_limit=SIZE  threads=N  passthrough=auto|off  opens=daemon|kernel
+           allow_other  auto_unmount  nonempty  log=LEVEL
+  dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
   store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
            HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T
 Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
 
-const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "help"];
+const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "snapshot", "help"];
 
 /// `tensorfs SOURCE MOUNTPOINT -o …` (the form mount(8) calls) is `tensorfs mount …`.
 fn arguments() -> Result<Vec<String>, String> {
@@ -183,6 +195,24 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e),
         },
+        Command::Snapshot {
+            source,
+            snapshot,
+            options,
+        } => {
+            let run = || -> anyhow::Result<String> {
+                let opts = Options::parse(&options)?;
+                init_logging(&opts.log);
+                mount::snapshot(&source, &snapshot, &opts)
+            };
+            match run() {
+                Ok(fingerprint) => {
+                    println!("{fingerprint}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Inspect {
             source,
             options,
@@ -224,6 +254,9 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.row_groups()
     );
     println!("fingerprint  {}", d.source.fingerprint());
+    if let tensorfs::source::Origin::Snapshot(at) = &d.source.origin {
+        println!("snapshot     {at} (nothing listed)");
+    }
     match &d.source.unischema {
         Some(u) if u.inferred => println!(
             "petastorm    no Unischema: {} fields read as their first cells show them",

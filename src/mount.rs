@@ -33,25 +33,30 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Opens the source and builds the view. A view with problems is returned as it is, so
-    /// that `inspect` can show them; [`Dataset::check`] turns them into the refusal.
-    /// `footers`: where footers are kept between mounts (none for `inspect`).
+    /// Opens the source (listed, or as `snapshot=` pinned it) and builds the view. A view with
+    /// problems is returned as it is, so that `inspect` can show them; [`Dataset::check`] turns
+    /// them into the refusal. `footers`: where footers are kept between mounts (none for
+    /// `inspect`).
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
         let stats = Arc::new(Stats::default());
-        let source = Source::open(source, &opts.store, footers, stats.clone()).await?;
+        let source = match &opts.snapshot {
+            Some(at) => {
+                let pinned = crate::snapshot::read(at, &opts.store).await?;
+                Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
+            }
+            None => Source::open(source, &opts.store, footers, stats.clone()).await?,
+        };
         Dataset::over(Arc::new(source), opts, stats).await
     }
 
     /// The dataset of an opened source (its `stats` are the source's) under `opts`.
     pub async fn over(source: Arc<Source>, opts: &Options, stats: Arc<Stats>) -> Result<Dataset> {
+        if let Some(want) = &opts.fingerprint {
+            crate::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
+        }
         let view = Arc::new(view::build(&source, opts).await?);
-        let rg_rows: Vec<u64> = source
-            .files
-            .iter()
-            .flat_map(|f| {
-                let md = f.metadata.metadata();
-                (0..md.num_row_groups()).map(move |rg| md.row_group(rg).num_rows() as u64)
-            })
+        let rg_rows: Vec<u64> = (source.files.iter())
+            .flat_map(|f| f.rg_rows.iter().copied())
             .collect();
         let plan = Plan::new(&rg_rows, opts.order());
         Ok(Dataset {
@@ -207,12 +212,10 @@ impl Dataset {
 
     /// What `memory_limit` leaves for the buffers (decoded row groups, built batches) once the
     /// mount's lasting memory is counted: every file's decoded footer (about 5 KiB an object,
-    /// docs/scale.md) and `dataset.json`. Refused where that takes more than half the limit.
-    fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
-        let footers: u64 = (self.source.files.iter())
-            .map(|f| f.metadata.metadata().memory_size() as u64)
-            .sum();
-        let held = footers + dataset_json;
+    /// docs/scale.md; a mount of a snapshot loads those its reads need, at most all) and
+    /// `dataset.json`. Refused where that takes more than half the limit.
+    pub fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
+        let held = self.source.facts.footer_memory + dataset_json;
         if held > opts.memory_limit / 2 {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             bail!(
@@ -540,17 +543,47 @@ fn open_for_mount(
 ) -> Result<Dataset> {
     create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
-    let open = || runtime.block_on(Dataset::open(source, opts, Some(&footers)));
+    let d = open_checked(source, opts, runtime, Some(&footers))?;
+    if opts.auto_unmount && !find_in_path("fusermount3") {
+        bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
+    }
+    crate::snapshot::record(&d.source, &d.view, &opts.cache_dir);
+    Ok(d)
+}
+
+/// Opens the dataset and refuses it as a mount would, with a panic of a decoder turned into
+/// the refusal.
+fn open_checked(
+    source: &str,
+    opts: &Options,
+    runtime: &tokio::runtime::Runtime,
+    footers: Option<&Path>,
+) -> Result<Dataset> {
+    let open = || runtime.block_on(Dataset::open(source, opts, footers));
     let d = crate::catch_panic(open).unwrap_or_else(|panic| {
         Err(anyhow!(
             "source '{source}': a file is malformed beyond what the Parquet reader can report ({panic})"
         ))
     })?;
     d.check()?;
-    if opts.auto_unmount && !find_in_path("fusermount3") {
-        bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
-    }
     Ok(d)
+}
+
+/// `tensorfs snapshot`: lists the source and reads every footer once, refuses what a mount with
+/// these options would (with the same line), and pins the dataset in `dest` (a local path or
+/// an object URL the store options reach). Returns its fingerprint.
+pub fn snapshot(source: &str, dest: &str, opts: &Options) -> Result<String> {
+    let runtime = runtime(opts.threads)?;
+    let d = open_checked(source, opts, &runtime, None)?;
+    let dataset_json = serde_json::to_vec_pretty(&d.dataset_json(opts))?;
+    d.buffer_memory(opts, dataset_json.len() as u64)?;
+    // Without cache_size=, the room a mount gets depends on the host's disk.
+    if let Some(capacity) = opts.cache_size {
+        d.check_global(opts, capacity)?;
+    }
+    let bytes = crate::snapshot::encode(&d.source, &d.view)?;
+    runtime.block_on(crate::snapshot::write(dest, bytes, &opts.store))?;
+    Ok(d.source.fingerprint().to_string())
 }
 
 /// How the kernel is asked to mount: read-only, the source as the device name (absolute for a

@@ -83,6 +83,10 @@ pub struct Options {
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
     pub log: String,
+    /// The snapshot (a path or URL) that pins the dataset mounted.
+    pub snapshot: Option<String>,
+    /// The fingerprint the dataset must have.
+    pub fingerprint: Option<String>,
     /// object_store configuration keys, passed to the store as they are.
     pub store: Vec<(String, String)>,
 }
@@ -176,6 +180,8 @@ impl Default for Options {
             auto_unmount: false,
             nonempty: false,
             log: "info".into(),
+            snapshot: None,
+            fingerprint: None,
             store: Vec::new(),
         }
     }
@@ -207,6 +213,8 @@ const KNOWN: &[&str] = &[
     "auto_unmount",
     "nonempty",
     "log",
+    "snapshot",
+    "fingerprint",
 ];
 
 /// Edits (insertions, deletions, substitutions) between two names.
@@ -543,6 +551,23 @@ impl Options {
                 tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(key, value, e))?;
                 self.log = value.into();
             }
+            "snapshot" => {
+                if value.is_empty() {
+                    return Err(bad(key, value, "expected a path or URL"));
+                }
+                self.snapshot = Some(value.into());
+            }
+            "fingerprint" => {
+                let hex = value.to_ascii_lowercase();
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad(
+                        key,
+                        value,
+                        "expected the 64 hex digits dataset.json and tensorfs snapshot give",
+                    ));
+                }
+                self.fingerprint = Some(hex);
+            }
             _ if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
                 self.store.push((key.into(), value.into()));
             }
@@ -626,6 +651,9 @@ impl Options {
             auto_unmount: _,
             nonempty: _,
             log: _,
+            // They choose the dataset (or refuse it); its fingerprint is in the key.
+            snapshot: _,
+            fingerprint: _,
             // The source is named by its fingerprint, not by how it is reached.
             store: _,
         } = self;
@@ -717,6 +745,8 @@ impl Options {
         m.insert("auto_unmount", json!(self.auto_unmount));
         m.insert("nonempty", json!(self.nonempty));
         m.insert("log", json!(self.log));
+        m.insert("snapshot", json!(self.snapshot));
+        m.insert("fingerprint", json!(self.fingerprint));
         let store: BTreeMap<&str, &str> = self
             .store
             .iter()
@@ -902,6 +932,8 @@ mod tests {
             "auto_unmount",
             "nonempty",
             "log=debug",
+            "snapshot=/pinned/train.snapshot",
+            "fingerprint=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "aws_region=eu-west-1",
         ] {
             let c = Options::parse(&[runtime]).unwrap().content();

@@ -22,7 +22,7 @@ pub const UNISCHEMA_KEY: &str = "dataset-toolkit.unischema.v1";
 /// The metadata file Petastorm writes beside the data.
 pub const COMMON_METADATA: &str = "_common_metadata";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Codec {
     /// A plain Parquet column, served in the Unischema's dtype.
     Scalar,
@@ -51,7 +51,7 @@ impl Codec {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Field {
     pub name: String,
     /// NumPy's name of the dtype (`uint8`, `str_`, …).
@@ -83,7 +83,7 @@ impl Field {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Unischema {
     pub name: String,
     pub fields: Vec<Field>,

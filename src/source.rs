@@ -4,10 +4,12 @@
 //! order, form the dataset. Footers are loaded once, concurrently, and kept; a row group is then
 //! read with a column projection, as ranged GETs that object_store coalesces.
 
+use crate::catalog::{self, Catalog, Facts, Object, Pinned, Summary};
 use crate::kept;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
@@ -26,8 +28,9 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
-use sha2::{Digest, Sha256};
+use parquet::file::metadata::{
+    PageIndexPolicy, ParquetMetaData, ParquetMetaDataBuilder, ParquetMetaDataReader,
+};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,36 +39,117 @@ use url::Url;
 /// How many footers are fetched at once when a mount starts.
 const METADATA_CONCURRENCY: usize = 32;
 
-pub struct SourceFile {
-    /// The key relative to the source's prefix (the file name for a single-file source).
-    pub name: String,
-    /// Names this version of the object: its URL, size and ETag (or modification time).
-    pub id: [u8; 32],
-    pub location: Path,
-    pub size: u64,
-    pub e_tag: Option<String>,
-    pub metadata: ArrowReaderMetadata,
-    /// Bytes of the footer, metadata, length and magic: where the last column chunk ends at
-    /// the latest.
-    footer_len: u64,
+/// A file's footer, decoded.
+struct Footer {
+    metadata: ArrowReaderMetadata,
+    /// Its bytes (metadata, length, magic): where the last column chunk ends at the latest.
+    len: u64,
     /// The metadata with column chunks padded (see [`footer::padded`]), once a row group failed
     /// to decode as the footer says; `None` inside when padding changes nothing.
     padded: std::sync::OnceLock<Option<ArrowReaderMetadata>>,
 }
 
+impl Footer {
+    fn new(metadata: ArrowReaderMetadata, len: u64) -> Footer {
+        Footer {
+            metadata,
+            len,
+            padded: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+pub struct SourceFile {
+    pub object: Object,
+    /// Names this version of the object: its URL, key, size and version.
+    pub id: [u8; 32],
+    pub location: Path,
+    /// Loaded when a read first needs it (at start, for a listing).
+    footer: tokio::sync::OnceCell<Footer>,
+}
+
+impl std::ops::Deref for SourceFile {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        &self.object
+    }
+}
+
 impl SourceFile {
-    pub fn rows(&self) -> u64 {
-        self.metadata.metadata().file_metadata().num_rows() as u64
+    fn new(url: &Url, location: Path, object: Object) -> SourceFile {
+        let version = format!(
+            "{:?}|{:?}|{}",
+            object.e_tag, object.version, object.modified
+        );
+        let id = kept::identity(&[
+            url.as_str().as_bytes(),
+            location.as_ref().as_bytes(),
+            &object.size.to_le_bytes(),
+            version.as_bytes(),
+        ]);
+        SourceFile {
+            object,
+            id,
+            location,
+            footer: tokio::sync::OnceCell::new(),
+        }
+    }
+}
+
+/// Where a dataset's objects and facts came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Listed, and every footer read, when mounted.
+    Listing,
+    /// The files a Parquet summary file (`_metadata`) lists, with their row groups.
+    Summary,
+    /// Pinned by `tensorfs snapshot` (the snapshot's path or URL): nothing is listed, and a
+    /// footer is fetched when a read first needs it.
+    Snapshot(String),
+}
+
+impl Origin {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Origin::Listing => "listing",
+            Origin::Summary => "summary file",
+            Origin::Snapshot(_) => "snapshot",
+        }
     }
 
-    pub fn row_groups(&self) -> usize {
-        self.metadata.metadata().num_row_groups()
+    /// Since when its objects must not have changed, as a log line says it.
+    fn since(&self) -> &'static str {
+        match self {
+            Origin::Listing => "under the mount",
+            Origin::Summary => "since the summary file listed it",
+            Origin::Snapshot(_) => "since the snapshot",
+        }
     }
+}
+
+/// Where a source's objects are, and what its reads count into.
+struct Where {
+    store: Arc<dyn ObjectStore>,
+    url: Url,
+    root: Path,
+    display: String,
+    footers: Option<std::path::PathBuf>,
+    stats: Arc<Stats>,
 }
 
 pub struct Source {
     /// The source as the user named it, for messages.
     pub display: String,
+    /// The source as a URL: what a snapshot pins.
+    pub url: Url,
+    /// The prefix the objects' names are relative to.
+    pub root: Path,
+    pub origin: Origin,
+    pub summary: Option<Summary>,
+    /// The dataset's schema (its first file's, as read).
+    pub schema: SchemaRef,
+    pub facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::petastorm::Unischema>,
     store: Arc<dyn ObjectStore>,
@@ -73,6 +157,7 @@ pub struct Source {
     /// Where footers and other facts about the objects are kept between mounts.
     kept: Option<std::path::PathBuf>,
     pub files: Vec<SourceFile>,
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 /// Turns SOURCE (a URL or a local path) into a URL object_store understands.
@@ -99,6 +184,14 @@ fn source_url(source: &str) -> Result<Url> {
         url.set_path(&format!("{}/", url.path()));
     }
     Ok(url)
+}
+
+/// The store and object path a URL names (a snapshot's), configured as a source's store is.
+pub fn store_of(
+    url: &str,
+    store_options: &[(String, String)],
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    open_store(&source_url(url)?, store_options)
 }
 
 /// Retries of remote requests: 5xx, throttling, resets and timeouts are retried with
@@ -267,17 +360,27 @@ fn io_reason(e: &std::io::Error) -> String {
 
 impl Source {
     /// Lists the source and loads every file's footer (concurrently; from `footers`, a
-    /// directory of footers kept by earlier mounts, when the object has not changed).
+    /// directory of footers kept by earlier mounts, when the object has not changed). A source
+    /// naming a Parquet summary file (`…/_metadata`) is the dataset it lists.
     pub async fn open(
         source: &str,
         store_options: &[(String, String)],
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
     ) -> Result<Source> {
+        let (store, url, prefix) = Self::store_for(source, store_options)?;
+        Self::over(store, &url, prefix, source, footers, stats).await
+    }
+
+    /// The store, URL and path a source names.
+    fn store_for(
+        source: &str,
+        store_options: &[(String, String)],
+    ) -> Result<(Arc<dyn ObjectStore>, Url, Path)> {
         let url = source_url(source)?;
         let (store, prefix) = open_store(&url, store_options)
             .map_err(|e| anyhow!("source '{source}' cannot be used: {}", crate::describe(&e)))?;
-        Self::over(store, &url, prefix, source, footers, stats).await
+        Ok((store, url, prefix))
     }
 
     /// The dataset under `prefix` of any object store (`url` names it in the footers' keys):
@@ -290,67 +393,253 @@ impl Source {
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
     ) -> Result<Source> {
+        if prefix.filename() == Some(SUMMARY) && !source.ends_with('/') {
+            return Self::summarised(store, url, prefix, source, footers, stats).await;
+        }
         let objects = Self::list(&store, &prefix, source).await?;
         let single_file = objects.len() == 1 && objects[0].1.location == prefix;
-        let files = futures::stream::iter(objects)
+        let root = match single_file {
+            true => parent(&prefix),
+            false => prefix.clone(),
+        };
+        let files: Vec<SourceFile> = futures::stream::iter(objects)
             .map(|(name, meta)| {
-                let reader = ObjectReader::new(
-                    store.clone(),
-                    meta.location.clone(),
-                    meta.size,
-                    meta.e_tag.clone(),
-                    stats.clone(),
-                );
-                let url = url.to_string();
+                let (store, stats) = (store.clone(), stats.clone());
                 async move {
-                    let version =
-                        format!("{:?}|{:?}|{}", meta.e_tag, meta.version, meta.last_modified);
-                    let id = kept::identity(&[
-                        url.as_bytes(),
-                        meta.location.as_ref().as_bytes(),
-                        &meta.size.to_le_bytes(),
-                        version.as_bytes(),
-                    ]);
-                    let kept = footers.map(|dir| dir.join(format!("{}.footer", hex(&id[..16]))));
-                    let (metadata, footer_len) = load_metadata(&reader, kept.as_deref(), &id)
+                    let object = object_of(name, &meta);
+                    let mut file = SourceFile::new(url, meta.location, object);
+                    let reader = ObjectReader::new(store, &file, stats, Origin::Listing.since());
+                    let (metadata, footer_len) = load_metadata(&reader, footers, &file.id, 0)
                         .await
                         .map_err(|e| {
                             anyhow!(
-                                "file '{name}' is not a readable Parquet file: {}",
+                                "file '{}' is not a readable Parquet file: {}",
+                                file.name,
                                 crate::describe(&e)
                             )
                         })?;
-                    Ok::<_, anyhow::Error>(SourceFile {
-                        name,
-                        id,
-                        location: meta.location,
-                        size: meta.size,
-                        e_tag: meta.e_tag,
-                        metadata,
-                        footer_len,
-                        padded: std::sync::OnceLock::new(),
-                    })
+                    file.object.footer_len = footer_len;
+                    file.object.rg_rows = row_group_rows(metadata.metadata());
+                    let footer = Footer::new(metadata, footer_len);
+                    file.footer = tokio::sync::OnceCell::new_with(Some(footer));
+                    Ok::<_, anyhow::Error>(file)
                 }
             })
             .buffered(METADATA_CONCURRENCY)
             .try_collect()
             .await?;
+        Stats::add(&stats.c.objects_touched, files.len() as u64);
+        let loaded: Vec<(&str, &ArrowReaderMetadata)> = (files.iter())
+            .map(|f| (f.name.as_str(), &f.footer.get().expect("loaded").metadata))
+            .collect();
+        let schema = loaded[0].1.schema().clone();
+        let facts = Facts::of(&schema, &loaded);
         let unischema = match single_file {
             true => None,
             false => read_unischema(&store, &prefix, &stats).await?,
         };
-        let mut source = Source {
-            display: source.to_string(),
+        let catalog = Catalog {
+            objects: Vec::new(),
+            summary: None,
+            schema,
+            facts,
             unischema,
-            store,
-            stats,
-            kept: footers.map(Into::into),
-            files,
         };
-        if source.unischema.is_none() {
-            source.unischema = source.infer_unischema().await;
-        }
+        let at = Where {
+            store,
+            url: url.clone(),
+            root,
+            display: source.to_string(),
+            footers: footers.map(Into::into),
+            stats,
+        };
+        let mut source = Source::new(at, catalog, Origin::Listing)?;
+        source.files = files;
+        source.infer_unischema_if_none().await;
         Ok(source)
+    }
+
+    /// A source of `catalog`'s objects, none of whose footers is loaded yet.
+    fn new(at: Where, catalog: Catalog, origin: Origin) -> Result<Source> {
+        let Catalog {
+            objects,
+            summary,
+            schema,
+            facts,
+            unischema,
+        } = catalog;
+        let files = (objects.into_iter())
+            .map(|o| Ok(SourceFile::new(&at.url, child(&at.root, &o.name)?, o)))
+            .collect::<Result<_>>()?;
+        Ok(Source {
+            display: at.display,
+            url: at.url,
+            root: at.root,
+            origin,
+            summary,
+            schema,
+            facts,
+            unischema,
+            store: at.store,
+            stats: at.stats,
+            kept: at.footers,
+            files,
+            fingerprint: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The dataset a Parquet summary file lists, as `pyarrow.dataset.parquet_dataset` reads it:
+    /// its files in the order the summary first names them, each file's row groups in the
+    /// summary's order. The summary is read whole (one GET) and the directory listed (for each
+    /// file's size and version); each file's own footer is fetched when a read first needs it,
+    /// and checked against the summary.
+    async fn summarised(
+        store: Arc<dyn ObjectStore>,
+        url: &Url,
+        path: Path,
+        source: &str,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        let root = parent(&path);
+        let got = store.get(&path).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => anyhow!("source '{source}' does not exist"),
+            e => anyhow!("source '{source}' cannot be read: {e}"),
+        })?;
+        let meta = got.meta.clone();
+        let bytes = got.bytes().await?;
+        Stats::add(&stats.c.remote_requests, 1);
+        Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
+        let summary = decode_footer(
+            whole_file_footer(&bytes)
+                .map_err(|e| anyhow!("source '{source}' is not a Parquet summary file: {e}"))?,
+        )
+        .map_err(|e| anyhow!("source '{source}' is not a readable Parquet summary file: {e:#}"))?;
+        let md = summary.metadata();
+        // Each file's row groups, in the order the summary first names the files.
+        let mut order: Vec<String> = Vec::new();
+        let mut groups: std::collections::HashMap<String, Vec<usize>> = Default::default();
+        for (i, rg) in md.row_groups().iter().enumerate() {
+            let Some(file) = rg.columns().first().and_then(|c| c.file_path()) else {
+                bail!(
+                    "source '{source}': the summary file's row group {i} names no file (file_path); it is not a dataset's _metadata"
+                );
+            };
+            if !groups.contains_key(file) {
+                order.push(file.to_string());
+            }
+            groups.entry(file.to_string()).or_default().push(i);
+        }
+        if order.is_empty() {
+            bail!("source '{source}': the summary file lists no row groups");
+        }
+        let listed: std::collections::HashMap<String, ObjectMeta> =
+            Self::list_all(&store, &root, source)
+                .await?
+                .into_iter()
+                .collect();
+        let mut objects = Vec::with_capacity(order.len());
+        let mut per_file = Vec::with_capacity(order.len());
+        for name in &order {
+            let Some(meta) = listed.get(name) else {
+                bail!("source '{source}': the summary file lists '{name}', which does not exist");
+            };
+            let row_groups: Vec<_> = groups[name]
+                .iter()
+                .map(|&i| md.row_group(i).clone())
+                .collect();
+            let file_md = ParquetMetaDataBuilder::new(md.file_metadata().clone())
+                .set_row_groups(row_groups)
+                .build();
+            per_file.push(arrow_metadata(Arc::new(file_md))?);
+            let mut object = object_of(name.clone(), meta);
+            object.rg_rows = groups[name]
+                .iter()
+                .map(|&i| md.row_group(i).num_rows() as u64)
+                .collect();
+            objects.push(object);
+        }
+        let schema = summary.schema().clone();
+        let pairs: Vec<(&str, &ArrowReaderMetadata)> =
+            (order.iter().map(String::as_str)).zip(&per_file).collect();
+        let mut facts = Facts::of(&schema, &pairs);
+        // Each file's own footer, loaded when needed, is about its share of the summary.
+        facts.footer_memory = md.memory_size() as u64;
+        let catalog = Catalog {
+            objects,
+            summary: Some(Summary {
+                name: path.filename().unwrap_or(SUMMARY).to_string(),
+                size: meta.size,
+                e_tag: meta.e_tag,
+            }),
+            schema,
+            facts,
+            unischema: read_unischema(&store, &root, &stats).await?,
+        };
+        let at = Where {
+            store,
+            url: url.clone(),
+            root,
+            display: source.to_string(),
+            footers: footers.map(Into::into),
+            stats,
+        };
+        let mut source = Source::new(at, catalog, Origin::Summary)?;
+        source.infer_unischema_if_none().await;
+        Ok(source)
+    }
+
+    /// The dataset a snapshot pinned, reached through `source` with these store options.
+    /// Nothing is listed, no footer is read.
+    pub fn pinned(
+        source: &str,
+        store_options: &[(String, String)],
+        pinned: Pinned,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        let (store, url, _) = Self::store_for(source, store_options)?;
+        Self::pinned_over(store, &url, source, pinned, footers, stats)
+    }
+
+    /// [`Source::pinned`] over any object store (`url`: the source's).
+    pub fn pinned_over(
+        store: Arc<dyn ObjectStore>,
+        url: &Url,
+        source: &str,
+        pinned: Pinned,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        let same = |u: &Url| u.as_str().trim_end_matches('/').to_string();
+        if same(url) != same(&pinned.url) {
+            bail!(
+                "snapshot '{}' pins the dataset at '{}', not source '{source}'",
+                pinned.at,
+                pinned.url
+            );
+        }
+        let at = Where {
+            store,
+            url: pinned.url,
+            root: Path::parse(&pinned.root)?,
+            display: source.to_string(),
+            footers: footers.map(Into::into),
+            stats,
+        };
+        Source::new(at, pinned.catalog, Origin::Snapshot(pinned.at))
+    }
+
+    /// What this source's objects are, for a snapshot: the catalog a pinned mount starts from.
+    pub fn objects(&self) -> Vec<&Object> {
+        self.files.iter().map(|f| &f.object).collect()
+    }
+
+    /// Where no Unischema was stored, the one the cells show, if they show one.
+    async fn infer_unischema_if_none(&mut self) {
+        if self.unischema.is_none() {
+            self.unischema = self.infer_unischema().await;
+        }
     }
 
     /// Without a stored Unischema, binary columns whose first cell is one a Petastorm codec
@@ -358,7 +647,7 @@ impl Source {
     async fn infer_unischema(&self) -> Option<crate::petastorm::Unischema> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::DataType;
-        let schema = self.files.first()?.metadata.schema().clone();
+        let schema = self.schema.clone();
         let binary: Vec<usize> = (0..schema.fields().len())
             .filter(|&i| {
                 matches!(
@@ -371,10 +660,8 @@ impl Source {
             return None;
         }
         let (file, rg) = self.files.iter().enumerate().find_map(|(fi, f)| {
-            let md = f.metadata.metadata();
-            (0..md.num_row_groups())
-                .find(|&rg| md.row_group(rg).num_rows() > 0)
-                .map(|rg| (fi, rg))
+            let rg = f.rg_rows.iter().position(|&rows| rows > 0)?;
+            Some((fi, rg))
         })?;
         let batch = self.read_row_group(file, rg, &binary).await.ok()?;
         let fields: Vec<_> = binary
@@ -420,6 +707,23 @@ impl Source {
                 Err(e) => bail!("source '{source}' cannot be read: {e}"),
             }
         }
+        let objects: Vec<(String, ObjectMeta)> = Self::list_all(store, prefix, source)
+            .await?
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
+            .collect();
+        if objects.is_empty() {
+            bail!("source '{source}' holds no *.parquet objects");
+        }
+        Ok(objects)
+    }
+
+    /// Every object under `prefix`, in lexicographic key order, with its name relative to it.
+    async fn list_all(
+        store: &Arc<dyn ObjectStore>,
+        prefix: &Path,
+        source: &str,
+    ) -> Result<Vec<(String, ObjectMeta)>> {
         let listed: Vec<ObjectMeta> = store
             .list(Some(prefix))
             .try_collect()
@@ -453,11 +757,7 @@ impl Source {
                     .to_string();
                 (name, m)
             })
-            .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
             .collect();
-        if objects.is_empty() {
-            bail!("source '{source}' holds no *.parquet objects");
-        }
         objects.sort_by(|a, b| a.1.location.as_ref().cmp(b.1.location.as_ref()));
         Ok(objects)
     }
@@ -485,27 +785,49 @@ impl Source {
         }
     }
 
-    /// Identifies the dataset's content: every object's key, size and ETag, in order, and the
-    /// Petastorm fields they are read as (a `_common_metadata` edited or removed changes how
-    /// the same cells decode).
-    pub fn fingerprint(&self) -> String {
-        let mut h = Sha256::new();
-        for f in &self.files {
-            h.update(f.name.as_bytes());
-            h.update([0]);
-            h.update(f.size.to_le_bytes());
-            h.update(f.e_tag.as_deref().unwrap_or("").as_bytes());
-            h.update([0]);
+    /// Identifies the dataset's content (see [`catalog::fingerprint`]).
+    pub fn fingerprint(&self) -> &str {
+        self.fingerprint.get_or_init(|| {
+            let objects = self.objects();
+            catalog::fingerprint(self.summary.as_ref(), &objects, self.unischema.as_ref())
+        })
+    }
+
+    /// The footer of `file`: loaded when a read first needs it (a listing loaded them all),
+    /// from the footers kept by earlier mounts or else fetched (one GET, where its length is
+    /// known), and checked against what the catalog says of the file.
+    async fn footer(&self, file: usize) -> Result<&Footer> {
+        let f = &self.files[file];
+        f.footer.get_or_try_init(|| self.load_footer(file)).await
+    }
+
+    async fn load_footer(&self, file: usize) -> Result<Footer> {
+        let f = &self.files[file];
+        let reader = self.reader(file);
+        let (metadata, len) = load_metadata(&reader, self.kept.as_deref(), &f.id, f.footer_len)
+            .await
+            .with_context(|| format!("file '{}': its footer cannot be read", f.name))?;
+        Stats::add(&self.stats.c.objects_touched, 1);
+        let rows = row_group_rows(metadata.metadata());
+        let differs = match rows == f.rg_rows {
+            false => Some(format!(
+                "its footer gives {} rows in {} row groups, not {} in {}",
+                rows.iter().sum::<u64>(),
+                rows.len(),
+                f.rows(),
+                f.rg_rows.len()
+            )),
+            true => catalog::schema_difference(&self.schema, metadata.schema())
+                .map(|d| format!("its schema differs ({d})")),
+        };
+        if let Some(how) = differs {
+            return Err(anyhow::Error::new(crate::error::ObjectChanged {
+                location: f.location.to_string(),
+                since: self.origin.since(),
+                how,
+            }));
         }
-        if let Some(u) = &self.unischema {
-            h.update(if u.inferred { "cells\0" } else { "unischema\0" });
-            for f in &u.fields {
-                let (name, numpy, shape) = (&f.name, &f.numpy, f.shape_text());
-                let (codec, nullable) = (f.codec.name(), f.nullable);
-                h.update(format!("{name}\0{numpy}\0{shape}\0{codec}\0{nullable}\0"));
-            }
-        }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        Ok(Footer::new(metadata, len))
     }
 
     /// Reads one row group of one file, only the given root columns (Arrow field indices), as
@@ -520,20 +842,14 @@ impl Source {
         let pieces = self.decode_row_group(fetched).await?;
         let schema = match pieces.first() {
             Some(p) => p.schema(),
-            None => Arc::new(self.files[file].metadata.schema().project(roots)?),
+            None => Arc::new(self.schema.project(roots)?),
         };
         Ok(arrow::compute::concat_batches(&schema, &pieces)?)
     }
 
     fn reader(&self, file: usize) -> ObjectReader {
-        let f = &self.files[file];
-        ObjectReader::new(
-            self.store.clone(),
-            f.location.clone(),
-            f.size,
-            f.e_tag.clone(),
-            self.stats.clone(),
-        )
+        let (store, stats) = (self.store.clone(), self.stats.clone());
+        ObjectReader::new(store, &self.files[file], stats, self.origin.since())
     }
 
     /// Fetches the column chunks of one row group that the given root columns need: I/O only,
@@ -547,7 +863,7 @@ impl Source {
         roots: &[usize],
     ) -> Result<Fetched> {
         let f = &self.files[file];
-        let meta = f.metadata.metadata();
+        let meta = self.footer(file).await?.metadata.metadata();
         let mask =
             ProjectionMask::roots(meta.file_metadata().schema_descr(), roots.iter().copied());
         let ranges: Vec<Range<u64>> = meta
@@ -587,12 +903,20 @@ impl Source {
             chunks,
         } = fetched;
         let f = &self.files[file];
+        let footer = self.footer(file).await?;
         let first = self
-            .decode_with(file, rg, &roots, mask.clone(), chunks.clone(), &f.metadata)
+            .decode_with(
+                file,
+                rg,
+                &roots,
+                mask.clone(),
+                chunks.clone(),
+                &footer.metadata,
+            )
             .await;
         let Err(e) = first else { return first };
-        let padded = f.padded.get_or_init(|| {
-            let md = crate::footer::padded(f.metadata.metadata(), f.size - f.footer_len)?;
+        let padded = footer.padded.get_or_init(|| {
+            let md = crate::footer::padded(footer.metadata.metadata(), f.size - footer.len)?;
             arrow_metadata(Arc::new(md)).ok()
         });
         let chunks_again = chunks.clone();
@@ -629,10 +953,13 @@ impl Source {
         chunks: Vec<(Range<u64>, Bytes)>,
         e: anyhow::Error,
     ) -> anyhow::Error {
-        let metadata = &self.files[file].metadata;
         if roots.len() < 2 {
             return e;
         }
+        let metadata = match self.footer(file).await {
+            Ok(footer) => &footer.metadata,
+            Err(_) => return e,
+        };
         for &root in roots {
             let mask = ProjectionMask::roots(metadata.parquet_schema(), [root]);
             let one = [root];
@@ -722,15 +1049,8 @@ async fn read_unischema(
     };
     Stats::add(&stats.c.remote_requests, 1);
     Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
-    let n = bytes.len();
-    if n < 12 || &bytes[n - 4..] != b"PAR1" {
-        bail!("'{path}' is not a Parquet metadata file");
-    }
-    let len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
-    let metadata = bytes
-        .get(n.saturating_sub(8 + len)..n - 8)
-        .filter(|m| m.len() == len)
-        .ok_or_else(|| anyhow!("'{path}': its footer is longer than the file"))?;
+    let footer = whole_file_footer(&bytes).with_context(|| format!("'{path}'"))?;
+    let metadata = &footer[..footer.len() - 8];
     let Some(pickle) = crate::footer::key_value(metadata, UNISCHEMA_KEY)
         .with_context(|| format!("'{path}' is not a readable Parquet metadata file"))?
     else {
@@ -741,6 +1061,58 @@ async fn read_unischema(
     Ok(Some(unischema))
 }
 
+/// The footer (metadata, length, magic) of a whole Parquet file held in memory, such as a
+/// metadata file (`_common_metadata`, `_metadata`).
+fn whole_file_footer(bytes: &[u8]) -> Result<&[u8]> {
+    let n = bytes.len();
+    if n < 12 || &bytes[n - 4..] != b"PAR1" {
+        bail!("not a Parquet metadata file");
+    }
+    let len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    match n.checked_sub(8 + len) {
+        Some(start) if start >= 4 => Ok(&bytes[start..]),
+        _ => bail!("its footer is longer than the file"),
+    }
+}
+
+/// The file name of a Parquet summary file: a source naming one is the dataset it lists.
+const SUMMARY: &str = "_metadata";
+
+/// The path `prefix` lies in ("" at the top).
+fn parent(prefix: &Path) -> Path {
+    let parts: Vec<_> = prefix.parts().collect();
+    Path::from_iter(parts[..parts.len().saturating_sub(1)].iter().cloned())
+}
+
+/// The object `name` (relative, with `/`, as a listing gave it) under `root`.
+fn child(root: &Path, name: &str) -> Result<Path> {
+    let path = match root.as_ref() {
+        "" => name.to_string(),
+        root => format!("{root}/{name}"),
+    };
+    Path::parse(&path).map_err(|e| anyhow!("'{name}' is not an object's name: {e}"))
+}
+
+/// An object as listed, before its footer is read.
+fn object_of(name: String, meta: &ObjectMeta) -> Object {
+    Object {
+        name,
+        size: meta.size,
+        e_tag: meta.e_tag.clone(),
+        version: meta.version.clone(),
+        modified: meta.last_modified.to_string(),
+        footer_len: 0,
+        rg_rows: Vec::new(),
+    }
+}
+
+fn row_group_rows(md: &ParquetMetaData) -> Vec<u64> {
+    md.row_groups()
+        .iter()
+        .map(|rg| rg.num_rows() as u64)
+        .collect()
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -748,18 +1120,21 @@ fn hex(b: &[u8]) -> String {
 /// How much of a file's end is fetched first: most footers fit, so one request does.
 const FOOTER_GUESS: u64 = 64 << 10;
 
-/// A file's Parquet metadata: from the kept footer when there is one, else fetched (its
-/// suffix, in one request when the footer fits the guess) and kept for the next mount.
+/// A file's Parquet metadata and its footer's length: from the footer kept in `kept` (a
+/// directory) when there is one, else fetched (its suffix: `known_len` bytes where the length
+/// is known, else in one request when the footer fits the guess) and kept for the next mount.
 async fn load_metadata(
     reader: &ObjectReader,
     kept: Option<&std::path::Path>,
     id: &[u8; 32],
+    known_len: u64,
 ) -> Result<(ArrowReaderMetadata, u64)> {
-    let footer = match kept.and_then(|p| kept::read_blob(p, id)) {
+    let kept = kept.map(|dir| dir.join(format!("{}.footer", hex(&id[..16]))));
+    let footer = match kept.as_deref().and_then(|p| kept::read_blob(p, id)) {
         Some(b) => Bytes::from(b),
         None => {
-            let footer = fetch_footer(reader).await?;
-            if let Some(p) = kept
+            let footer = fetch_footer(reader, known_len).await?;
+            if let Some(p) = &kept
                 && let Err(e) = kept::write_blob(p, id, &footer)
             {
                 tracing::warn!("cannot keep the footer of '{}': {e:#}", reader.location);
@@ -814,12 +1189,16 @@ fn arrow_metadata(md: Arc<ParquetMetaData>) -> Result<ArrowReaderMetadata> {
 }
 
 /// The footer of a Parquet file: its metadata, length and magic (the file's last bytes).
-async fn fetch_footer(reader: &ObjectReader) -> Result<Bytes> {
+async fn fetch_footer(reader: &ObjectReader, known_len: u64) -> Result<Bytes> {
     let size = reader.size;
     if size < 12 {
         bail!("{size} bytes is too small for Parquet");
     }
-    let guess = FOOTER_GUESS.min(size);
+    let guess = match known_len {
+        0 => FOOTER_GUESS,
+        len => len,
+    }
+    .min(size);
     let tail = reader.get(size - guess..size).await?;
     let end = &tail[tail.len() - 8..];
     match &end[4..] {
@@ -846,6 +1225,8 @@ struct ObjectReader {
     /// The version every read is pinned to (`if-match`), when the store reports one.
     e_tag: Option<String>,
     stats: Arc<Stats>,
+    /// Since when the object must not have changed, for the error when it has.
+    since: &'static str,
 }
 
 /// Ranges closer than this are fetched as one request; farther apart, the bytes between them
@@ -863,17 +1244,17 @@ const PARTS_AT_ONCE: usize = 8;
 impl ObjectReader {
     fn new(
         store: Arc<dyn ObjectStore>,
-        location: Path,
-        size: u64,
-        e_tag: Option<String>,
+        file: &SourceFile,
         stats: Arc<Stats>,
+        since: &'static str,
     ) -> Self {
         ObjectReader {
             store,
-            location,
-            size,
-            e_tag,
+            location: file.location.clone(),
+            size: file.size,
+            e_tag: file.e_tag.clone(),
             stats,
+            since,
         }
     }
 
@@ -926,13 +1307,19 @@ impl ObjectReader {
             reply.bytes().await
         }
         .await;
+        let changed = |how: String| {
+            anyhow::Error::new(crate::error::ObjectChanged {
+                location: self.location.to_string(),
+                since: self.since,
+                how,
+            })
+        };
         let bytes = result.map_err(|e| match e {
             object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
-                anyhow::Error::new(crate::error::ObjectChanged {
-                    location: self.location.to_string(),
-                    version: self.e_tag.clone().unwrap_or_else(|| "?".into()),
-                })
+                let version = self.e_tag.as_deref().unwrap_or("?");
+                changed(format!("it is no longer version {version}"))
             }
+            object_store::Error::NotFound { .. } => changed("it no longer exists".into()),
             e => anyhow!("object '{}': {e}", self.location),
         })?;
         if bytes.len() as u64 != range.end - range.start {

@@ -21,6 +21,9 @@ macro_rules! counters {
 
 counters!(
     // Source side.
+    // Objects whose footer this mount has loaded (a listing: all of them at start; a snapshot:
+    // those its reads drew from).
+    objects_touched,
     remote_requests,
     remote_bytes,
     row_groups_decoded,

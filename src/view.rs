@@ -4,6 +4,7 @@
 //! one tensor, plus `NAME.len` for a padded list and `NAME.mask` when nulls are zero-filled.
 //! Everything a mount would refuse is found here, before anything is mounted.
 
+use crate::catalog::NullFact;
 use crate::dtype::DType;
 use crate::options::{Nulls, Options};
 use crate::plan::Plan;
@@ -12,8 +13,7 @@ use anyhow::Result;
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Schema, TimeUnit};
 use serde_json::json;
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ItemKind {
@@ -83,6 +83,9 @@ pub struct View {
     pub roots: Vec<usize>,
     /// Why a mount would be refused; empty when it would not.
     pub problems: Vec<String>,
+    /// The selected columns whose nulls had to be found by reading them: the first file that
+    /// holds some, if any (a snapshot records what was found).
+    pub nulls_read: Vec<(usize, Option<String>)>,
 }
 
 impl View {
@@ -261,120 +264,6 @@ fn valid_file_name(name: &str) -> bool {
         && name.len() + ".npy".len() <= 255
 }
 
-/// Compares every file's schema with the first one's, by column names and types.
-fn check_schemas(source: &Source) -> Option<String> {
-    let first = &source.files[0];
-    let a = first.metadata.schema();
-    for f in &source.files[1..] {
-        let b = f.metadata.schema();
-        let names = |s: &Schema| {
-            s.fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect::<Vec<_>>()
-        };
-        let diff = if names(a) != names(b) {
-            Some(format!(
-                "columns [{}] and [{}]",
-                names(a).join(", "),
-                names(b).join(", ")
-            ))
-        } else {
-            a.fields()
-                .iter()
-                .zip(b.fields())
-                .find(|(x, y)| as_served(x.data_type()) != as_served(y.data_type()))
-                .map(|(x, y)| {
-                    format!(
-                        "column '{}' is {} and {}",
-                        x.name(),
-                        x.data_type(),
-                        y.data_type()
-                    )
-                })
-        };
-        if let Some(diff) = diff {
-            return Some(format!(
-                "files '{}' and '{}' have different schemas: {diff}",
-                first.name, f.name
-            ));
-        }
-    }
-    None
-}
-
-/// A column's type as far as its tensor is concerned, which files may write differently and
-/// still agree, as pyarrow reads them as one dataset: dictionary-encoded or plain, and a list's
-/// element named `element` (the Parquet spec), `item` (pyarrow before 13) or otherwise.
-fn as_served(dt: &DataType) -> DataType {
-    let element = |f: &arrow::datatypes::FieldRef| {
-        Arc::new(arrow::datatypes::Field::new(
-            "item",
-            as_served(f.data_type()),
-            true,
-        ))
-    };
-    match dt {
-        DataType::Dictionary(_, values) => as_served(values),
-        DataType::List(f) => DataType::List(element(f)),
-        DataType::LargeList(f) => DataType::LargeList(element(f)),
-        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(element(f), *n),
-        dt => dt.clone(),
-    }
-}
-
-/// What the statistics say of a column's nulls.
-enum NullStats {
-    None,
-    Some {
-        file: String,
-    },
-    /// Statistics are missing, or (for lists) also count empty lists: these row groups must be
-    /// read to know.
-    Unknown(Vec<(usize, usize)>),
-}
-
-fn null_stats(source: &Source, field: usize, is_list: bool) -> NullStats {
-    let mut unknown = Vec::new();
-    for (fi, f) in source.files.iter().enumerate() {
-        let md = f.metadata.metadata();
-        let descr = md.file_metadata().schema_descr();
-        let leaves: Vec<usize> = (0..descr.num_columns())
-            .filter(|&l| descr.get_column_root_idx(l) == field)
-            .collect();
-        for rg in 0..md.num_row_groups() {
-            let chunk = md.row_group(rg);
-            if chunk.num_rows() == 0 {
-                // No rows, no nulls: nothing to read (its chunks may have no pages at all).
-                continue;
-            }
-            let counts: Vec<Option<u64>> = leaves
-                .iter()
-                .map(|&l| {
-                    chunk
-                        .column(l)
-                        .statistics()
-                        .and_then(|s| s.null_count_opt())
-                })
-                .collect();
-            let any = counts.iter().any(|c| c.is_some_and(|n| n > 0));
-            if any && !is_list {
-                return NullStats::Some {
-                    file: f.name.clone(),
-                };
-            }
-            if any || counts.iter().any(Option::is_none) {
-                unknown.push((fi, rg));
-            }
-        }
-    }
-    if unknown.is_empty() {
-        NullStats::None
-    } else {
-        NullStats::Unknown(unknown)
-    }
-}
-
 /// Whether an array holds nulls that would be served: for a list, null elements (a null or
 /// empty list is just length 0).
 pub fn has_served_nulls(array: &dyn Array) -> bool {
@@ -389,12 +278,15 @@ pub fn has_served_nulls(array: &dyn Array) -> bool {
     }
 }
 
-async fn column_has_nulls(source: &Source, field: usize, is_list: bool) -> Result<Option<String>> {
-    match null_stats(source, field, is_list) {
-        NullStats::None => Ok(None),
-        NullStats::Some { file } => Ok(Some(file)),
-        NullStats::Unknown(groups) => {
-            for (file, rg) in groups {
+/// The first file where a column holds nulls, if it does: as the footers' statistics say, else
+/// as reading the row groups they leave unknown tells (kept for the next mount).
+async fn column_has_nulls(source: &Source, field: usize) -> Result<Option<String>> {
+    match &source.facts.nulls[field] {
+        NullFact::None => Ok(None),
+        NullFact::In(file) => Ok(Some(file.clone())),
+        NullFact::Unknown(groups) => {
+            for &(file, rg) in groups {
+                let (file, rg) = (file as usize, rg as usize);
                 let fact = format!("nulls of root column {field} in row group {rg}");
                 let nulls = match source.kept_fact(file, &fact).as_deref() {
                     Some([n]) => *n == 1,
@@ -452,7 +344,7 @@ impl<'a> Columns<'a> {
     fn select(
         schema: &'a Schema,
         unischema: Option<&'a crate::petastorm::Unischema>,
-        undecodable: &HashMap<String, String>,
+        undecodable: &BTreeMap<String, String>,
         opts: &Options,
         problems: &mut Vec<String>,
     ) -> Columns<'a> {
@@ -537,7 +429,7 @@ impl<'a> Hint<'a> {
         let mut nulls = HashMap::new();
         for &i in &cols.selected {
             if cols.mapped[&i].is_some() {
-                nulls.insert(i, column_has_nulls(source, i, cols.is_list(i)).await?);
+                nulls.insert(i, column_has_nulls(source, i).await?);
             }
         }
         let stacked = opts
@@ -660,31 +552,6 @@ impl<'a> Hint<'a> {
             keep => format!(", or {}", self.options_for(&keep, pronoun)),
         }
     }
-}
-
-/// Columns whose chunks a footer shows compressed with a codec tensorfs cannot decode (LZO,
-/// which the parquet crate does not implement), each with the first file that shows it: refused
-/// at mount rather than failing every read.
-fn undecodable_columns(source: &Source) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    for f in &source.files {
-        let md = f.metadata.metadata();
-        let descr = md.file_metadata().schema_descr();
-        for rg in md.row_groups() {
-            for (leaf, chunk) in rg.columns().iter().enumerate() {
-                if chunk.compression() != parquet::basic::Compression::LZO {
-                    continue;
-                }
-                let root = descr.get_column_root(leaf).name().to_string();
-                let why = format!(
-                    "column '{root}' of file '{}' is compressed with LZO, which tensorfs cannot decode",
-                    f.name
-                );
-                out.entry(root).or_insert(why);
-            }
-        }
-    }
-    out
 }
 
 /// Fields that cannot be served (Petastorm fields, columns of an undecodable codec), one line
@@ -1005,13 +872,13 @@ fn check_tensor_names(tensors: &[Tensor], items: &[Item], hint: &Hint, problems:
 /// Builds the view of `source` under `opts`. Refusals are collected in `problems`; an error
 /// is returned only when the source cannot be read.
 pub async fn build(source: &Source, opts: &Options) -> Result<View> {
-    let schema = source.files[0].metadata.schema().clone();
-    let mut problems: Vec<String> = check_schemas(source).into_iter().collect();
-    let undecodable = undecodable_columns(source);
+    let schema = source.schema.clone();
+    let mut problems: Vec<String> = source.facts.schema_problem.iter().cloned().collect();
+    let undecodable = &source.facts.undecodable;
     let cols = Columns::select(
         &schema,
         source.unischema.as_ref(),
-        &undecodable,
+        undecodable,
         opts,
         &mut problems,
     );
@@ -1031,12 +898,41 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
         *p = p.replace('\n', "\\n").replace('\r', "\\r");
     }
     let roots: BTreeSet<usize> = items.iter().flat_map(Item::fields).collect();
+    let mut nulls_read: Vec<(usize, Option<String>)> = (hint.nulls.iter())
+        .filter(|(i, _)| matches!(source.facts.nulls[**i], NullFact::Unknown(_)))
+        .map(|(i, file)| (*i, file.clone()))
+        .collect();
+    nulls_read.sort();
     Ok(View {
         items,
         tensors,
         roots: roots.into_iter().collect(),
         problems,
+        nulls_read,
     })
+}
+
+/// Placeholder of the count of objects touched in `dataset.json`, replaced as it is served
+/// (`Fs`): a JSON number padded with spaces to the widest count, so the file's size is fixed.
+pub const TOUCHED_PLACEHOLDER: &str = "0                   ";
+
+/// Where the dataset came from: a listing, a summary file, or a snapshot (with its path and,
+/// live, how many of its objects this host has touched).
+fn origin_json(source: &Source) -> serde_json::Value {
+    use crate::source::Origin;
+    let mut v = json!({
+        "from": source.origin.name(),
+        "objects": source.files.len(),
+    });
+    match &source.origin {
+        Origin::Listing => {}
+        Origin::Summary => v["summary_file"] = json!(source.summary.as_ref().map(|s| &s.name)),
+        Origin::Snapshot(at) => {
+            v["snapshot"] = json!(at);
+            v["objects_touched"] = json!(TOUCHED_PLACEHOLDER);
+        }
+    }
+    v
 }
 
 /// The content of `dataset.json`.
@@ -1067,12 +963,13 @@ pub fn dataset_json(
     let files: Vec<serde_json::Value> = source
         .files
         .iter()
-        .map(|f| json!({"path": f.name, "rows": f.rows(), "row_groups": f.row_groups(), "size": f.size}))
+        .map(|f| json!({"path": f.name, "rows": f.rows(), "row_groups": f.rg_rows.len(), "size": f.size}))
         .collect();
     let world = opts.world_size;
     json!({
         "source": source.display,
         "fingerprint": source.fingerprint(),
+        "origin": origin_json(source),
         "rows": plan.rows(),
         "row_groups": plan.row_groups(),
         "batch_size": opts.batch_size,

@@ -29,14 +29,17 @@ refuses everything):
 Control (handled by the proxy, never forwarded):
 
     POST /__fault__         JSON {"mode": "503", "rate": 0.3, "seed": 1, "hold": 40,
-                            "count": 5, "match": "\\.parquet$", "bandwidth": 50e6}: any
-                            subset. `bandwidth` caps each response body's bytes per second
-                            (as one connection to a store is capped; 0: no cap). `count` caps the
+                            "count": 5, "match": "\\.parquet$", "bandwidth": 50e6,
+                            "latency": 0.02}: any subset. `bandwidth` caps each response
+                            body's bytes per second (as one connection to a store is capped; 0:
+                            no cap); `latency` holds every request that long before forwarding
+                            it (a remote store's round trip). `count` caps the
                             faults injected from now on (null: no cap), `match` is a regex the
                             object's path must match, `seed` restarts the RNG. Setting it
                             restarts the fault count. Answers the configuration in force.
     GET  /__fault__         the configuration in force
-    GET  /__stats__         counters: requests, by_method, object_gets, faults (per mode),
+    GET  /__stats__         counters: requests, by_method, object_gets, listings, keys and
+                            key_bytes (object GETs and body bytes per path), faults (per mode),
                             forwarded, bytes_forwarded (response body bytes sent to clients
                             from upstream, partial bodies included), request_bytes, ...
     POST /__stats__/reset   zero the counters
@@ -92,8 +95,9 @@ class BadRequest(Exception):
 
 
 class Config:
-    def __init__(self, mode="none", rate=1.0, seed=0, hold=40.0, count=None, match=None, bandwidth=0.0):
+    def __init__(self, mode="none", rate=1.0, seed=0, hold=40.0, count=None, match=None, bandwidth=0.0, latency=0.0):
         self.mode = mode
+        self.latency = latency  # seconds added before every forwarded request, as a remote store's round trip
         self.bandwidth = bandwidth  # bytes/s of each response body, as one connection to a store gets; 0: any
         self.rate = rate
         self.seed = seed
@@ -104,7 +108,7 @@ class Config:
         self.injected = 0  # faults injected since the configuration was last set
 
     def update(self, d: dict) -> None:
-        unknown = set(d) - {"mode", "rate", "seed", "hold", "count", "match", "bandwidth"}
+        unknown = set(d) - {"mode", "rate", "seed", "hold", "count", "match", "bandwidth", "latency"}
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         mode = str(d.get("mode", self.mode))
@@ -128,6 +132,10 @@ class Config:
         if bandwidth < 0:
             raise ValueError("bandwidth must be >= 0 (0: unlimited)")
         self.bandwidth = bandwidth
+        latency = float(d.get("latency", self.latency))
+        if not 0.0 <= latency <= 10.0:
+            raise ValueError("latency must be within [0, 10] seconds")
+        self.latency = latency
         self.mode, self.rate, self.hold, self.count, self.match = mode, rate, hold, count, match
         if "seed" in d:
             self.seed = int(d["seed"])
@@ -143,6 +151,7 @@ class Config:
             "count": self.count,
             "match": self.match,
             "bandwidth": self.bandwidth,
+            "latency": self.latency,
             "injected": self.injected,
         }
 
@@ -153,6 +162,9 @@ def new_stats() -> dict:
         "requests": 0,
         "by_method": {},
         "object_gets": 0,
+        "listings": 0,  # GETs of the bucket itself with a prefix or list-type: listing pages
+        "keys": {},  # object GETs by path (/BUCKET/KEY)
+        "key_bytes": {},  # response body bytes by object path
         "faults": {},
         "forwarded": 0,
         "upstream_errors": 0,
@@ -325,6 +337,11 @@ class Proxy:
         keys = {kv.split("=", 1)[0] for kv in query.split("&") if kv}
         return not (keys & NOT_DATA)
 
+    def is_listing(self, req: Request) -> bool:
+        path, query = req.path_and_query
+        keys = {kv.split("=", 1)[0] for kv in query.split("&") if kv}
+        return req.method == "GET" and "/" not in path.strip("/") and bool(keys & {"list-type", "prefix", "delimiter"})
+
     def decide(self, req: Request) -> str | None:
         cfg = self.config
         if cfg.mode == "down":
@@ -332,6 +349,7 @@ class Proxy:
         if not self.is_object_get(req):
             return None
         self.count("object_gets")
+        self.count("keys", req.path_and_query[0])
         if cfg.mode == "none":
             return None
         if cfg.match is not None and not re.search(cfg.match, req.path_and_query[0]):
@@ -393,6 +411,10 @@ class Proxy:
 
         self.count("requests")
         self.count("by_method", req.method)
+        if self.is_listing(req):
+            self.count("listings")
+        if self.config.latency:
+            await asyncio.sleep(self.config.latency)
         fault = self.decide(req)
         if fault:
             self.count("faults", fault)
@@ -567,9 +589,12 @@ class Proxy:
             if not keep:
                 out_hdrs.append(("Connection", "close"))
             writer.write(status_line("HTTP/1.1", code, reason) + encode_headers(out_hdrs))
+            per_key = self.is_object_get(req)
             async for data in read_body(ur, rhdrs, until_eof=True):
                 writer.write(b"%x\r\n%s\r\n" % (len(data), data) if rechunk else data)
                 self.count("bytes_forwarded", n=len(data))
+                if per_key:
+                    self.count("key_bytes", req.path_and_query[0], n=len(data))
                 await writer.drain()
                 if self.config.bandwidth:
                     await asyncio.sleep(len(data) / self.config.bandwidth)

@@ -23,11 +23,26 @@ use tensorfs::options::Options;
 use tensorfs::source::Source;
 use tensorfs::stats::Stats;
 
-/// An in-memory store whose reads fail while `failing` is set, as a server that went away.
-#[derive(Debug)]
+/// An in-memory store whose reads fail while `failing` is set, as a server that went away,
+/// and which counts the objects read and the listings made.
+#[derive(Debug, Default)]
 struct Flaky {
     inner: InMemory,
     failing: AtomicBool,
+    gets: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    lists: std::sync::atomic::AtomicUsize,
+}
+
+impl Flaky {
+    fn reset_counts(&self) {
+        self.gets.lock().unwrap().clear();
+        self.lists.store(0, Ordering::SeqCst);
+    }
+
+    /// The objects read since the counts were reset.
+    fn objects_read(&self) -> Vec<String> {
+        self.gets.lock().unwrap().keys().cloned().collect()
+    }
 }
 
 impl std::fmt::Display for Flaky {
@@ -66,6 +81,12 @@ impl ObjectStore for Flaky {
                 source: "connection reset by peer".into(),
             });
         }
+        *self
+            .gets
+            .lock()
+            .unwrap()
+            .entry(location.to_string())
+            .or_default() += 1;
         self.inner.get_opts(location, options).await
     }
 
@@ -77,6 +98,7 @@ impl ObjectStore for Flaky {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list(prefix)
     }
 
@@ -115,10 +137,7 @@ fn parquet(start: i64, rows: i64, rg_size: usize) -> Bytes {
 
 /// Two files, 300 + 220 rows, row groups of 64.
 async fn store() -> Arc<Flaky> {
-    let store = Arc::new(Flaky {
-        inner: InMemory::new(),
-        failing: AtomicBool::new(false),
-    });
+    let store = Arc::new(Flaky::default());
     store
         .put(&Path::from("data/a.parquet"), parquet(0, 300, 64).into())
         .await
@@ -493,4 +512,167 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     found
+}
+
+/// Eight files of 100 rows (row groups of 50): rows 100·k.. of file k.
+async fn store_of_eight() -> Arc<Flaky> {
+    let store = Arc::new(Flaky::default());
+    for k in 0..8 {
+        let path = Path::from(format!("data/part-{k}.parquet"));
+        store
+            .put(&path, parquet(100 * k, 100, 50).into())
+            .await
+            .unwrap();
+    }
+    store
+}
+
+/// The core over what `pinned` (a snapshot's bytes) pins of `store`'s dataset.
+async fn mount_pinned(
+    store: Arc<Flaky>,
+    pinned: &[u8],
+    options: &str,
+    cache: &std::path::Path,
+) -> (Fs, Dataset) {
+    let opts = Options::parse(&[
+        options.to_string(),
+        format!("cache_dir={}", cache.display()),
+    ])
+    .unwrap();
+    let stats = Arc::new(Stats::default());
+    let url = url::Url::parse("memory:///data").unwrap();
+    let pinned = tensorfs::snapshot::decode(pinned, "train.snapshot").unwrap();
+    let source =
+        Source::pinned_over(store, &url, "memory:///data", pinned, None, stats.clone()).unwrap();
+    let dataset = Dataset::over(Arc::new(source), &opts, stats).await.unwrap();
+    dataset.check().unwrap();
+    let fs = dataset
+        .filesystem(&opts, tokio::runtime::Handle::current())
+        .unwrap();
+    (fs, dataset)
+}
+
+async fn dataset_json(fs: &Fs) -> serde_json::Value {
+    serde_json::from_slice(&read_all(fs, "dataset.json").await).unwrap()
+}
+
+/// A host mounting a snapshot lists nothing and reads no footer at mount; reading its rank's
+/// view it touches only its partitions' objects; every byte is the listing mount's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_mount_lists_nothing_and_touches_only_its_share() {
+    let options = "batch_size=50,partitions=4,world_size=4,prefetch=0";
+    let store = store_of_eight().await;
+    let listed = mount(store.clone(), options).await;
+    let snapshot =
+        tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+    let batches = listed.dataset.plan.batches();
+    let mut want = Vec::new();
+    for i in 0..batches {
+        want.push(read_all(&listed.fs, &format!("epoch-0/{i:06}.safetensors")).await);
+    }
+    store.reset_counts();
+    let cache = tempfile::tempdir().unwrap();
+    let (fs, dataset) = mount_pinned(store.clone(), &snapshot, options, cache.path()).await;
+    assert_eq!(
+        store.lists.load(Ordering::SeqCst),
+        0,
+        "a snapshot mount lists"
+    );
+    assert_eq!(store.objects_read(), Vec::<String>::new(), "read at mount");
+    assert_eq!(
+        dataset.source.fingerprint(),
+        listed.dataset.source.fingerprint()
+    );
+    let json = dataset_json(&fs).await;
+    assert_eq!(json["origin"]["from"], "snapshot");
+    assert_eq!(json["origin"]["objects_touched"], 0);
+    // Rank 1 of 4 reads partition 1: rows 200..400, two of the eight objects.
+    let rank = dataset.plan.rank_batches(4);
+    for i in 0..rank {
+        let bytes = read_all(&fs, &format!("epoch-0/rank-1-of-4/{i:06}.safetensors")).await;
+        let global = i * 4 + 1;
+        assert_eq!(bytes, want[global as usize], "rank batch {i}");
+    }
+    assert_eq!(
+        store.objects_read(),
+        ["data/part-2.parquet", "data/part-3.parquet"]
+    );
+    assert_eq!(dataset_json(&fs).await["origin"]["objects_touched"], 2);
+    for (i, want) in want.iter().enumerate() {
+        let bytes = read_all(&fs, &format!("epoch-0/{i:06}.safetensors")).await;
+        assert_eq!(&bytes, want, "batch {i}");
+    }
+    assert_eq!(dataset_json(&fs).await["origin"]["objects_touched"], 8);
+}
+
+/// Objects added, replaced or removed after the snapshot change nothing a mount of it shows:
+/// the reads that need a changed object fail with EIO, saying so; the others are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_pins_the_dataset_whatever_changes_after() {
+    let options = "batch_size=100,shuffle=none,prefetch=0";
+    let store = store().await;
+    let listed = mount(store.clone(), options).await;
+    let snapshot =
+        tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+    let first = read_all(&listed.fs, "epoch-0/000001.safetensors").await;
+    store
+        .put(&Path::from("data/c.parquet"), parquet(520, 80, 64).into())
+        .await
+        .unwrap();
+    store
+        .put(&Path::from("data/b.parquet"), parquet(300, 220, 64).into())
+        .await
+        .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let (fs, dataset) = mount_pinned(store.clone(), &snapshot, options, cache.path()).await;
+    assert_eq!(dataset.plan.rows(), 520);
+    assert_eq!(names(&fs, "epoch-0").len(), 6 * 2 + 2);
+    assert_eq!(read_all(&fs, "epoch-0/000001.safetensors").await, first);
+    // Batch 4 is rows 400..500, all from b, written again (same rows, another version).
+    let e = fs
+        .read(ino(&fs, "epoch-0/000004.safetensors"), 0, 4096)
+        .await
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    let said = e.to_string();
+    assert!(
+        said.contains("data/b.parquet") && said.contains("changed since the snapshot"),
+        "{said}"
+    );
+    store
+        .inner
+        .delete(&Path::from("data/a.parquet"))
+        .await
+        .unwrap();
+    let e = fs
+        .read(ino(&fs, "epoch-0/000002.safetensors"), 0, 4096)
+        .await
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("changed since the snapshot"), "{e}");
+}
+
+/// A snapshot file that is not one, is cut short or damaged is refused, saying which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_snapshots_are_refused() {
+    let listed = mount(store().await, "batch_size=100").await;
+    let good = tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+    let refusal = |bytes: &[u8]| match tensorfs::snapshot::decode(bytes, "s") {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(tensorfs::snapshot::decode(&good, "s").is_ok());
+    assert_eq!(
+        refusal(b"PAR1...."),
+        "snapshot 's' is not a tensorfs snapshot"
+    );
+    assert!(refusal(&good[..good.len() - 10]).contains("is truncated"));
+    assert!(refusal(&good[..30]).contains("is truncated"));
+    let mut flipped = good.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert!(refusal(&flipped).contains("is damaged"));
+    let mut newer = good.clone();
+    newer[18] = 9;
+    assert!(refusal(&newer).contains("format 9"));
 }

@@ -1,0 +1,417 @@
+//! What a mount knows of a dataset before it reads a row: its objects (names, sizes, versions,
+//! the rows of each row group), its schema, and the facts the mount-time checks need, found in
+//! the footers once (schemas that disagree, undecodable codecs, nulls). A listing mount finds
+//! them in every footer; a snapshot (PRODUCT.md §8) carries them, so that a host mounting it
+//! reads no footer until a read needs one. Also the dataset's fingerprint, and what differs
+//! between two catalogs when fingerprints disagree.
+
+use crate::petastorm::Unischema;
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One object of the dataset, as listed when the dataset was read (or pinned).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    /// The key relative to the source's prefix (the file name for a single-file source).
+    pub name: String,
+    pub size: u64,
+    /// The version reads are pinned to (`if-match`), where the store gives one.
+    pub e_tag: Option<String>,
+    /// The store's own version id (S3 version, GCS generation), where it gives one.
+    pub version: Option<String>,
+    /// The modification time as the store reported it.
+    pub modified: String,
+    /// Bytes of the footer (metadata, length, magic), so that one GET fetches it exactly; 0
+    /// where not known yet.
+    pub footer_len: u64,
+    /// Rows of each row group.
+    pub rg_rows: Vec<u64>,
+}
+
+impl Object {
+    pub fn rows(&self) -> u64 {
+        self.rg_rows.iter().sum()
+    }
+}
+
+/// The Parquet summary file (`_metadata`) a dataset is listed by, where it is one's: part of
+/// what the dataset is, so part of its fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub name: String,
+    pub size: u64,
+    pub e_tag: Option<String>,
+}
+
+/// What a column's statistics say of its nulls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NullFact {
+    None,
+    /// Nulls, first in this file.
+    In(String),
+    /// Statistics are missing, or (for lists) also count empty lists: these row groups (file,
+    /// row group) must be read to know.
+    Unknown(Vec<(u32, u32)>),
+}
+
+/// What a mount knows of a dataset before it reads a footer.
+pub struct Catalog {
+    pub objects: Vec<Object>,
+    pub summary: Option<Summary>,
+    pub schema: SchemaRef,
+    pub facts: Facts,
+    pub unischema: Option<Unischema>,
+}
+
+/// A dataset as a snapshot pinned it.
+pub struct Pinned {
+    /// Where the snapshot was read from (its path or URL).
+    pub at: String,
+    /// The source's URL when it was pinned.
+    pub url: url::Url,
+    /// The prefix (in the source's store) the objects' names are relative to.
+    pub root: String,
+    pub catalog: Catalog,
+}
+
+/// What the mount-time checks need of the footers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    /// Files whose schemas disagree, as the refusal says it.
+    pub schema_problem: Option<String>,
+    /// Columns compressed with a codec tensorfs cannot decode, each with why.
+    pub undecodable: BTreeMap<String, String>,
+    /// For each root column of the schema.
+    pub nulls: Vec<NullFact>,
+    /// Memory the decoded footers take, all of them loaded.
+    pub footer_memory: u64,
+}
+
+impl Facts {
+    /// The facts of the files' footers (`schema`: the dataset's, the first file's).
+    pub fn of(schema: &Schema, files: &[(&str, &ArrowReaderMetadata)]) -> Facts {
+        let nulls = (schema.fields().iter().enumerate())
+            .map(|(i, f)| {
+                let is_list = matches!(f.data_type(), DataType::List(_) | DataType::LargeList(_));
+                null_fact(files, i, is_list)
+            })
+            .collect();
+        Facts {
+            schema_problem: check_schemas(files),
+            undecodable: undecodable_columns(files),
+            nulls,
+            footer_memory: (files.iter())
+                .map(|(_, md)| md.metadata().memory_size() as u64)
+                .sum(),
+        }
+    }
+}
+
+/// Compares every file's schema with the first one's, by column names and types.
+fn check_schemas(files: &[(&str, &ArrowReaderMetadata)]) -> Option<String> {
+    let (first, a) = files.first()?;
+    let a = a.schema();
+    for (name, md) in &files[1..] {
+        if let Some(diff) = schema_difference(a, md.schema()) {
+            return Some(format!(
+                "files '{first}' and '{name}' have different schemas: {diff}"
+            ));
+        }
+    }
+    None
+}
+
+/// How two schemas differ as far as their tensors are concerned, if they do.
+pub fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {
+    let names = |s: &Schema| {
+        s.fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect::<Vec<_>>()
+    };
+    if names(a) != names(b) {
+        return Some(format!(
+            "columns [{}] and [{}]",
+            names(a).join(", "),
+            names(b).join(", ")
+        ));
+    }
+    a.fields()
+        .iter()
+        .zip(b.fields())
+        .find(|(x, y)| as_served(x.data_type()) != as_served(y.data_type()))
+        .map(|(x, y)| {
+            format!(
+                "column '{}' is {} and {}",
+                x.name(),
+                x.data_type(),
+                y.data_type()
+            )
+        })
+}
+
+/// A column's type as far as its tensor is concerned, which files may write differently and
+/// still agree, as pyarrow reads them as one dataset: dictionary-encoded or plain, and a list's
+/// element named `element` (the Parquet spec), `item` (pyarrow before 13) or otherwise.
+fn as_served(dt: &DataType) -> DataType {
+    let element = |f: &arrow::datatypes::FieldRef| {
+        Arc::new(arrow::datatypes::Field::new(
+            "item",
+            as_served(f.data_type()),
+            true,
+        ))
+    };
+    match dt {
+        DataType::Dictionary(_, values) => as_served(values),
+        DataType::List(f) => DataType::List(element(f)),
+        DataType::LargeList(f) => DataType::LargeList(element(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(element(f), *n),
+        dt => dt.clone(),
+    }
+}
+
+fn null_fact(files: &[(&str, &ArrowReaderMetadata)], field: usize, is_list: bool) -> NullFact {
+    let mut unknown = Vec::new();
+    for (fi, (name, md)) in files.iter().enumerate() {
+        let md = md.metadata();
+        let descr = md.file_metadata().schema_descr();
+        let leaves: Vec<usize> = (0..descr.num_columns())
+            .filter(|&l| descr.get_column_root_idx(l) == field)
+            .collect();
+        for rg in 0..md.num_row_groups() {
+            let chunk = md.row_group(rg);
+            if chunk.num_rows() == 0 {
+                // No rows, no nulls: nothing to read (its chunks may have no pages at all).
+                continue;
+            }
+            let counts: Vec<Option<u64>> = leaves
+                .iter()
+                .map(|&l| {
+                    chunk
+                        .column(l)
+                        .statistics()
+                        .and_then(|s| s.null_count_opt())
+                })
+                .collect();
+            let any = counts.iter().any(|c| c.is_some_and(|n| n > 0));
+            if any && !is_list {
+                return NullFact::In(name.to_string());
+            }
+            if any || counts.iter().any(Option::is_none) {
+                unknown.push((fi as u32, rg as u32));
+            }
+        }
+    }
+    match unknown.is_empty() {
+        true => NullFact::None,
+        false => NullFact::Unknown(unknown),
+    }
+}
+
+/// Columns whose chunks a footer shows compressed with a codec tensorfs cannot decode (LZO,
+/// which the parquet crate does not implement), each with the first file that shows it: refused
+/// at mount rather than failing every read.
+fn undecodable_columns(files: &[(&str, &ArrowReaderMetadata)]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, md) in files {
+        let md = md.metadata();
+        let descr = md.file_metadata().schema_descr();
+        for rg in md.row_groups() {
+            for (leaf, chunk) in rg.columns().iter().enumerate() {
+                if chunk.compression() != parquet::basic::Compression::LZO {
+                    continue;
+                }
+                let root = descr.get_column_root(leaf).name().to_string();
+                let why = format!(
+                    "column '{root}' of file '{name}' is compressed with LZO, which tensorfs cannot decode"
+                );
+                out.entry(root).or_insert(why);
+            }
+        }
+    }
+    out
+}
+
+/// Identifies the dataset's content: the summary file it is listed by (if so), every object's
+/// key, size and ETag, in order, and the Petastorm fields they are read as (a
+/// `_common_metadata` edited or removed changes how the same cells decode).
+pub fn fingerprint(
+    summary: Option<&Summary>,
+    objects: &[&Object],
+    unischema: Option<&Unischema>,
+) -> String {
+    let mut h = Sha256::new();
+    if let Some(s) = summary {
+        h.update(format!("summary\0{}\0", s.name));
+        h.update(s.size.to_le_bytes());
+        h.update(s.e_tag.as_deref().unwrap_or("").as_bytes());
+        h.update([0]);
+    }
+    for f in objects {
+        h.update(f.name.as_bytes());
+        h.update([0]);
+        h.update(f.size.to_le_bytes());
+        h.update(f.e_tag.as_deref().unwrap_or("").as_bytes());
+        h.update([0]);
+    }
+    if let Some(u) = unischema {
+        h.update(if u.inferred { "cells\0" } else { "unischema\0" });
+        for f in &u.fields {
+            let (name, numpy, shape) = (&f.name, &f.numpy, f.shape_text());
+            let (codec, nullable) = (f.codec.name(), f.nullable);
+            h.update(format!("{name}\0{numpy}\0{shape}\0{codec}\0{nullable}\0"));
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How the objects of `now` differ from those of `then`: added, removed, changed (another
+/// size or version), each with its first few keys, in one phrase.
+pub fn differences(then: &[&Object], now: &[&Object]) -> String {
+    let key = |o: &Object| (o.size, o.e_tag.clone());
+    let before: BTreeMap<&str, _> = then.iter().map(|o| (o.name.as_str(), key(o))).collect();
+    let after: BTreeMap<&str, _> = now.iter().map(|o| (o.name.as_str(), key(o))).collect();
+    let added: Vec<&str> = (after.keys())
+        .filter(|k| !before.contains_key(*k))
+        .copied()
+        .collect();
+    let removed: Vec<&str> = (before.keys())
+        .filter(|k| !after.contains_key(*k))
+        .copied()
+        .collect();
+    let changed: Vec<&str> = (after.iter())
+        .filter(|(k, v)| before.get(*k).is_some_and(|b| b != *v))
+        .map(|(k, _)| *k)
+        .collect();
+    let some = |what: &str, keys: &[&str]| -> Option<String> {
+        const SHOWN: usize = 3;
+        if keys.is_empty() {
+            return None;
+        }
+        let mut named: Vec<String> = keys.iter().take(SHOWN).map(|k| format!("'{k}'")).collect();
+        if keys.len() > SHOWN {
+            named.push(format!("… {} more", keys.len() - SHOWN));
+        }
+        Some(format!("{} {what} ({})", keys.len(), named.join(", ")))
+    };
+    let parts: Vec<String> = [
+        some("added", &added),
+        some("removed", &removed),
+        some("changed", &changed),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    match parts.is_empty() {
+        true => {
+            "the same objects, read differently (the summary file or Petastorm's metadata)".into()
+        }
+        false => format!("objects {}", parts.join(", ")),
+    }
+}
+
+/// The Arrow schema as bytes (its IPC message) and back: how a snapshot carries it.
+pub fn schema_bytes(schema: &Schema) -> Vec<u8> {
+    use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+    let mut tracker = DictionaryTracker::new(false);
+    IpcDataGenerator::default()
+        .schema_to_bytes_with_dictionary_tracker(schema, &mut tracker, &IpcWriteOptions::default())
+        .ipc_message
+}
+
+pub fn schema_from_bytes(bytes: &[u8]) -> anyhow::Result<SchemaRef> {
+    Ok(Arc::new(
+        arrow::ipc::convert::try_schema_from_flatbuffer_bytes(bytes)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str, size: u64, e_tag: &str) -> Object {
+        Object {
+            name: name.into(),
+            size,
+            e_tag: Some(e_tag.into()),
+            version: None,
+            modified: String::new(),
+            footer_len: 0,
+            rg_rows: vec![10],
+        }
+    }
+
+    fn refs(v: &[Object]) -> Vec<&Object> {
+        v.iter().collect()
+    }
+
+    #[test]
+    fn differences_name_what_was_added_removed_and_changed() {
+        let then = [
+            object("a", 1, "x"),
+            object("b", 2, "y"),
+            object("c", 3, "z"),
+        ];
+        let now = [
+            object("a", 1, "x"),
+            object("b", 2, "y2"),
+            object("d", 4, "w"),
+            object("e", 4, "w"),
+        ];
+        let said = differences(&refs(&then), &refs(&now));
+        assert_eq!(
+            said,
+            "objects 2 added ('d', 'e'), 1 removed ('c'), 1 changed ('b')"
+        );
+        let many: Vec<Object> = (0..5).map(|i| object(&format!("n{i}"), 1, "e")).collect();
+        let said = differences(&[], &refs(&many));
+        assert_eq!(said, "objects 5 added ('n0', 'n1', 'n2', … 2 more)");
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_any_object_and_the_summary() {
+        let a = [object("a", 1, "x"), object("b", 2, "y")];
+        let base = fingerprint(None, &refs(&a), None);
+        assert_eq!(base, fingerprint(None, &refs(&a), None));
+        let replaced = [object("a", 1, "x"), object("b", 2, "y2")];
+        assert_ne!(base, fingerprint(None, &refs(&replaced), None));
+        assert_ne!(base, fingerprint(None, &refs(&a[..1]), None));
+        let summary = Summary {
+            name: "_metadata".into(),
+            size: 10,
+            e_tag: None,
+        };
+        assert_ne!(base, fingerprint(Some(&summary), &refs(&a), None));
+    }
+
+    #[test]
+    fn schemas_round_trip_through_their_bytes() {
+        use arrow::datatypes::{Field, TimeUnit};
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(
+                "emb",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 8),
+                true,
+            ),
+            Field::new(
+                "tokens",
+                DataType::List(Arc::new(Field::new("element", DataType::Int32, true))),
+                true,
+            ),
+            Field::new(
+                "t",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new_dictionary("d", DataType::Int32, DataType::Int64, true),
+        ]);
+        let back = schema_from_bytes(&schema_bytes(&schema)).unwrap();
+        assert_eq!(back.as_ref(), &schema);
+    }
+}

@@ -1,0 +1,393 @@
+//! Snapshots: one dataset for every host (PRODUCT.md §8).
+//!
+//! `tensorfs snapshot` lists the source and reads every footer once, then writes what a mount
+//! needs and nothing per row: the objects with their sizes and versions, the rows of each row
+//! group, the schema, the facts the mount-time checks need, and the fingerprint. A mount with
+//! `snapshot=` computes its plan from that alone and fetches a footer when a read first needs
+//! it, so a host reading its share touches only its share of the objects.
+//!
+//! The file: a header (magic, format version, body length, SHA-256 of the body), then the body,
+//! JSON compressed with zstd. Written to a temp file, synced and renamed (a local path), or with
+//! one PUT (an object store, where a PUT is atomic). The objects are kept column by column, so
+//! that names and versions compress well: see docs/scale.md for what it weighs per object.
+//!
+//! Every mount of a listing also keeps its catalog this way in the cache directory, named by
+//! its fingerprint, so that `fingerprint=` can say what changed when it refuses a mount.
+
+use crate::catalog::{self, Catalog, Facts, NullFact, Object, Pinned, Summary};
+use crate::source::{Origin, Source};
+use crate::view::View;
+use anyhow::{Context, Result, anyhow, bail};
+use base64::Engine;
+use object_store::ObjectStoreExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+const MAGIC: &[u8; 18] = b"tensorfs snapshot\n";
+/// The format's version: a change to what the body holds or means bumps it.
+const FORMAT: u32 = 1;
+/// Magic, format, body length, SHA-256 of the body.
+const HEADER: usize = MAGIC.len() + 4 + 8 + 32;
+
+/// The body of a snapshot file.
+#[derive(Serialize, Deserialize)]
+struct Body {
+    /// The tensorfs that wrote it, for whoever reads the file.
+    written_by: String,
+    /// Seconds since the Unix epoch.
+    created: u64,
+    /// The source's URL, and the prefix in its store that the objects' names are relative to.
+    url: String,
+    root: String,
+    /// "listing" or "summary file": how the pinned dataset was found.
+    from: String,
+    fingerprint: String,
+    summary: Option<Summary>,
+    /// The Arrow schema as an IPC message, in base64.
+    schema: String,
+    unischema: Option<crate::petastorm::Unischema>,
+    facts: Facts,
+    objects: Objects,
+}
+
+/// The objects, column by column (see [`catalog::Object`]).
+#[derive(Default, Serialize, Deserialize)]
+struct Objects {
+    names: Vec<String>,
+    sizes: Vec<u64>,
+    e_tags: Vec<Option<String>>,
+    versions: Vec<Option<String>>,
+    modified: Vec<String>,
+    footer_lens: Vec<u64>,
+    /// Row groups of each object; their rows follow, all objects' in one list.
+    row_groups: Vec<u32>,
+    rows: Vec<u64>,
+}
+
+impl Objects {
+    fn of(objects: &[&Object]) -> Objects {
+        let mut o = Objects::default();
+        for f in objects {
+            o.names.push(f.name.clone());
+            o.sizes.push(f.size);
+            o.e_tags.push(f.e_tag.clone());
+            o.versions.push(f.version.clone());
+            o.modified.push(f.modified.clone());
+            o.footer_lens.push(f.footer_len);
+            o.row_groups.push(f.rg_rows.len() as u32);
+            o.rows.extend(&f.rg_rows);
+        }
+        o
+    }
+
+    fn into_objects(self) -> Result<Vec<Object>> {
+        let n = self.names.len();
+        let lengths = [
+            self.sizes.len(),
+            self.e_tags.len(),
+            self.versions.len(),
+            self.modified.len(),
+            self.footer_lens.len(),
+            self.row_groups.len(),
+        ];
+        let groups: u64 = self.row_groups.iter().map(|&g| g as u64).sum();
+        if lengths.iter().any(|&l| l != n) || groups != self.rows.len() as u64 {
+            bail!("its object lists disagree in length");
+        }
+        let mut rows = self.rows.into_iter();
+        let objects = (self.names.into_iter())
+            .zip(self.sizes)
+            .zip(self.e_tags)
+            .zip(self.versions)
+            .zip(self.modified)
+            .zip(self.footer_lens)
+            .zip(self.row_groups)
+            .map(
+                |((((((name, size), e_tag), version), modified), footer_len), groups)| {
+                    let rg_rows = rows.by_ref().take(groups as usize).collect();
+                    Object {
+                        name,
+                        size,
+                        e_tag,
+                        version,
+                        modified,
+                        footer_len,
+                        rg_rows,
+                    }
+                },
+            )
+            .collect();
+        Ok(objects)
+    }
+}
+
+/// The snapshot of an opened source, with the nulls its view had to read recorded.
+pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
+    let mut facts = source.facts.clone();
+    for (field, file) in &view.nulls_read {
+        facts.nulls[*field] = match file {
+            Some(f) => NullFact::In(f.clone()),
+            None => NullFact::None,
+        };
+    }
+    let from = match source.origin {
+        Origin::Listing | Origin::Snapshot(_) if source.summary.is_none() => "listing",
+        _ => "summary file",
+    };
+    let body = Body {
+        written_by: format!("tensorfs {}", env!("CARGO_PKG_VERSION")),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        url: source.url.to_string(),
+        root: source.root.to_string(),
+        from: from.into(),
+        fingerprint: source.fingerprint().to_string(),
+        summary: source.summary.clone(),
+        schema: base64::engine::general_purpose::STANDARD
+            .encode(catalog::schema_bytes(&source.schema)),
+        unischema: source.unischema.clone(),
+        facts,
+        objects: Objects::of(&source.objects()),
+    };
+    let json = serde_json::to_vec(&body)?;
+    let compressed = zstd::bulk::compress(&json, 9)?;
+    let mut out = Vec::with_capacity(HEADER + compressed.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&(compressed.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha256::digest(&compressed));
+    out.extend_from_slice(&compressed);
+    Ok(out)
+}
+
+/// Reads a snapshot file's bytes; `at` names it in errors. A file that is not a snapshot, is
+/// cut short, fails its checksum or was written by a newer format is refused, saying which.
+pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
+    let refused = |why: &str| anyhow!("snapshot '{at}' {why}");
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(refused("is not a tensorfs snapshot"));
+    }
+    if bytes.len() < HEADER {
+        return Err(refused("is truncated"));
+    }
+    let format = u32::from_le_bytes(bytes[18..22].try_into().expect("4 bytes"));
+    if format != FORMAT {
+        return Err(refused(&format!(
+            "is of format {format}, which this tensorfs (format {FORMAT}) cannot read"
+        )));
+    }
+    let len = u64::from_le_bytes(bytes[22..30].try_into().expect("8 bytes"));
+    let body = &bytes[HEADER..];
+    if (body.len() as u64) < len {
+        return Err(refused(&format!(
+            "is truncated ({} of its {} bytes)",
+            HEADER + body.len(),
+            HEADER as u64 + len
+        )));
+    }
+    if body.len() as u64 > len {
+        return Err(refused("has bytes after its end"));
+    }
+    if Sha256::digest(body).as_slice() != &bytes[30..62] {
+        return Err(refused("is damaged: its checksum does not match"));
+    }
+    let damaged = |e: anyhow::Error| refused(&format!("is damaged: {e:#}"));
+    let json = zstd::stream::decode_all(body).map_err(|e| damaged(e.into()))?;
+    let body: Body = serde_json::from_slice(&json).map_err(|e| damaged(e.into()))?;
+    let schema = base64::engine::general_purpose::STANDARD
+        .decode(&body.schema)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| catalog::schema_from_bytes(&b))
+        .map_err(|e| damaged(e.context("its schema")))?;
+    let objects = body.objects.into_objects().map_err(damaged)?;
+    check_facts(&body.facts, schema.fields().len(), objects.len()).map_err(damaged)?;
+    let url = url::Url::parse(&body.url).map_err(|e| damaged(e.into()))?;
+    let refs: Vec<&Object> = objects.iter().collect();
+    let fingerprint = catalog::fingerprint(body.summary.as_ref(), &refs, body.unischema.as_ref());
+    if fingerprint != body.fingerprint {
+        return Err(damaged(anyhow!(
+            "its objects give fingerprint {fingerprint}, not the {} it records",
+            body.fingerprint
+        )));
+    }
+    Ok(Pinned {
+        at: at.to_string(),
+        url,
+        root: body.root,
+        catalog: Catalog {
+            objects,
+            summary: body.summary,
+            schema,
+            facts: body.facts,
+            unischema: body.unischema,
+        },
+    })
+}
+
+/// The facts refer only to columns and row groups that exist.
+fn check_facts(facts: &Facts, columns: usize, objects: usize) -> Result<()> {
+    if facts.nulls.len() != columns {
+        bail!(
+            "it gives nulls of {} columns for a schema of {columns}",
+            facts.nulls.len()
+        );
+    }
+    let out_of_range = facts.nulls.iter().any(|n| match n {
+        NullFact::Unknown(groups) => groups.iter().any(|&(f, _)| f as usize >= objects),
+        _ => false,
+    });
+    if out_of_range {
+        bail!("its facts name objects it does not list");
+    }
+    Ok(())
+}
+
+/// Whether `at` names an object in a store (a URL) rather than a local path.
+fn is_url(at: &str) -> bool {
+    at.contains("://") && !at.starts_with("file://")
+}
+
+/// The snapshot at `at` (a local path or a URL the store options reach).
+pub async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned> {
+    let bytes = match is_url(at) {
+        true => {
+            let (store, path) = crate::source::store_of(at, store_options)
+                .with_context(|| format!("snapshot '{at}'"))?;
+            let got = store.get(&path).await.map_err(|e| match e {
+                object_store::Error::NotFound { .. } => anyhow!("snapshot '{at}' does not exist"),
+                e => anyhow!("snapshot '{at}' cannot be read: {e}"),
+            })?;
+            got.bytes()
+                .await
+                .with_context(|| format!("snapshot '{at}' cannot be read"))?
+                .to_vec()
+        }
+        false => {
+            let path = at.strip_prefix("file://").unwrap_or(at);
+            std::fs::read(path)
+                .map_err(|e| anyhow!("snapshot '{at}' cannot be read: {}", io_reason(&e)))?
+        }
+    };
+    decode(&bytes, at)
+}
+
+/// Writes `bytes` to `at` whole or not at all: a local path through a synced temp file renamed
+/// into place, an object with one PUT.
+pub async fn write(at: &str, bytes: Vec<u8>, store_options: &[(String, String)]) -> Result<()> {
+    match is_url(at) {
+        true => {
+            let (store, path) = crate::source::store_of(at, store_options)
+                .with_context(|| format!("snapshot '{at}'"))?;
+            store
+                .put(&path, bytes.into())
+                .await
+                .map_err(|e| anyhow!("snapshot '{at}' cannot be written: {e}"))?;
+            Ok(())
+        }
+        false => {
+            let path = Path::new(at.strip_prefix("file://").unwrap_or(at));
+            // Readable by the job's other users, as a dataset's description is.
+            write_local(path, &bytes, 0o644)
+                .map_err(|e| anyhow!("snapshot '{at}' cannot be written: {e:#}"))
+        }
+    }
+}
+
+/// Crash-safe: written beside `path` (with `mode`), synced, renamed over it, the directory
+/// synced.
+fn write_local(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().context("it names no file")?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(|e| anyhow!(io_reason(&e)))
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Where a mount keeps the catalog of each dataset it listed, by fingerprint.
+fn record_path(cache_dir: &Path, fingerprint: &str) -> std::path::PathBuf {
+    cache_dir
+        .join("v1")
+        .join("datasets")
+        .join(format!("{fingerprint}.snapshot"))
+}
+
+/// Keeps the catalog of a listed dataset in the cache directory (once per fingerprint), so
+/// that a later mount refused by `fingerprint=` can say what changed since. A failure only
+/// loses that detail.
+pub fn record(source: &Source, view: &View, cache_dir: &Path) {
+    if matches!(source.origin, Origin::Snapshot(_)) {
+        return;
+    }
+    let path = record_path(cache_dir, source.fingerprint());
+    if path.exists() {
+        return;
+    }
+    let kept = (|| -> Result<()> {
+        crate::kept::private_dir(path.parent().expect("a parent"))?;
+        // Private, as everything in the cache directory is.
+        write_local(&path, &encode(source, view)?, 0o600)
+    })();
+    if let Err(e) = kept {
+        tracing::debug!("the dataset's catalog is not kept: {e:#}");
+    }
+}
+
+/// Refuses a dataset whose fingerprint is not `want`, in one line naming both and, where this
+/// host has seen the dataset `want` names (a snapshot mounted, or a listing kept in
+/// `cache_dir`), what differs.
+pub fn check_fingerprint(source: &Source, want: &str, cache_dir: &Path) -> Result<()> {
+    let have = source.fingerprint();
+    if have == want {
+        return Ok(());
+    }
+    let then = std::fs::read(record_path(cache_dir, want))
+        .ok()
+        .and_then(|b| decode(&b, want).ok());
+    let what = match then {
+        Some(then) => {
+            let before: Vec<&Object> = then.catalog.objects.iter().collect();
+            catalog::differences(&before, &source.objects())
+        }
+        None => format!(
+            "{} objects now; what changed is not known here, as this host never listed the dataset {want} (cache_dir has no record of it)",
+            source.files.len()
+        ),
+    };
+    bail!(
+        "source '{}' is dataset {have}, not {want} (fingerprint=): {what}",
+        source.display
+    )
+}
