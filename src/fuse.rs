@@ -1,39 +1,43 @@
-//! The thin fuser adapter: each callback is translated into a call on [`Fs`]; reads are
-//! answered from tokio tasks, so the FUSE threads never wait on a batch build.
+//! The thin fuser adapter: each callback is one call into the core ([`Requests`] for open
+//! files, [`Fs`] for the tree) and one reply; answers that wait on a build are replied from
+//! tokio tasks, so the FUSE threads never wait on one.
 
-use crate::ahead::Opening;
-use crate::fs::{Attr, Fs, Kind, Openable};
-use crate::open_files::{Mode, OpenFiles, ReadFrom};
+use crate::fs::{Attr, Fs, Kind};
+use crate::requests::{Answer, Opened, Registrar, Requests, Served};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 use tokio::runtime::Handle as Handle_;
-use tracing::Instrument;
 
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
 
 pub struct FuseAdapter {
+    requests: Arc<Requests<BackingId>>,
     fs: Arc<Fs>,
     runtime: Handle_,
     mounted_at: SystemTime,
     uid: u32,
     gid: u32,
-    /// Whether to try passthrough: asked for, accepted by the kernel at init, and not refused
-    /// since.
-    passthrough: Arc<AtomicBool>,
-    open_files: Arc<OpenFiles<BackingId>>,
-    /// `opens=kernel`: the kernel answers opens alone ([`crate::page_cache`]).
-    kernel_opens: bool,
+}
+
+/// An open's reply, which registers the backing file of a passthrough open.
+struct OpenReply(ReplyOpen);
+
+impl Registrar for OpenReply {
+    type Id = BackingId;
+
+    fn register(&self, file: &File) -> std::io::Result<BackingId> {
+        self.0.open_backing(file)
+    }
 }
 
 /// The errno of an error of the core, which is logged here, once, as it is replied.
@@ -54,18 +58,34 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, runtime: Handle_, passthrough: bool, kernel_opens: bool) -> Self {
+    pub fn new(requests: Arc<Requests<BackingId>>, runtime: Handle_) -> Self {
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {
-            fs,
+            fs: requests.fs().clone(),
+            requests,
             runtime,
             mounted_at: SystemTime::now(),
             uid,
             gid,
-            passthrough: Arc::new(AtomicBool::new(passthrough && !kernel_opens)),
-            open_files: Arc::default(),
-            kernel_opens,
+        }
+    }
+
+    /// Replies `answer` with `reply`: at once, or from a task once it is ready; then does what
+    /// the core asked to be done after the reply.
+    fn answer<T: Send + 'static>(&self, answer: Answer<T>, reply: impl FnOnce(T) + Send + 'static) {
+        match answer {
+            Answer::Now(value, then) => {
+                reply(value);
+                then.run();
+            }
+            Answer::Later(ready) => {
+                self.runtime.spawn(async move {
+                    let (value, then) = ready.await;
+                    reply(value);
+                    then.run();
+                });
+            }
         }
     }
 
@@ -74,7 +94,7 @@ impl FuseAdapter {
     /// always new, so that each open looks it up and drops the pages it kept
     /// (`FUSE_AUTO_INVAL_DATA`).
     fn revalidated(&self, ino: u64) -> bool {
-        self.kernel_opens && self.fs.is_live(ino)
+        self.requests.kernel_opens() && self.fs.is_live(ino)
     }
 
     /// How long the kernel may keep `ino`'s entry and attributes.
@@ -115,52 +135,6 @@ impl FuseAdapter {
     }
 }
 
-/// What finishing an open needs, shareable with the task that materialises the file.
-struct Opener {
-    fs: Arc<Fs>,
-    open_files: Arc<OpenFiles<BackingId>>,
-    passthrough: Arc<AtomicBool>,
-}
-
-impl Opener {
-    /// Answers an open of a batch file, by passthrough where the inode's mode allows.
-    fn finish(
-        &self,
-        ino: u64,
-        fh: u64,
-        file: Option<Arc<File>>,
-        started: std::time::Instant,
-        reply: ReplyOpen,
-    ) {
-        let passthrough = self.answer(ino, fh, file, reply);
-        self.fs.opened(ino, started.elapsed(), passthrough);
-    }
-
-    /// Answers an open of a file served from `file` where there is one (by passthrough where
-    /// the inode's mode allows), else by the daemon: whether it went by passthrough.
-    fn answer(&self, ino: u64, fh: u64, file: Option<Arc<File>>, reply: ReplyOpen) -> bool {
-        let passthrough = self.passthrough.load(Ordering::Relaxed);
-        let (mode, refused) = self
-            .open_files
-            .open_batch(ino, fh, file, passthrough, |f| reply.open_backing(f));
-        if let Some(e) = refused {
-            tracing::warn!("FUSE passthrough refused ({e}): reads are served by the daemon");
-            self.passthrough.store(false, Ordering::Relaxed);
-        }
-        match mode {
-            Mode::Passthrough(id) => {
-                // The kernel takes no caching flags with passthrough (EIO otherwise).
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-                true
-            }
-            Mode::Cached => {
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
-                false
-            }
-        }
-    }
-}
-
 impl FuseAdapter {
     /// Hands directory `ino`'s entries from index `offset` on to `add` (with the offset of the
     /// entry after each) until `add` says the reply is full. Entries are produced lazily, a
@@ -187,14 +161,6 @@ impl FuseAdapter {
             }
         }
     }
-
-    fn opener(&self) -> Opener {
-        Opener {
-            fs: self.fs.clone(),
-            open_files: self.open_files.clone(),
-            passthrough: self.passthrough.clone(),
-        }
-    }
 }
 
 /// Bytes the kernel reads ahead of a sequential reader (see `mount::raise_readahead`).
@@ -211,11 +177,11 @@ impl Filesystem for FuseAdapter {
         // memory for their inodes.
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
-        if self.kernel_opens {
+        if self.requests.kernel_opens() {
             // See `revalidated`: how stats.json stays live without opens.
             let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
         }
-        if self.passthrough.load(Ordering::Relaxed) {
+        if self.requests.passthrough() {
             // Backing files live on an ordinary filesystem: one level of stacking below us.
             let ok = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(2).is_ok();
@@ -223,8 +189,8 @@ impl Filesystem for FuseAdapter {
                 tracing::warn!(
                     "the kernel does not offer FUSE passthrough: reads are served by the daemon"
                 );
+                self.requests.without_passthrough();
             }
-            self.passthrough.store(ok, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -247,76 +213,18 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            return reply.error(Errno::EROFS);
-        }
-        let kind = match self.fs.openable(ino.0) {
-            Ok(k) => k,
-            Err(e) => return reply.error(errno(e, "open")),
-        };
-        if self.kernel_opens {
-            // The kernel answers this open and every later one itself.
-            return reply.error(Errno::ENOSYS);
-        }
-        let fh = self.open_files.next_fh();
-        match kind {
-            Openable::Live(snapshot) => {
-                self.open_files.open_snapshot(fh, snapshot);
-                return reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
-            }
-            // Its bytes never change: the kernel keeps them cached across opens.
-            Openable::Fixed => {
-                return reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
-            }
-            // From the file built ahead where there is one, else by the daemon; a reader that
-            // has the next epoch's built meanwhile.
-            Openable::Concatenated => {
-                let (fs, opener) = (self.fs.clone(), self.opener());
-                let finish = move |file: Option<Arc<File>>, reply| {
-                    let from_file = file.is_some();
-                    if opener.answer(ino.0, fh, file, reply) {
-                        fs.opened_by_passthrough();
-                    }
-                    if from_file {
-                        fs.note_reader(ino.0);
-                    }
-                };
-                match self.fs.open_all(ino.0) {
-                    Opening::Ready(file) => finish(Some(file), reply),
-                    Opening::Daemon => finish(None, reply),
-                    Opening::Soon(progress) => {
-                        let fs = self.fs.clone();
-                        self.runtime.spawn(async move {
-                            let file = fs.all_when_built(ino.0, progress).await;
-                            finish(file, reply)
-                        });
-                    }
+        let answer = self.requests.open(ino.0, flags.0, OpenReply(reply));
+        self.answer(answer, |(OpenReply(reply), opened)| match opened {
+            Ok(Opened { fh, served }) => match served {
+                // The kernel takes no caching flags with passthrough (EIO otherwise).
+                Served::Passthrough(id) => {
+                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
                 }
-                return;
-            }
-            Openable::Batch => {}
-        }
-        let started = std::time::Instant::now();
-        let span = tracing::debug_span!("open", ino = ino.0);
-        let _entered = span.enter();
-        // Already materialised (the usual case, with the prefetcher ahead): answered here, on
-        // the FUSE thread, not behind the building work queued on the worker pool.
-        if let Some(file) = self.fs.materialized(ino.0) {
-            self.opener().finish(ino.0, fh, Some(file), started, reply);
-            self.fs.note_reader(ino.0);
-            return;
-        }
-        let fs = self.fs.clone();
-        let opener = self.opener();
-        let task = async move {
-            match fs.materialize(ino.0).await {
-                Ok(f) => {
-                    opener.finish(ino.0, fh, f.map(|(file, _)| Arc::new(file)), started, reply)
-                }
-                Err(e) => reply.error(errno(e, "open")),
-            }
-        };
-        self.runtime.spawn(task.instrument(span.clone()));
+                Served::Cached => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+                Served::Direct => reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO),
+            },
+            Err(e) => reply.error(errno(e, "open")),
+        });
     }
 
     /// Nothing is ever written, so a close has nothing to flush. ENOSYS (answered here, not by
@@ -344,7 +252,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.open_files.release(ino.0, fh.0);
+        self.requests.release(ino.0, fh.0);
         reply.ok();
     }
 
@@ -359,39 +267,11 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let fs = self.fs.clone();
-        if self.kernel_opens {
-            if let Some(data) = self.fs.read_at_hand(ino.0, offset, size) {
-                reply.data(&data);
-                // After the reply: what it schedules wakes workers, which costs more than the
-                // read (measured: a tripwire read took 330 µs with it before, 60 after).
-                self.fs.note_reader(ino.0);
-                return;
-            }
-            let span = tracing::debug_span!("read", ino = ino.0, offset, size);
-            let task = async move {
-                match fs.read_unopened(ino.0, offset, size).await {
-                    Ok(data) => reply.data(&data),
-                    Err(e) => reply.error(errno(e, "read")),
-                }
-            };
-            self.runtime.spawn(task.instrument(span));
-            return;
-        }
-        let ReadFrom { file, snapshot } = self.open_files.read_from(fh.0);
-        if let Some(snapshot) = snapshot {
-            let start = (offset as usize).min(snapshot.len());
-            let end = (start + size as usize).min(snapshot.len());
-            return reply.data(&snapshot[start..end]);
-        }
-        let span = tracing::debug_span!("read", ino = ino.0, offset, size);
-        let task = async move {
-            match fs.read_open(ino.0, file, offset, size).await {
-                Ok(data) => reply.data(&data),
-                Err(e) => reply.error(errno(e, "read")),
-            }
-        };
-        self.runtime.spawn(task.instrument(span));
+        let answer = self.requests.read(ino.0, fh.0, offset, size);
+        self.answer(answer, |read| match read {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(e, "read")),
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {

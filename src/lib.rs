@@ -34,6 +34,7 @@ pub mod plan;
 pub mod pool;
 pub mod prefetch;
 pub mod readers;
+pub mod requests;
 pub mod snapshot;
 pub mod source;
 pub mod stats;

@@ -14,6 +14,7 @@ use crate::page_cache::PageCache;
 use crate::plan::{Orders, Plan};
 use crate::prefetch::Prefetcher;
 use crate::readers::Readers;
+use crate::requests::Requests;
 use crate::source::Source;
 use crate::stats::Stats;
 use crate::view::{self, View};
@@ -790,12 +791,8 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
         let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
         let kernel_opens = opts.opens == crate::options::Opens::Kernel;
-        let adapter = FuseAdapter::new(
-            fs.clone(),
-            runtime.handle().clone(),
-            passthrough,
-            kernel_opens,
-        );
+        let requests = Arc::new(Requests::new(fs.clone(), passthrough, kernel_opens));
+        let adapter = FuseAdapter::new(requests, runtime.handle().clone());
         let session = session(adapter, mountpoint, source, opts)?;
         if kernel_opens {
             fs.store_in(PageCache::new(session.notifier(), mountpoint));

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tensorfs::fs::{Fs, Kind, ROOT_INO};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
+use tensorfs::requests::{Answer, Registrar, Requests, Served};
 use tensorfs::source::Source;
 use tensorfs::stats::Stats;
 
@@ -675,4 +676,137 @@ async fn damaged_snapshots_are_refused() {
     let mut newer = good.clone();
     newer[18] = 9;
     assert!(refusal(&newer).contains("format 9"));
+}
+
+/// Hands out passthrough ids 0, 1, … as the kernel registers backing files.
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Registrar for Counting {
+    type Id = usize;
+
+    fn register(&self, _file: &std::fs::File) -> std::io::Result<usize> {
+        Ok(self.0.fetch_add(1, Ordering::SeqCst))
+    }
+}
+
+async fn answered<T>(answer: Answer<T>) -> T {
+    let (value, then) = match answer {
+        Answer::Now(value, then) => (value, then),
+        Answer::Later(ready) => ready.await,
+    };
+    then.run();
+    value
+}
+
+/// Opens `path` through `requests`: its handle and how it is served (the passthrough id).
+async fn open(
+    requests: &Arc<Requests<usize>>,
+    registered: &Arc<std::sync::atomic::AtomicUsize>,
+    path: &str,
+    flags: i32,
+) -> tensorfs::error::Result<(u64, Option<usize>, bool)> {
+    let ino = ino(requests.fs(), path);
+    let (_, opened) = answered(requests.open(ino, flags, Counting(registered.clone()))).await;
+    let opened = opened?;
+    let (id, direct) = match opened.served {
+        Served::Passthrough(id) => (Some(*id), false),
+        Served::Cached => (None, false),
+        Served::Direct => (None, true),
+    };
+    Ok((opened.fh, id, direct))
+}
+
+async fn read_fh(requests: &Arc<Requests<usize>>, path: &str, fh: u64) -> Vec<u8> {
+    let ino = ino(requests.fs(), path);
+    let size = requests.fs().getattr(ino).unwrap().size;
+    answered(requests.read(ino, fh, 0, size as u32 + 10))
+        .await
+        .unwrap()
+}
+
+/// The open protocol without a kernel: how each file kind is opened and served, passthrough
+/// ids shared by an inode's opens, refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opens_are_answered_by_the_core_for_every_file_kind() {
+    let Mounted { fs, _cache, .. } = mount(store().await, "batch_size=100,prefetch=0").await;
+    let fs = Arc::new(fs);
+    let registered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let requests = Arc::new(Requests::<usize>::new(fs.clone(), true, false));
+    let batch = "epoch-0/000001.safetensors";
+    let want = read_all(&fs, batch).await;
+
+    // A batch file: materialised, then handed to the kernel by passthrough; a second open of
+    // the inode shares its id; once both are closed a new open registers anew.
+    let (a, id_a, _) = open(&requests, &registered, batch, libc::O_RDONLY)
+        .await
+        .unwrap();
+    let (b, id_b, _) = open(&requests, &registered, batch, libc::O_RDONLY)
+        .await
+        .unwrap();
+    assert_eq!((id_a, id_b), (Some(0), Some(0)));
+    let batch_ino = ino(&fs, batch);
+    requests.release(batch_ino, a);
+    requests.release(batch_ino, b);
+    let (_, id_c, _) = open(&requests, &registered, batch, libc::O_RDONLY)
+        .await
+        .unwrap();
+    assert_eq!(id_c, Some(1));
+
+    // stats.json: read afresh per open, from the snapshot its open took.
+    let (fh, id, direct) = open(
+        &requests,
+        &registered,
+        ".tensorfs/stats.json",
+        libc::O_RDONLY,
+    )
+    .await
+    .unwrap();
+    assert!(id.is_none() && direct);
+    let stats: serde_json::Value =
+        serde_json::from_slice(&read_fh(&requests, ".tensorfs/stats.json", fh).await).unwrap();
+    assert!(stats["opens"].as_u64().unwrap() >= 3, "{stats}");
+
+    // dataset.json and the one-open files: served by the daemon, the kernel keeping the pages.
+    let (fh, id, direct) = open(&requests, &registered, "dataset.json", libc::O_RDONLY)
+        .await
+        .unwrap();
+    assert!(id.is_none() && !direct);
+    assert_eq!(
+        read_fh(&requests, "dataset.json", fh).await,
+        read_all(&fs, "dataset.json").await
+    );
+    let all = "epoch-0/all/id.npy";
+    let (fh, id, _) = open(&requests, &registered, all, libc::O_RDONLY)
+        .await
+        .unwrap();
+    assert!(id.is_none());
+    assert_eq!(read_fh(&requests, all, fh).await, read_all(&fs, all).await);
+
+    // Without passthrough, a batch file is read through its handle from the daemon.
+    let daemon = Arc::new(Requests::<usize>::new(fs.clone(), false, false));
+    let (fh, id, _) = open(&daemon, &registered, batch, libc::O_RDONLY)
+        .await
+        .unwrap();
+    assert!(id.is_none());
+    assert_eq!(read_fh(&daemon, batch, fh).await, want);
+    assert_eq!(registered.load(Ordering::SeqCst), 2);
+
+    // Refusals: writing, a directory; with opens=kernel every open is the kernel's, and reads
+    // come by inode.
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        let e = open(&requests, &registered, batch, flags)
+            .await
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EROFS);
+    }
+    let e = open(&requests, &registered, "epoch-0", libc::O_RDONLY)
+        .await
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EISDIR);
+    let kernel = Arc::new(Requests::<usize>::new(fs.clone(), true, true));
+    let e = open(&kernel, &registered, batch, libc::O_RDONLY)
+        .await
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSYS);
+    assert_eq!(read_fh(&kernel, batch, 0).await, want);
 }

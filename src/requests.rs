@@ -1,0 +1,294 @@
+//! The requests on open files, as the kernel makes them: `open` → a file handle and how its
+//! reads are served (passthrough of a backing file, the daemon with the kernel's page cache
+//! kept, or the daemon afresh), `read` of a handle, `release`. The open policy and the table of
+//! open files live here, so the FUSE adapter only translates: each of its callbacks is one call
+//! here and one reply (after mountpoint-s3's `fs.rs`).
+//!
+//! An answer is given at once where it is at hand (a materialised batch file, a read from
+//! memory: on the calling FUSE thread), or once the work behind it ends (a build), with what to
+//! do after the reply: letting the prefetcher follow the reader costs more than the reply, so it
+//! comes after it.
+
+use crate::ahead::Opening;
+use crate::error::{Error, Result};
+use crate::fs::{Fs, Openable};
+use crate::open_files::{Mode, OpenFiles, ReadFrom};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tracing::Instrument;
+
+/// What answering an open needs of the kernel: a backing file registered for passthrough. The
+/// adapter implements it over its reply; the in-process tests with a counter.
+pub trait Registrar: Send + 'static {
+    type Id: Send + Sync + 'static;
+    fn register(&self, file: &File) -> std::io::Result<Self::Id>;
+}
+
+/// How the reads of an open file are served.
+pub enum Served<Id> {
+    /// By the kernel from the backing file registered as this id (shared by the inode's opens).
+    Passthrough(Arc<Id>),
+    /// By the daemon, the kernel keeping the file's pages across opens.
+    Cached,
+    /// By the daemon, every read afresh (a file whose bytes change: stats.json).
+    Direct,
+}
+
+pub struct Opened<Id> {
+    pub fh: u64,
+    pub served: Served<Id>,
+}
+
+/// What to do once the kernel has its answer.
+#[must_use]
+pub struct Then(Option<Box<dyn FnOnce() + Send>>);
+
+impl Then {
+    pub fn nothing() -> Then {
+        Then(None)
+    }
+
+    fn after(f: impl FnOnce() + Send + 'static) -> Then {
+        Then(Some(Box::new(f)))
+    }
+
+    pub fn run(self) {
+        if let Some(f) = self.0 {
+            f()
+        }
+    }
+}
+
+/// An answer now, or once the work behind it ends.
+pub enum Answer<T> {
+    Now(T, Then),
+    Later(BoxFuture<'static, (T, Then)>),
+}
+
+/// The filesystem core as the kernel's requests reach it.
+pub struct Requests<Id> {
+    fs: Arc<Fs>,
+    open_files: OpenFiles<Id>,
+    /// Whether to try passthrough: asked for, offered by the kernel, and not refused since.
+    passthrough: AtomicBool,
+    /// `opens=kernel`: the kernel answers opens alone ([`crate::page_cache`]).
+    kernel_opens: bool,
+}
+
+impl<Id: Send + Sync + 'static> Requests<Id> {
+    pub fn new(fs: Arc<Fs>, passthrough: bool, kernel_opens: bool) -> Requests<Id> {
+        Requests {
+            fs,
+            open_files: OpenFiles::default(),
+            passthrough: AtomicBool::new(passthrough && !kernel_opens),
+            kernel_opens,
+        }
+    }
+
+    /// The tree: lookups, attributes, listings, links and extended attributes.
+    pub fn fs(&self) -> &Arc<Fs> {
+        &self.fs
+    }
+
+    pub fn kernel_opens(&self) -> bool {
+        self.kernel_opens
+    }
+
+    /// Whether passthrough is still to be tried.
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// The kernel does not offer passthrough (or refused it): the daemon serves every read.
+    pub fn without_passthrough(&self) {
+        self.passthrough.store(false, Ordering::Relaxed);
+    }
+
+    /// Opens `ino` with `flags` (`open(2)`'s), answering through `registrar`, which comes back
+    /// with the answer.
+    pub fn open<R: Registrar<Id = Id>>(
+        self: &Arc<Self>,
+        ino: u64,
+        flags: i32,
+        registrar: R,
+    ) -> Answer<(R, Result<Opened<Id>>)> {
+        let now = |r: R, opened| Answer::Now((r, opened), Then::nothing());
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return now(registrar, Err(Error::answer(libc::EROFS)));
+        }
+        let kind = match self.fs.openable(ino) {
+            Ok(k) => k,
+            Err(e) => return now(registrar, Err(e)),
+        };
+        if self.kernel_opens {
+            // The kernel answers this open and every later one itself.
+            return now(registrar, Err(Error::answer(libc::ENOSYS)));
+        }
+        let fh = self.open_files.next_fh();
+        let opened = |served| Ok(Opened { fh, served });
+        match kind {
+            Openable::Live(snapshot) => {
+                self.open_files.open_snapshot(fh, snapshot);
+                now(registrar, opened(Served::Direct))
+            }
+            // Its bytes never change: the kernel keeps them cached across opens.
+            Openable::Fixed => now(registrar, opened(Served::Cached)),
+            Openable::Concatenated => self.open_concatenated(ino, fh, registrar),
+            Openable::Batch => self.open_batch(ino, fh, registrar),
+        }
+    }
+
+    /// A batch file: already materialised (the usual case, with the prefetcher ahead) answered
+    /// at once, not behind the building work queued on the worker pool; else once built.
+    fn open_batch<R: Registrar<Id = Id>>(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        registrar: R,
+    ) -> Answer<(R, Result<Opened<Id>>)> {
+        let started = std::time::Instant::now();
+        let span = tracing::debug_span!("open", ino);
+        if let Some(file) = span.in_scope(|| self.fs.materialized(ino)) {
+            let opened = self.answer_batch(ino, fh, Some(file), &registrar, started);
+            let fs = self.fs.clone();
+            return Answer::Now(
+                (registrar, Ok(opened)),
+                Then::after(move || fs.note_reader(ino)),
+            );
+        }
+        let this = self.clone();
+        let built = async move {
+            let opened = match this.fs.materialize(ino).await {
+                Ok(f) => {
+                    let file = f.map(|(file, _)| Arc::new(file));
+                    Ok(this.answer_batch(ino, fh, file, &registrar, started))
+                }
+                Err(e) => Err(e),
+            };
+            ((registrar, opened), Then::nothing())
+        };
+        Answer::Later(built.instrument(span).boxed())
+    }
+
+    fn answer_batch<R: Registrar<Id = Id>>(
+        &self,
+        ino: u64,
+        fh: u64,
+        file: Option<Arc<File>>,
+        registrar: &R,
+        started: std::time::Instant,
+    ) -> Opened<Id> {
+        let served = self.served(ino, fh, file, registrar);
+        let by_passthrough = matches!(served, Served::Passthrough(_));
+        self.fs.opened(ino, started.elapsed(), by_passthrough);
+        Opened { fh, served }
+    }
+
+    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead where there is one (waiting
+    /// for a build near its end), else by the daemon; a reader that has the file built has
+    /// the next epoch's built meanwhile.
+    fn open_concatenated<R: Registrar<Id = Id>>(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        registrar: R,
+    ) -> Answer<(R, Result<Opened<Id>>)> {
+        let answer = move |this: &Self, file: Option<Arc<File>>, registrar: R| {
+            let from_file = file.is_some();
+            let served = this.served(ino, fh, file, &registrar);
+            if matches!(served, Served::Passthrough(_)) {
+                this.fs.opened_by_passthrough();
+            }
+            let fs = this.fs.clone();
+            let then = match from_file {
+                true => Then::after(move || fs.note_reader(ino)),
+                false => Then::nothing(),
+            };
+            ((registrar, Ok(Opened { fh, served })), then)
+        };
+        match self.fs.open_all(ino) {
+            Opening::Ready(file) => {
+                let (answer, then) = answer(self, Some(file), registrar);
+                Answer::Now(answer, then)
+            }
+            Opening::Daemon => {
+                let (answer, then) = answer(self, None, registrar);
+                Answer::Now(answer, then)
+            }
+            Opening::Soon(progress) => {
+                let this = self.clone();
+                Answer::Later(
+                    async move {
+                        let file = this.fs.all_when_built(ino, progress).await;
+                        answer(&this, file, registrar)
+                    }
+                    .boxed(),
+                )
+            }
+        }
+    }
+
+    /// How an open of `ino` (handle `fh`) served from `file` where there is one is read: by
+    /// passthrough where the inode's mode allows, else by the daemon.
+    fn served<R: Registrar<Id = Id>>(
+        &self,
+        ino: u64,
+        fh: u64,
+        file: Option<Arc<File>>,
+        registrar: &R,
+    ) -> Served<Id> {
+        let passthrough = self.passthrough();
+        let (mode, refused) = self
+            .open_files
+            .open_batch(ino, fh, file, passthrough, |f| registrar.register(f));
+        if let Some(e) = refused {
+            tracing::warn!("FUSE passthrough refused ({e}): reads are served by the daemon");
+            self.without_passthrough();
+        }
+        match mode {
+            Mode::Passthrough(id) => Served::Passthrough(id),
+            Mode::Cached => Served::Cached,
+        }
+    }
+
+    /// Reads `size` bytes at `offset` of open file `fh` (inode `ino`): from what its open
+    /// found (a snapshot, a backing file), else built. With `opens=kernel` nothing was opened:
+    /// by inode, answered at once where the batch is in memory.
+    pub fn read(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Answer<Result<Vec<u8>>> {
+        let span = tracing::debug_span!("read", ino, offset, size);
+        if self.kernel_opens {
+            if let Some(data) = self.fs.read_at_hand(ino, offset, size) {
+                // After the reply: what it schedules wakes workers, which costs more than the
+                // read (measured: a tripwire read took 330 µs with it before, 60 after).
+                let fs = self.fs.clone();
+                return Answer::Now(Ok(data), Then::after(move || fs.note_reader(ino)));
+            }
+            let fs = self.fs.clone();
+            let read = async move { (fs.read_unopened(ino, offset, size).await, Then::nothing()) };
+            return Answer::Later(read.instrument(span).boxed());
+        }
+        let ReadFrom { file, snapshot } = self.open_files.read_from(fh);
+        if let Some(snapshot) = snapshot {
+            let start = (offset as usize).min(snapshot.len());
+            let end = (start + size as usize).min(snapshot.len());
+            return Answer::Now(Ok(snapshot[start..end].to_vec()), Then::nothing());
+        }
+        let fs = self.fs.clone();
+        let read = async move { (fs.read_open(ino, file, offset, size).await, Then::nothing()) };
+        Answer::Later(read.instrument(span).boxed())
+    }
+
+    /// Open file `fh` of inode `ino` is closed.
+    pub fn release(&self, ino: u64, fh: u64) {
+        self.open_files.release(ino, fh);
+    }
+}
