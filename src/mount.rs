@@ -324,13 +324,6 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn find_in_path(name: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/bin", "/usr/bin", "/sbin", "/usr/sbin"].map(PathBuf::from))
-        .any(|d| d.join(name).is_file())
-}
-
 /// Checks the mount point before any work: a directory without a FUSE mount on it, and empty
 /// unless `nonempty` (a mount over files would hide them).
 pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
@@ -545,9 +538,6 @@ fn open_for_mount(
     create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let d = open_checked(source, opts, runtime, Some(&footers))?;
-    if opts.auto_unmount && !find_in_path("fusermount3") {
-        bail!("mount option auto_unmount needs fusermount3 (Debian package fuse3)");
-    }
     crate::snapshot::record(&d.source, &d.view, &opts.cache_dir);
     Ok(d)
 }
@@ -590,7 +580,7 @@ pub fn snapshot(source: &str, dest: &str, opts: &Options) -> Result<String> {
 /// How the kernel is asked to mount: read-only, the source as the device name (absolute for a
 /// local path, as `findmnt` shows it), type `fuse.tensorfs`.
 fn fuse_config(source: &str, opts: &Options) -> Config {
-    let mut mount_options = vec![
+    let mount_options = vec![
         MountOption::FSName(device_name(source)),
         MountOption::Subtype("tensorfs".into()),
         MountOption::RO,
@@ -598,17 +588,11 @@ fn fuse_config(source: &str, opts: &Options) -> Config {
         MountOption::NoSuid,
         MountOption::DefaultPermissions,
     ];
-    if opts.auto_unmount {
-        mount_options.push(MountOption::AutoUnmount);
-    }
     let mut config = Config::default();
     config.mount_options = mount_options;
-    config.acl = match (opts.allow_other, opts.auto_unmount) {
-        (true, _) => SessionACL::All,
-        // auto_unmount goes through fusermount3, which needs allow_root: the kernel then lets
-        // every user in, and the session answers only root and the owner.
-        (false, true) => SessionACL::RootAndOwner,
-        (false, false) => SessionACL::Owner,
+    config.acl = match opts.allow_other {
+        true => SessionACL::All,
+        false => SessionACL::Owner,
     };
     config.n_threads = Some(fuse_threads());
     config.clone_fd = true;
@@ -684,7 +668,7 @@ fn mount_typed(mountpoint: &Path, source: &str, opts: &Options) -> Result<Option
 }
 
 /// The FUSE session on `mountpoint`: mounted here with its own type where this process may,
-/// else by fuser (through fusermount3, as `auto_unmount` always is).
+/// else by fuser (through fusermount3).
 fn session(
     adapter: FuseAdapter,
     mountpoint: &Path,
@@ -692,9 +676,7 @@ fn session(
     opts: &Options,
 ) -> Result<fuser::Session<FuseAdapter>> {
     let config = fuse_config(source, opts);
-    if !opts.auto_unmount
-        && let Some(fd) = mount_typed(mountpoint, source, opts)?
-    {
+    if let Some(fd) = mount_typed(mountpoint, source, opts)? {
         let acl = config.acl;
         return fuser::Session::from_fd(adapter, fd, acl, config).map_err(|e| {
             let _ = detach(mountpoint);
@@ -783,9 +765,75 @@ fn raise_open_files_limit() {
     }
 }
 
+/// `auto_unmount`: a process that unmounts the mount once the daemon is gone, however it ended
+/// (SIGKILL, the OOM killer), so that a restart needs no manual unmount. It learns the mount's
+/// FUSE device once mounted, then waits for the end of a pipe only the daemon holds, and
+/// detaches the mount if that device is still mounted there. It is forked before any thread
+/// and before the mount, so it holds no FUSE descriptor (which would keep a dead mount
+/// answering) and, closing it, none of the pipe the `tensorfs mount` process waits on. Unlike
+/// fusermount3's own auto_unmount, it needs no `allow_other` on the mount.
+struct Watcher(std::fs::File);
+
+impl Watcher {
+    fn start(mountpoint: &Path, ready: &Ready) -> Result<Watcher> {
+        use std::os::fd::AsRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            bail!("auto_unmount: pipe: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: called before the runtime exists, so this process has one thread and the
+        // child may run ordinary code.
+        match unsafe { libc::fork() } {
+            -1 => bail!("auto_unmount: fork: {}", std::io::Error::last_os_error()),
+            0 => {
+                drop(write_end);
+                if let Ready::Pipe(f) = ready {
+                    // SAFETY: closing the child's copy of the report pipe; the child exits
+                    // below without ever using or dropping that File.
+                    unsafe { libc::close(f.as_raw_fd()) };
+                }
+                // Its own session: signals to the daemon's process group do not reach it.
+                // SAFETY: setsid and prctl have no preconditions; a failure changes nothing.
+                unsafe {
+                    libc::setsid();
+                    libc::prctl(libc::PR_SET_NAME, c"tensorfs-umount".as_ptr());
+                }
+                let mut said = String::new();
+                let _ = std::fs::File::from(read_end).read_to_string(&mut said);
+                if let Some(device) = said.lines().next()
+                    && fuse_device(mountpoint).as_deref() == Some(device)
+                    && let Err(e) = detach(mountpoint)
+                {
+                    eprintln!("tensorfs: auto_unmount of {}: {e}", mountpoint.display());
+                }
+                std::process::exit(0)
+            }
+            _ => Ok(Watcher(std::fs::File::from(write_end))),
+        }
+    }
+
+    /// The mount is live: the watcher unmounts it when this process ends.
+    fn watch(&mut self, mountpoint: &Path) {
+        match fuse_device(mountpoint) {
+            Some(device) => {
+                let _ = writeln!(self.0, "{device}");
+            }
+            None => tracing::warn!("auto_unmount: the mount's device is not found"),
+        }
+    }
+}
+
 /// Opens the dataset, mounts it and serves until unmounted.
 pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) -> Result<()> {
     raise_open_files_limit();
+    let mut watcher = match opts.auto_unmount {
+        true => Some(Watcher::start(mountpoint, &ready)?),
+        false => None,
+    };
     let runtime = runtime(opts.threads)?;
     let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
@@ -823,6 +871,9 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         );
     }
     raise_readahead(mountpoint);
+    if let Some(w) = &mut watcher {
+        w.watch(mountpoint);
+    }
     ready.report(&Ok(()));
     drop(ready);
     unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);

@@ -78,7 +78,7 @@ pub struct Options {
     pub passthrough: Passthrough,
     pub opens: Opens,
     pub allow_other: bool,
-    /// Unmount when the daemon dies (through fusermount3).
+    /// Unmount when the daemon dies (through fusermount3; on by default where it exists).
     pub auto_unmount: bool,
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
@@ -153,6 +153,14 @@ fn default_cache_dir() -> PathBuf {
     }
 }
 
+/// Whether an executable `name` is on the PATH (or in the usual system directories).
+pub fn find_in_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/bin", "/usr/bin", "/sbin", "/usr/sbin"].map(PathBuf::from))
+        .any(|d| d.join(name).is_file())
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -177,7 +185,9 @@ impl Default for Options {
             passthrough: Passthrough::Auto,
             opens: Opens::Daemon,
             allow_other: false,
-            auto_unmount: false,
+            // A daemon that dies (SIGKILL, OOM) then takes its mount with it, so a restart needs
+            // no manual unmount; fusermount3 is what does it.
+            auto_unmount: find_in_path("fusermount3"),
             nonempty: false,
             log: "info".into(),
             snapshot: None,

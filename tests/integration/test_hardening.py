@@ -612,7 +612,7 @@ def test_other_users_need_allow_other(mounter, shuf_ds, open_dir):
         pytest.skip("no python3 that user 65534 can run")
     own = tfs.Mounter(open_dir)
     try:
-        cases = [("plain", (), False), ("allow_other", ("allow_other",), True)]
+        cases = [("plain", ("auto_unmount=off",), False), ("allow_other", ("allow_other",), True)]
         if shutil.which("fusermount3"):
             # fusermount3 makes the kernel admit every user; the daemon must then refuse them.
             cases.append(("auto_unmount", ("auto_unmount",), False))

@@ -49,8 +49,10 @@ def test_sigterm_unmounts_cleanly(mounter, shuf_ds):
 
 
 @pytest.mark.skipif(not shutil.which("fusermount3"), reason="auto_unmount needs fusermount3")
-def test_sigkill_with_auto_unmount_leaves_no_dead_mount(mounter, shuf_ds):
-    m = mounter(shuf_ds.path, "batch_size=64", "auto_unmount")
+@pytest.mark.parametrize("asked", [(), ("auto_unmount",)], ids=["default", "asked"])
+def test_sigkill_with_auto_unmount_leaves_no_dead_mount(mounter, shuf_ds, asked):
+    """auto_unmount is on by default where fusermount3 exists (PRODUCT.md §3)."""
+    m = mounter(shuf_ds.path, "batch_size=64", *asked)
     for pid in tensorfs_pids(m):
         os.kill(pid, signal.SIGKILL)
     assert wait_unmounted(m.path), "a killed daemon with auto_unmount left its mount behind"
@@ -62,7 +64,7 @@ def test_sigkill_with_auto_unmount_leaves_no_dead_mount(mounter, shuf_ds):
 
 
 def test_dead_mount_is_named_on_the_next_mount(mounter, shuf_ds):
-    m = mounter(shuf_ds.path, "batch_size=64")
+    m = mounter(shuf_ds.path, "batch_size=64", "auto_unmount=off")
     for pid in tensorfs_pids(m):
         os.kill(pid, signal.SIGKILL)
     tfs.wait_exited(m.pids, 10)
