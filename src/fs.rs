@@ -315,6 +315,12 @@ impl Fs {
         out
     }
 
+    /// The counters in Prometheus's text exposition format (`metrics=`).
+    pub fn metrics_text(&self) -> String {
+        let memory = self.materializer.builder().memory() as u64;
+        self.stats().prometheus(memory)
+    }
+
     /// dataset.json as it is now: with the count of objects this host has touched where it has
     /// one, written over its placeholder (a number padded with spaces, so the size stays).
     fn dataset_json(&self) -> std::borrow::Cow<'_, [u8]> {

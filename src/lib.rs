@@ -25,6 +25,7 @@ pub mod fuse;
 pub mod kept;
 pub mod layout;
 pub mod materialize;
+pub mod metrics;
 pub mod mount;
 pub mod open_files;
 pub mod options;

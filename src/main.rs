@@ -83,7 +83,7 @@ Mount options (-o, comma-separated; docs/options.md describes each):
            nulls=error|zero
   runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
            memory_limit=SIZE  threads=N  passthrough=auto|off  opens=daemon|kernel
-           allow_other  auto_unmount  nonempty  log=LEVEL
+           allow_other  auto_unmount[=off]  nonempty  metrics=ADDR:PORT  log=LEVEL
   dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
   store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
            HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T

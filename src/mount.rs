@@ -9,6 +9,7 @@ use crate::fs::{Fs, Tree};
 use crate::fuse::FuseAdapter;
 use crate::layout::Layout;
 use crate::materialize::Materializer;
+use crate::metrics::Endpoint;
 use crate::options::Options;
 use crate::page_cache::PageCache;
 use crate::plan::{Orders, Plan};
@@ -837,6 +838,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     let runtime = runtime(opts.threads)?;
     let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
         let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
+        let metrics = opts.metrics.as_deref().map(Endpoint::bind).transpose()?;
         let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
         let kernel_opens = opts.opens == crate::options::Opens::Kernel;
         let requests = Arc::new(Requests::new(fs.clone(), passthrough, kernel_opens));
@@ -844,6 +846,9 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         let session = session(adapter, mountpoint, source, opts)?;
         if kernel_opens {
             fs.store_in(PageCache::new(session.notifier(), mountpoint));
+        }
+        if let Some(endpoint) = metrics {
+            endpoint.serve(fs.clone());
         }
         Ok((dataset, session))
     });

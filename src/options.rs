@@ -83,6 +83,8 @@ pub struct Options {
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
     pub log: String,
+    /// Where to serve the counters for Prometheus (`ADDR:PORT`).
+    pub metrics: Option<String>,
     /// The snapshot (a path or URL) that pins the dataset mounted.
     pub snapshot: Option<String>,
     /// The fingerprint the dataset must have.
@@ -190,6 +192,7 @@ impl Default for Options {
             auto_unmount: find_in_path("fusermount3"),
             nonempty: false,
             log: "info".into(),
+            metrics: None,
             snapshot: None,
             fingerprint: None,
             store: Vec::new(),
@@ -225,6 +228,7 @@ const KNOWN: &[&str] = &[
     "log",
     "snapshot",
     "fingerprint",
+    "metrics",
 ];
 
 /// Edits (insertions, deletions, substitutions) between two names.
@@ -561,6 +565,17 @@ impl Options {
                 tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(key, value, e))?;
                 self.log = value.into();
             }
+            "metrics" => {
+                let port = value.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+                if !matches!(port, Some(Ok(_))) {
+                    return Err(bad(
+                        key,
+                        value,
+                        "expected ADDR:PORT, such as 127.0.0.1:9100",
+                    ));
+                }
+                self.metrics = Some(value.into());
+            }
             "snapshot" => {
                 if value.is_empty() {
                     return Err(bad(key, value, "expected a path or URL"));
@@ -661,6 +676,7 @@ impl Options {
             auto_unmount: _,
             nonempty: _,
             log: _,
+            metrics: _,
             // They choose the dataset (or refuse it); its fingerprint is in the key.
             snapshot: _,
             fingerprint: _,
@@ -755,6 +771,7 @@ impl Options {
         m.insert("auto_unmount", json!(self.auto_unmount));
         m.insert("nonempty", json!(self.nonempty));
         m.insert("log", json!(self.log));
+        m.insert("metrics", json!(self.metrics));
         m.insert("snapshot", json!(self.snapshot));
         m.insert("fingerprint", json!(self.fingerprint));
         let store: BTreeMap<&str, &str> = self
@@ -943,6 +960,7 @@ mod tests {
             "nonempty",
             "log=debug",
             "snapshot=/pinned/train.snapshot",
+            "metrics=127.0.0.1:9100",
             "fingerprint=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "aws_region=eu-west-1",
         ] {

@@ -4,8 +4,17 @@ use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+/// What a counter measures, for the Prometheus exposition: a count that only grows, a level
+/// (a gauge), or nanoseconds (exposed in seconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Count,
+    Level,
+    Nanos,
+}
+
 macro_rules! counters {
-    ($($name:ident),* $(,)?) => {
+    ($($(#[doc = $doc:literal])+ $name:ident: $kind:ident,)*) => {
         #[derive(Debug, Default)]
         pub struct Counters { $(pub $name: AtomicU64,)* }
 
@@ -15,82 +24,117 @@ macro_rules! counters {
                 $(m.insert(stringify!($name).into(), json!(self.$name.load(Ordering::Relaxed)));)*
                 m
             }
+
+            /// Every counter: its name (as in stats.json), kind, what it counts, and its value.
+            pub fn described(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
+                vec![$((
+                    stringify!($name),
+                    Kind::$kind,
+                    concat!($($doc),+),
+                    self.$name.load(Ordering::Relaxed),
+                ),)*]
+            }
         }
     };
 }
 
 counters!(
-    // Source side.
-    // Objects whose footer this mount has loaded (a listing: all of them at start; a snapshot:
-    // those its reads drew from).
-    objects_touched,
-    remote_requests,
-    remote_bytes,
-    row_groups_decoded,
-    rows_decoded,
-    // Wall time from a row group's fetch to its decoded columns, waits included.
-    decode_ns,
-    // CPU time the workers spent decoding and transforming row groups.
-    decode_cpu_ns,
-    pad_truncated,
-    // Batches.
-    // Gathers of batch rows: whole batches, and single tensors of them (also counted below).
-    batches_built,
-    // A tensor of a batch gathered alone, for a reader of the one-open files.
-    tensors_gathered,
-    // CPU time the workers spent gathering batch rows from decoded columns.
-    gather_cpu_ns,
-    batch_files_written,
-    // CPU time the workers spent writing batch files to the cache (checksums included).
-    batch_write_cpu_ns,
-    // The local cache.
-    column_hits,
-    column_misses,
-    batch_file_hits,
-    batch_file_misses,
-    cache_corrupt_dropped,
-    cache_evictions,
-    cache_evicted_bytes,
-    cache_write_failures,
-    cache_bytes,
-    cache_capacity,
-    // Prefetch.
-    prefetch_scheduled,
-    prefetch_deferred,
-    // Batch files of a reader's next epoch built in idle time, well ahead of it.
-    next_epoch_files_built,
-    // Serving.
-    // Names the kernel looked up one at a time (a listing carries its entries' attributes, so
-    // a reader that lists a directory first looks none of them up).
-    lookups,
-    opens,
-    batches_served,
-    bytes_served,
-    stall_count,
-    stall_ns,
-    passthrough_opens,
-    // With opens=kernel: batch files stored in the kernel's page cache ahead of their reader.
-    page_cache_stores,
-    // One-open files of a reader's next epoch built whole ahead of it, their bytes, those the
-    // cache had no room for, and opens answered from them.
-    ahead_files_built,
-    ahead_bytes_built,
-    // Of those, built over a file gone by (its pages and blocks reused).
-    ahead_written_over,
-    ahead_skipped,
-    ahead_opens,
-    // Opens of a file being built ahead: waiting for it (near its end), or not (the build is
-    // then stopped; also a wait that outlasted its limit).
-    ahead_waits,
-    ahead_late,
-    // Files built ahead in an earlier mount, kept in the cache, checked and used in this one.
-    ahead_kept_checked,
-    daemon_reads,
-    daemon_read_bytes,
+    /// Objects whose footer this mount has loaded (a listing: all at start; a snapshot: those
+    /// its reads drew from).
+    objects_touched: Count,
+    /// Requests sent to the object store.
+    remote_requests: Count,
+    /// Bytes asked of the object store.
+    remote_bytes: Count,
+    /// Row groups fetched, decoded and transformed into tensor columns.
+    row_groups_decoded: Count,
+    /// Rows of those row groups.
+    rows_decoded: Count,
+    /// Wall time from a row group's fetch to its decoded columns, waits included.
+    decode_ns: Nanos,
+    /// CPU time the workers spent decoding and transforming row groups.
+    decode_cpu_ns: Nanos,
+    /// Variable-length lists cut to their pad= length.
+    pad_truncated: Count,
+    /// Gathers of batch rows: whole batches, and single tensors of them.
+    batches_built: Count,
+    /// Tensors of a batch gathered alone, for a reader of the one-open files.
+    tensors_gathered: Count,
+    /// CPU time the workers spent gathering batch rows from decoded columns.
+    gather_cpu_ns: Nanos,
+    /// Batch files written to the local cache.
+    batch_files_written: Count,
+    /// CPU time the workers spent writing batch files to the cache (checksums included).
+    batch_write_cpu_ns: Nanos,
+    /// Decoded row groups found in the local cache.
+    column_hits: Count,
+    /// Decoded row groups the local cache did not hold.
+    column_misses: Count,
+    /// Batch files found in the local cache.
+    batch_file_hits: Count,
+    /// Batch files the local cache did not hold.
+    batch_file_misses: Count,
+    /// Cache entries that failed their checksum or format check, dropped and rebuilt.
+    cache_corrupt_dropped: Count,
+    /// Cache entries evicted to make room.
+    cache_evictions: Count,
+    /// Bytes of the entries evicted.
+    cache_evicted_bytes: Count,
+    /// Writes to the cache that failed (a full disk: served from memory instead).
+    cache_write_failures: Count,
+    /// Bytes the local cache holds.
+    cache_bytes: Level,
+    /// Bytes the local cache may hold (cache_size).
+    cache_capacity: Level,
+    /// Batch files scheduled ahead of a reader.
+    prefetch_scheduled: Count,
+    /// Work ahead of a reader put off for lack of memory.
+    prefetch_deferred: Count,
+    /// Batch files of a reader's next epoch built in idle time, well ahead of it.
+    next_epoch_files_built: Count,
+    /// Names the kernel looked up one at a time (a listing carries its entries' attributes).
+    lookups: Count,
+    /// Opens of batch files answered by the daemon.
+    opens: Count,
+    /// Batch files served (opens of them).
+    batches_served: Count,
+    /// Bytes of the batch files served.
+    bytes_served: Count,
+    /// Waits of a reader for data (an open that built its batch, a read from the daemon).
+    stall_count: Count,
+    /// Time readers waited for data.
+    stall_ns: Nanos,
+    /// Opens answered by FUSE passthrough of a file on the local cache.
+    passthrough_opens: Count,
+    /// With opens=kernel: batch files stored in the kernel's page cache ahead of their reader.
+    page_cache_stores: Count,
+    /// One-open files of a reader's next epoch built whole ahead of it.
+    ahead_files_built: Count,
+    /// Bytes of those files.
+    ahead_bytes_built: Count,
+    /// Of those, built over a file gone by (its pages and blocks reused).
+    ahead_written_over: Count,
+    /// One-open files not built ahead for lack of cache room.
+    ahead_skipped: Count,
+    /// Opens of one-open files answered from a file built ahead.
+    ahead_opens: Count,
+    /// Opens of a file being built ahead that waited for its end.
+    ahead_waits: Count,
+    /// Opens of a file being built ahead that did not wait (the build then stopped).
+    ahead_late: Count,
+    /// Files built ahead in an earlier mount, kept in the cache, checked and used in this one.
+    ahead_kept_checked: Count,
+    /// Reads of batch files served by the daemon rather than by passthrough or the page cache.
+    daemon_reads: Count,
+    /// Bytes of those reads.
+    daemon_read_bytes: Count,
 );
 
 /// Stall times by power-of-two microseconds: bucket `b` counts stalls below 2^b µs.
 const BUCKETS: usize = 40;
+/// Buckets of the stall histogram Prometheus gets, up to 2^30 µs (18 minutes); longer stalls
+/// are counted in its +Inf bucket only.
+const STALL_BUCKETS_SHOWN: usize = 31;
 
 #[derive(Debug)]
 pub struct Stats {
@@ -148,6 +192,66 @@ impl Stats {
         1 << (BUCKETS - 1)
     }
 
+    /// The counters in Prometheus's text exposition format (0.0.4): `tensorfs_NAME_total` for
+    /// counts, `_seconds_total` for times, gauges for levels, and reader stalls as a histogram;
+    /// `memory_bytes`: the daemon's buffers now.
+    pub fn prometheus(&self, memory_bytes: u64) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let mut metric = |name: &str, ty: &str, help: &str, values: &[(String, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {}", help.trim());
+            let _ = writeln!(out, "# TYPE {name} {ty}");
+            for (suffix, v) in values {
+                let _ = writeln!(out, "{name}{suffix} {v}");
+            }
+        };
+        for (name, kind, help, value) in self.c.described() {
+            // The stall histogram below says them.
+            if name == "stall_count" || name == "stall_ns" {
+                continue;
+            }
+            let (full, ty, v) = match kind {
+                Kind::Count => (format!("tensorfs_{name}_total"), "counter", value as f64),
+                Kind::Nanos => {
+                    let base = name.trim_end_matches("_ns");
+                    let v = value as f64 / 1e9;
+                    (format!("tensorfs_{base}_seconds_total"), "counter", v)
+                }
+                Kind::Level => (format!("tensorfs_{name}"), "gauge", value as f64),
+            };
+            metric(&full, ty, help, &[(String::new(), v)]);
+        }
+        let mut buckets = Vec::new();
+        let mut seen = 0;
+        for (b, n) in self.stalls.iter().enumerate().take(STALL_BUCKETS_SHOWN) {
+            seen += n.load(Ordering::Relaxed);
+            let le = (1u64 << b) as f64 / 1e6;
+            buckets.push((format!("_bucket{{le=\"{le}\"}}"), seen as f64));
+        }
+        let count = self.c.stall_count.load(Ordering::Relaxed);
+        buckets.push(("_bucket{le=\"+Inf\"}".to_string(), count as f64));
+        let sum = self.c.stall_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        buckets.push(("_sum".to_string(), sum));
+        buckets.push(("_count".to_string(), count as f64));
+        let help = "How long readers waited for data (an open that built its batch, a read from the daemon).";
+        metric("tensorfs_stall_seconds", "histogram", help, &buckets);
+        let help = "Bytes of the daemon's buffers: decoded row groups and built batches.";
+        metric(
+            "tensorfs_memory_bytes",
+            "gauge",
+            help,
+            &[(String::new(), memory_bytes as f64)],
+        );
+        let uptime = self.started.elapsed().as_secs_f64();
+        metric(
+            "tensorfs_uptime_seconds",
+            "gauge",
+            "Seconds since the mount started.",
+            &[(String::new(), uptime)],
+        );
+        out
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         let mut m = self.c.to_json();
         m.insert("stall_p99_us".into(), json!(self.stall_p99_us()));
@@ -163,6 +267,41 @@ impl Stats {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// docs/stats.md describes every counter, so users can read what each one says.
+    #[test]
+    fn every_counter_is_documented_for_users() {
+        let doc = include_str!("../docs/stats.md");
+        for (name, _, help, _) in Stats::default().c.described() {
+            assert!(!help.trim().is_empty(), "{name} has no help text");
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "docs/stats.md lacks {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_exposition_has_a_help_and_type_line_for_each_metric() {
+        let s = Stats::default();
+        s.stall(Duration::from_micros(300));
+        Stats::add(&s.c.remote_bytes, 5);
+        Stats::add(&s.c.decode_ns, 1_500_000_000);
+        let text = s.prometheus(42);
+        assert!(text.contains(
+            "# TYPE tensorfs_remote_bytes_total counter\ntensorfs_remote_bytes_total 5\n"
+        ));
+        assert!(text.contains("tensorfs_decode_seconds_total 1.5\n"));
+        assert!(text.contains("# TYPE tensorfs_cache_bytes gauge"));
+        assert!(text.contains("tensorfs_stall_seconds_bucket{le=\"0.000256\"} 0\n"));
+        assert!(text.contains("tensorfs_stall_seconds_bucket{le=\"0.000512\"} 1\n"));
+        assert!(text.contains("tensorfs_stall_seconds_count 1\n"));
+        assert!(text.contains("tensorfs_memory_bytes 42\n"));
+        let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
+        let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
+        assert_eq!(helps, types);
+        assert!(!text.contains("tensorfs_stall_ns"));
+    }
 
     #[test]
     fn the_p99_stall_is_the_slow_tail() {
