@@ -919,35 +919,28 @@ pub fn decode_png(b: &[u8]) -> Result<Cell> {
     })
 }
 
-/// A JPEG cell, decoded by libjpeg-turbo: gray `[H, W]` or RGB `[H, W, 3]`.
+/// A JPEG cell, decoded by libjpeg-turbo's decoder (as MozJPEG carries it, built from source
+/// by its crate): gray `[H, W]` or RGB `[H, W, 3]`, with libjpeg's defaults (the accurate
+/// integer IDCT, fancy upsampling), as OpenCV decodes for Petastorm. A malformed cell is an
+/// error: libjpeg's fatal errors unwind out of the decoder and are caught here.
 pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
-    thread_local! {
-        // One decompressor per worker: making one allocates more than a small image takes
-        // to decode.
-        static DECOMPRESSOR: std::cell::RefCell<Option<turbojpeg::Decompressor>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    DECOMPRESSOR.with_borrow_mut(|slot| {
-        let d = match slot {
-            Some(d) => d,
-            None => slot.insert(turbojpeg::Decompressor::new()?),
+    let decode = || -> std::io::Result<Cell> {
+        let d = mozjpeg::Decompress::new_mem(b)?;
+        let gray = d.color_space() == mozjpeg::ColorSpace::JCS_GRAYSCALE;
+        let mut image = match gray {
+            true => d.grayscale()?,
+            false => d.rgb()?,
         };
-        let header = d.read_header(b).context("not a JPEG cell")?;
-        let (format, channels) = match header.colorspace {
-            turbojpeg::Colorspace::Gray => (turbojpeg::PixelFormat::GRAY, 1),
-            _ => (turbojpeg::PixelFormat::RGB, 3),
-        };
-        let (h, w) = (header.height, header.width);
-        let mut data = vec![0; h * w * channels];
-        let image = turbojpeg::Image {
-            pixels: data.as_mut_slice(),
-            width: w,
-            pitch: w * channels,
-            height: h,
-            format,
-        };
-        d.decompress(b, image)
-            .context("a JPEG cell cannot be decoded")?;
+        let (h, w, channels) = (image.height(), image.width(), if gray { 1 } else { 3 });
+        let data = image.read_scanlines::<u8>()?;
+        image.finish()?;
+        if data.len() != h * w * channels {
+            return Err(std::io::Error::other(format!(
+                "{} of its {} bytes of pixels decoded",
+                data.len(),
+                h * w * channels
+            )));
+        }
         let shape = match channels {
             1 => vec![h, w],
             _ => vec![h, w, channels],
@@ -957,7 +950,12 @@ pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
             shape,
             data,
         })
-    })
+    };
+    match crate::catch_panic(decode) {
+        Ok(Ok(cell)) => Ok(cell),
+        Ok(Err(e)) => Err(anyhow!("a JPEG cell cannot be decoded: {e}")),
+        Err(why) => Err(anyhow!("a JPEG cell cannot be decoded: {why}")),
+    }
 }
 
 /// Decodes a cell of `field` into its tensor's row bytes, checking it against the Unischema.
@@ -986,6 +984,35 @@ pub fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Vec<u8>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JPEG written by MozJPEG's encoder: gray 16 × 8, a ramp.
+    fn jpeg(gray: bool) -> Vec<u8> {
+        let space = match gray {
+            true => mozjpeg::ColorSpace::JCS_GRAYSCALE,
+            false => mozjpeg::ColorSpace::JCS_RGB,
+        };
+        let channels = if gray { 1 } else { 3 };
+        let mut c = mozjpeg::Compress::new(space);
+        c.set_size(16, 8);
+        let mut started = c.start_compress(Vec::new()).unwrap();
+        let pixels: Vec<u8> = (0..16 * 8 * channels).map(|i| (i * 2) as u8).collect();
+        started.write_scanlines(&pixels).unwrap();
+        started.finish().unwrap()
+    }
+
+    #[test]
+    fn jpeg_cells_decode_to_their_shape_and_bad_ones_are_errors() {
+        let cell = decode_jpeg(&jpeg(true)).unwrap();
+        assert_eq!((cell.shape.clone(), cell.data.len()), (vec![8, 16], 128));
+        let cell = decode_jpeg(&jpeg(false)).unwrap();
+        assert_eq!((cell.shape.clone(), cell.data.len()), (vec![8, 16, 3], 384));
+        for bad in [&b"not a jpeg"[..], &jpeg(false)[..40], &[0xff, 0xd8][..]] {
+            let Err(e) = decode_jpeg(bad) else {
+                panic!("{} bytes decoded", bad.len());
+            };
+            assert!(e.to_string().contains("a JPEG cell cannot be decoded"), "{e}");
+        }
+    }
 
     #[test]
     fn npy_cells_decode_in_c_order_little_endian() {
