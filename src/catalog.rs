@@ -5,6 +5,7 @@
 //! reads no footer until a read needs one. Also the dataset's fingerprint, and what differs
 //! between two catalogs when fingerprints disagree.
 
+use crate::partition::Partitions;
 use crate::petastorm::Unischema;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
@@ -63,7 +64,9 @@ pub enum NullFact {
 pub struct Catalog {
     pub objects: Vec<Object>,
     pub summary: Option<Summary>,
+    /// The files' columns, then the partition columns.
     pub schema: SchemaRef,
+    pub partitions: Partitions,
     pub facts: Facts,
     pub unischema: Option<Unischema>,
 }
@@ -93,16 +96,36 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The facts of the files' footers (`schema`: the dataset's, the first file's).
-    pub fn of(schema: &Schema, files: &[(&str, &ArrowReaderMetadata)]) -> Facts {
-        let nulls = (schema.fields().iter().enumerate())
+    /// The facts of the files' footers (`schema`: the dataset's, the first file's) and of the
+    /// partition columns after their columns.
+    pub fn of(
+        schema: &Schema,
+        files: &[(&str, &ArrowReaderMetadata)],
+        partitions: &Partitions,
+    ) -> Facts {
+        let mut nulls: Vec<NullFact> = (schema.fields().iter().enumerate())
             .map(|(i, f)| {
                 let is_list = matches!(f.data_type(), DataType::List(_) | DataType::LargeList(_));
                 null_fact(files, i, is_list)
             })
             .collect();
+        nulls.extend(
+            (0..partitions.fields.len()).map(|k| match partitions.first_null(k) {
+                Some(f) => NullFact::In(files[f].0.to_string()),
+                None => NullFact::None,
+            }),
+        );
+        let clash = (partitions.fields.iter())
+            .find(|p| schema.field_with_name(p.name()).is_ok())
+            .map(|p| {
+                format!(
+                    "column '{}' is both in the files and a partition directory ({}=…/); rename one",
+                    p.name(),
+                    p.name()
+                )
+            });
         Facts {
-            schema_problem: check_schemas(files),
+            schema_problem: clash.or_else(|| check_schemas(files)),
             undecodable: undecodable_columns(files),
             nulls,
             footer_memory: (files.iter())

@@ -30,6 +30,7 @@ pub mod mount;
 pub mod open_files;
 pub mod options;
 pub mod page_cache;
+pub mod partition;
 pub mod petastorm;
 pub mod plan;
 pub mod pool;

@@ -1010,7 +1010,10 @@ mod tests {
             let Err(e) = decode_jpeg(bad) else {
                 panic!("{} bytes decoded", bad.len());
             };
-            assert!(e.to_string().contains("a JPEG cell cannot be decoded"), "{e}");
+            assert!(
+                e.to_string().contains("a JPEG cell cannot be decoded"),
+                "{e}"
+            );
         }
     }
 

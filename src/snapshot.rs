@@ -49,6 +49,12 @@ struct Body {
     unischema: Option<crate::petastorm::Unischema>,
     facts: Facts,
     objects: Objects,
+    /// How many of the schema's last fields are partition columns, and each object's values
+    /// of them.
+    #[serde(default)]
+    partition_columns: usize,
+    #[serde(default)]
+    partition_values: Vec<Vec<crate::partition::Value>>,
 }
 
 /// The objects, column by column (see [`catalog::Object`]).
@@ -150,6 +156,8 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         unischema: source.unischema.clone(),
         facts,
         objects: Objects::of(&source.objects()),
+        partition_columns: source.partitions.fields.len(),
+        partition_values: source.partitions.values.clone(),
     };
     let json = serde_json::to_vec(&body)?;
     let compressed = zstd::bulk::compress(&json, 9)?;
@@ -202,6 +210,30 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
         .and_then(|b| catalog::schema_from_bytes(&b))
         .map_err(|e| damaged(e.context("its schema")))?;
     let objects = body.objects.into_objects().map_err(damaged)?;
+    let n = schema.fields().len();
+    let partitions = match body.partition_columns {
+        0 => crate::partition::Partitions::default(),
+        k if k <= n && body.partition_values.len() == objects.len() => {
+            crate::partition::Partitions {
+                fields: schema.fields()[n - k..].to_vec(),
+                values: body.partition_values,
+            }
+        }
+        _ => {
+            return Err(damaged(anyhow!(
+                "its partition columns disagree with its schema"
+            )));
+        }
+    };
+    if partitions
+        .values
+        .iter()
+        .any(|v| v.len() != partitions.fields.len())
+    {
+        return Err(damaged(anyhow!(
+            "its partition values disagree with its columns"
+        )));
+    }
     check_facts(&body.facts, schema.fields().len(), objects.len()).map_err(damaged)?;
     let url = url::Url::parse(&body.url).map_err(|e| damaged(e.into()))?;
     let refs: Vec<&Object> = objects.iter().collect();
@@ -220,6 +252,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             objects,
             summary: body.summary,
             schema,
+            partitions,
             facts: body.facts,
             unischema: body.unischema,
         },

@@ -6,6 +6,7 @@
 
 use crate::catalog::{self, Catalog, Facts, Object, Pinned, Summary};
 use crate::kept;
+use crate::partition::Partitions;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
@@ -147,8 +148,10 @@ pub struct Source {
     pub root: Path,
     pub origin: Origin,
     pub summary: Option<Summary>,
-    /// The dataset's schema (its first file's, as read).
+    /// The dataset's schema: its first file's columns, as read, then the partition columns.
     pub schema: SchemaRef,
+    /// The partition columns (hive directories): fields after the files' columns.
+    pub partitions: Partitions,
     pub facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::petastorm::Unischema>,
@@ -432,8 +435,12 @@ impl Source {
         let loaded: Vec<(&str, &ArrowReaderMetadata)> = (files.iter())
             .map(|f| (f.name.as_str(), &f.footer.get().expect("loaded").metadata))
             .collect();
-        let schema = loaded[0].1.schema().clone();
-        let facts = Facts::of(&schema, &loaded);
+        let partitions = match single_file {
+            true => Partitions::default(),
+            false => Partitions::hive(&loaded.iter().map(|(n, _)| *n).collect::<Vec<_>>()),
+        };
+        let facts = Facts::of(loaded[0].1.schema(), &loaded, &partitions);
+        let schema = with_partitions(loaded[0].1.schema(), &partitions);
         let unischema = match single_file {
             true => None,
             false => read_unischema(&store, &prefix, &stats).await?,
@@ -442,6 +449,7 @@ impl Source {
             objects: Vec::new(),
             summary: None,
             schema,
+            partitions,
             facts,
             unischema,
         };
@@ -465,6 +473,7 @@ impl Source {
             objects,
             summary,
             schema,
+            partitions,
             facts,
             unischema,
         } = catalog;
@@ -478,6 +487,7 @@ impl Source {
             origin,
             summary,
             schema,
+            partitions,
             facts,
             unischema,
             store: at.store,
@@ -562,7 +572,7 @@ impl Source {
         let schema = summary.schema().clone();
         let pairs: Vec<(&str, &ArrowReaderMetadata)> =
             (order.iter().map(String::as_str)).zip(&per_file).collect();
-        let mut facts = Facts::of(&schema, &pairs);
+        let mut facts = Facts::of(&schema, &pairs, &Partitions::default());
         // Each file's own footer, loaded when needed, is about its share of the summary.
         facts.footer_memory = md.memory_size() as u64;
         let catalog = Catalog {
@@ -573,6 +583,7 @@ impl Source {
                 e_tag: meta.e_tag,
             }),
             schema,
+            partitions: Partitions::default(),
             facts,
             unischema: read_unischema(&store, &root, &stats).await?,
         };
@@ -785,6 +796,12 @@ impl Source {
         }
     }
 
+    /// How many of the schema's fields are the files' own columns (the partition columns
+    /// follow them).
+    pub fn file_columns(&self) -> usize {
+        self.schema.fields().len() - self.partitions.fields.len()
+    }
+
     /// Identifies the dataset's content (see [`catalog::fingerprint`]).
     pub fn fingerprint(&self) -> &str {
         self.fingerprint.get_or_init(|| {
@@ -817,8 +834,12 @@ impl Source {
                 f.rows(),
                 f.rg_rows.len()
             )),
-            true => catalog::schema_difference(&self.schema, metadata.schema())
-                .map(|d| format!("its schema differs ({d})")),
+            true => {
+                let columns: Vec<usize> = (0..self.file_columns()).collect();
+                let theirs = self.schema.project(&columns)?;
+                catalog::schema_difference(&theirs, metadata.schema())
+                    .map(|d| format!("its schema differs ({d})"))
+            }
         };
         if let Some(how) = differs {
             return Err(anyhow::Error::new(crate::error::ObjectChanged {
@@ -863,6 +884,19 @@ impl Source {
         roots: &[usize],
     ) -> Result<Fetched> {
         let f = &self.files[file];
+        // The partition columns are no columns of the file: they are added as it is decoded.
+        let (roots, partition_roots): (Vec<usize>, Vec<usize>) =
+            roots.iter().partition(|&&r| r < self.file_columns());
+        if roots.is_empty() {
+            return Ok(Fetched {
+                file,
+                rg,
+                roots,
+                partition_roots,
+                mask: None,
+                chunks: Vec::new(),
+            });
+        }
         let meta = self.footer(file).await?.metadata.metadata();
         let mask =
             ProjectionMask::roots(meta.file_metadata().schema_descr(), roots.iter().copied());
@@ -884,24 +918,63 @@ impl Source {
         Ok(Fetched {
             file,
             rg,
-            roots: roots.to_vec(),
-            mask,
+            roots,
+            partition_roots,
+            mask: Some(mask),
             chunks: ranges.into_iter().zip(chunks).collect(),
         })
     }
 
     /// Decodes a fetched row group (CPU only, unless the decoder asks for bytes that were not
-    /// fetched, which are then read), as record batches of up to 8,192 rows, in order. Where it
-    /// fails as the footer says, and padding the column chunks (PARQUET-816, see `footer`)
-    /// changes them, it is decoded once more that way.
+    /// fetched, which are then read), as record batches of up to 8,192 rows, in order, with
+    /// the partition columns asked for after the file's own.
     pub async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
+        let (file, rg) = (fetched.file, fetched.rg);
+        let partition_roots = fetched.partition_roots.clone();
+        let pieces = match fetched.mask.is_some() {
+            true => self.decode_columns(fetched).await?,
+            false => {
+                let rows = self.files[file].rg_rows[rg] as usize;
+                let no_columns = Arc::new(arrow::datatypes::Schema::empty());
+                let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
+                vec![RecordBatch::try_new_with_options(
+                    no_columns,
+                    vec![],
+                    &options,
+                )?]
+            }
+        };
+        if partition_roots.is_empty() {
+            return Ok(pieces);
+        }
+        let first = self.file_columns();
+        (pieces.into_iter())
+            .map(|piece| {
+                let mut fields: Vec<_> = piece.schema().fields().iter().cloned().collect();
+                let mut columns = piece.columns().to_vec();
+                for &r in &partition_roots {
+                    fields.push(self.partitions.fields[r - first].clone());
+                    columns.push(self.partitions.column(file, r - first, piece.num_rows())?);
+                }
+                let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+                Ok(RecordBatch::try_new(schema, columns)?)
+            })
+            .collect()
+    }
+
+    /// [`Source::decode_row_group`] of the file's own columns. Where it fails as the footer
+    /// says, and padding the column chunks (PARQUET-816, see `footer`) changes them, it is
+    /// decoded once more that way.
+    async fn decode_columns(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
         let Fetched {
             file,
             rg,
             roots,
             mask,
             chunks,
+            ..
         } = fetched;
+        let mask = mask.expect("a projection of the file's columns");
         let f = &self.files[file];
         let footer = self.footer(file).await?;
         let first = self
@@ -1073,6 +1146,20 @@ fn whole_file_footer(bytes: &[u8]) -> Result<&[u8]> {
         Some(start) if start >= 4 => Ok(&bytes[start..]),
         _ => bail!("its footer is longer than the file"),
     }
+}
+
+/// The files' schema with the partition columns after their columns.
+fn with_partitions(files: &SchemaRef, partitions: &Partitions) -> SchemaRef {
+    if partitions.is_empty() {
+        return files.clone();
+    }
+    let fields: Vec<_> = (files.fields().iter().cloned())
+        .chain(partitions.fields.iter().cloned())
+        .collect();
+    Arc::new(arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        files.metadata().clone(),
+    ))
 }
 
 /// The file name of a Parquet summary file: a source naming one is the dataset it lists.
@@ -1339,8 +1426,11 @@ impl ObjectReader {
 pub struct Fetched {
     file: usize,
     rg: usize,
+    /// The file's columns asked for, and the partition columns.
     roots: Vec<usize>,
-    mask: ProjectionMask,
+    partition_roots: Vec<usize>,
+    /// The projection of `roots`; none where only partition columns are asked for.
+    mask: Option<ProjectionMask>,
     chunks: Vec<(Range<u64>, Bytes)>,
 }
 

@@ -920,9 +920,13 @@ pub const TOUCHED_PLACEHOLDER: &str = "0                   ";
 /// live, how many of its objects this host has touched).
 fn origin_json(source: &Source) -> serde_json::Value {
     use crate::source::Origin;
+    let columns: Vec<&str> = (source.partitions.fields.iter())
+        .map(|f| f.name().as_str())
+        .collect();
     let mut v = json!({
         "from": source.origin.name(),
         "objects": source.files.len(),
+        "partition_columns": columns,
     });
     match &source.origin {
         Origin::Listing => {}
