@@ -129,6 +129,47 @@ impl Origin {
     }
 }
 
+/// How a listing mount goes, said every few seconds while it is long: a mount of many objects
+/// is otherwise silent until it returns (stderr with --foreground, else the daemon's log).
+struct Progress {
+    started: std::time::Instant,
+    objects: usize,
+    read: std::sync::atomic::AtomicUsize,
+    said: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(3);
+
+    fn new(started: std::time::Instant, objects: usize) -> Progress {
+        if started.elapsed() >= Self::EVERY {
+            tracing::info!(
+                "listed {objects} objects in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Progress {
+            started,
+            objects,
+            read: Default::default(),
+            said: std::sync::Mutex::new(started),
+        }
+    }
+
+    fn footer_read(&self) {
+        let read = self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut said = self.said.lock().unwrap();
+        if said.elapsed() >= Self::EVERY {
+            *said = std::time::Instant::now();
+            tracing::info!(
+                "read {read} of {} footers ({:.0} s)",
+                self.objects,
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
 /// Where a source's objects are, and what its reads count into.
 struct Where {
     store: Arc<dyn ObjectStore>,
@@ -399,7 +440,9 @@ impl Source {
         if prefix.filename() == Some(SUMMARY) && !source.ends_with('/') {
             return Self::summarised(store, url, prefix, source, footers, stats).await;
         }
+        let started = std::time::Instant::now();
         let objects = Self::list(&store, &prefix, source).await?;
+        let progress = &Progress::new(started, objects.len());
         let single_file = objects.len() == 1 && objects[0].1.location == prefix;
         let root = match single_file {
             true => parent(&prefix),
@@ -425,6 +468,7 @@ impl Source {
                     file.object.rg_rows = row_group_rows(metadata.metadata());
                     let footer = Footer::new(metadata, footer_len);
                     file.footer = tokio::sync::OnceCell::new_with(Some(footer));
+                    progress.footer_read();
                     Ok::<_, anyhow::Error>(file)
                 }
             })

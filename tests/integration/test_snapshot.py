@@ -350,3 +350,15 @@ def test_hosts_mounting_a_snapshot_list_nothing_and_each_reads_its_share(mounter
         m.unmount()
     print(f"\n[hosts] W={world}: {world} hosts fetched {total} bytes of objects, one full mount {one_mount} ({total / one_mount:.2f}x)")
     assert total <= 1.2 * one_mount, f"{world} hosts fetched {total} bytes of objects, one full mount {one_mount}"
+
+
+@pytest.mark.usefixtures("hermetic_env")
+def test_a_long_listing_mount_says_how_far_it_is(mounter, s3, proxy, s3_parts):
+    """Footers read over a slow store: the daemon's log says, every few seconds, how many."""
+    proxy.set(latency=1.5)
+    try:
+        m = mounter(f"s3://{BUCKET}/snapshot-hosts/", *s3_opts(proxy.url))
+    finally:
+        proxy.set(latency=0)
+    said = [line for line in log_text(m).splitlines() if re.search(rf"read \d+ of {OBJECTS} footers", line)]
+    assert said, log_text(m)[-2000:]
