@@ -67,6 +67,8 @@ pub struct Catalog {
     /// The files' columns, then the partition columns.
     pub schema: SchemaRef,
     pub partitions: Partitions,
+    /// The version of the Delta table the dataset is, if it is one.
+    pub table_version: Option<u64>,
     pub facts: Facts,
     pub unischema: Option<Unischema>,
 }
@@ -96,17 +98,66 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The facts of the files' footers (`schema`: the dataset's, the first file's) and of the
-    /// partition columns after their columns.
+    /// The facts of the files' footers (`schema`: the dataset's, the first file's, whose
+    /// columns every file has in the same places) and of the partition columns after them.
     pub fn of(
         schema: &Schema,
         files: &[(&str, &ArrowReaderMetadata)],
         partitions: &Partitions,
     ) -> Facts {
+        let facts = Facts::mapped(schema, files, partitions, |_, i| Some(i));
+        Facts {
+            schema_problem: facts.schema_problem.or_else(|| check_schemas(files)),
+            ..facts
+        }
+    }
+
+    /// The facts of a table's files, whose columns are found by name and read as the table's
+    /// `schema` says (a Delta table's files may store a column otherwise, or lack one added
+    /// since: it is then null).
+    pub fn of_table(
+        schema: &Schema,
+        files: &[(&str, &ArrowReaderMetadata)],
+        partitions: &Partitions,
+    ) -> Facts {
+        let columns: Vec<Vec<Option<usize>>> = (files.iter())
+            .map(|(_, md)| by_name(schema, md.schema()))
+            .collect();
+        let facts = Facts::mapped(schema, files, partitions, |f, i| columns[f][i]);
+        let unreadable = files.iter().zip(&columns).find_map(|((name, md), cols)| {
+            let (t, c) = (schema.fields().iter().zip(cols))
+                .find_map(|(t, c)| c.map(|c| (t, c)))
+                .filter(|(t, c)| {
+                    !arrow::compute::can_cast_types(
+                        md.schema().field(*c).data_type(),
+                        t.data_type(),
+                    )
+                })?;
+            Some(format!(
+                "file '{name}' stores column '{}' as {}, which cannot be read as the table's {}",
+                t.name(),
+                md.schema().field(c).data_type(),
+                t.data_type()
+            ))
+        });
+        Facts {
+            schema_problem: facts.schema_problem.or(unreadable),
+            ..facts
+        }
+    }
+
+    /// The facts, with `root(f, i)` the root column of file `f` that is field `i` (none: the
+    /// file lacks it, and it is null there).
+    fn mapped(
+        schema: &Schema,
+        files: &[(&str, &ArrowReaderMetadata)],
+        partitions: &Partitions,
+        root: impl Fn(usize, usize) -> Option<usize>,
+    ) -> Facts {
         let mut nulls: Vec<NullFact> = (schema.fields().iter().enumerate())
             .map(|(i, f)| {
                 let is_list = matches!(f.data_type(), DataType::List(_) | DataType::LargeList(_));
-                null_fact(files, i, is_list)
+                null_fact(files, is_list, |f| root(f, i))
             })
             .collect();
         nulls.extend(
@@ -125,7 +176,7 @@ impl Facts {
                 )
             });
         Facts {
-            schema_problem: clash.or_else(|| check_schemas(files)),
+            schema_problem: clash,
             undecodable: undecodable_columns(files),
             nulls,
             footer_memory: (files.iter())
@@ -198,9 +249,27 @@ fn as_served(dt: &DataType) -> DataType {
     }
 }
 
-fn null_fact(files: &[(&str, &ArrowReaderMetadata)], field: usize, is_list: bool) -> NullFact {
+/// Where each field of `table` is among `file`'s root columns, by name.
+pub fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
+    (table.fields().iter())
+        .map(|f| file.index_of(f.name()).ok())
+        .collect()
+}
+
+fn null_fact(
+    files: &[(&str, &ArrowReaderMetadata)],
+    is_list: bool,
+    root: impl Fn(usize) -> Option<usize>,
+) -> NullFact {
     let mut unknown = Vec::new();
     for (fi, (name, md)) in files.iter().enumerate() {
+        let Some(field) = root(fi) else {
+            // A column the file lacks is null in every row (a missing list is lists of 0).
+            match is_list || md.metadata().file_metadata().num_rows() == 0 {
+                true => continue,
+                false => return NullFact::In(name.to_string()),
+            }
+        };
         let md = md.metadata();
         let descr = md.file_metadata().schema_descr();
         let leaves: Vec<usize> = (0..descr.num_columns())
@@ -260,15 +329,20 @@ fn undecodable_columns(files: &[(&str, &ArrowReaderMetadata)]) -> BTreeMap<Strin
     out
 }
 
-/// Identifies the dataset's content: the summary file it is listed by (if so), every object's
+/// Identifies the dataset's content: the Delta table version it is (if so), the summary file
+/// it is listed by (if so), every object's
 /// key, size and ETag, in order, and the Petastorm fields they are read as (a
 /// `_common_metadata` edited or removed changes how the same cells decode).
 pub fn fingerprint(
     summary: Option<&Summary>,
+    table_version: Option<u64>,
     objects: &[&Object],
     unischema: Option<&Unischema>,
 ) -> String {
     let mut h = Sha256::new();
+    if let Some(v) = table_version {
+        h.update(format!("delta table version {v}\0"));
+    }
     if let Some(s) = summary {
         h.update(format!("summary\0{}\0", s.name));
         h.update(s.size.to_le_bytes());
@@ -399,17 +473,18 @@ mod tests {
     #[test]
     fn the_fingerprint_changes_with_any_object_and_the_summary() {
         let a = [object("a", 1, "x"), object("b", 2, "y")];
-        let base = fingerprint(None, &refs(&a), None);
-        assert_eq!(base, fingerprint(None, &refs(&a), None));
+        let base = fingerprint(None, None, &refs(&a), None);
+        assert_eq!(base, fingerprint(None, None, &refs(&a), None));
         let replaced = [object("a", 1, "x"), object("b", 2, "y2")];
-        assert_ne!(base, fingerprint(None, &refs(&replaced), None));
-        assert_ne!(base, fingerprint(None, &refs(&a[..1]), None));
+        assert_ne!(base, fingerprint(None, None, &refs(&replaced), None));
+        assert_ne!(base, fingerprint(None, None, &refs(&a[..1]), None));
         let summary = Summary {
             name: "_metadata".into(),
             size: 10,
             e_tag: None,
         };
-        assert_ne!(base, fingerprint(Some(&summary), &refs(&a), None));
+        assert_ne!(base, fingerprint(Some(&summary), None, &refs(&a), None));
+        assert_ne!(base, fingerprint(None, Some(3), &refs(&a), None));
     }
 
     #[test]

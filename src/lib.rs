@@ -15,6 +15,7 @@ pub mod builder;
 pub mod cache;
 pub mod catalog;
 pub mod client;
+pub mod delta;
 pub mod dtype;
 pub mod error;
 pub mod eviction;

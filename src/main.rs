@@ -254,11 +254,17 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.row_groups()
     );
     println!("fingerprint  {}", d.source.fingerprint());
+    if let Some(version) = d.source.table_version {
+        println!(
+            "delta table  version {version}, {} data files",
+            d.source.files.len()
+        );
+    }
     if !d.source.partitions.is_empty() {
         let columns: Vec<String> = (d.source.partitions.fields.iter())
             .map(|f| format!("{} ({})", f.name(), f.data_type()))
             .collect();
-        println!("partitioned  by directories: {}", columns.join(", "));
+        println!("partition columns  {}", columns.join(", "));
     }
     if let tensorfs::source::Origin::Snapshot(at) = &d.source.origin {
         println!("snapshot     {at} (nothing listed)");

@@ -46,7 +46,7 @@ impl Dataset {
                 let pinned = crate::snapshot::read(at, &opts.store).await?;
                 Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
             }
-            None => Source::open(source, &opts.store, footers, stats.clone()).await?,
+            None => Source::open(source, &opts.store, footers, stats.clone(), opts.version).await?,
         };
         Dataset::over(Arc::new(source), opts, stats).await
     }

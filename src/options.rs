@@ -89,6 +89,8 @@ pub struct Options {
     pub snapshot: Option<String>,
     /// The fingerprint the dataset must have.
     pub fingerprint: Option<String>,
+    /// The version of a Delta table to mount (the latest when unset).
+    pub version: Option<u64>,
     /// object_store configuration keys, passed to the store as they are.
     pub store: Vec<(String, String)>,
 }
@@ -195,6 +197,7 @@ impl Default for Options {
             metrics: None,
             snapshot: None,
             fingerprint: None,
+            version: None,
             store: Vec::new(),
         }
     }
@@ -229,6 +232,7 @@ const KNOWN: &[&str] = &[
     "snapshot",
     "fingerprint",
     "metrics",
+    "version",
 ];
 
 /// Edits (insertions, deletions, substitutions) between two names.
@@ -576,6 +580,13 @@ impl Options {
                 }
                 self.metrics = Some(value.into());
             }
+            "version" => {
+                let v = value.parse::<u64>();
+                self.version =
+                    Some(v.map_err(|_| {
+                        bad(key, value, "expected a table version, a whole number")
+                    })?);
+            }
             "snapshot" => {
                 if value.is_empty() {
                     return Err(bad(key, value, "expected a path or URL"));
@@ -680,6 +691,7 @@ impl Options {
             // They choose the dataset (or refuse it); its fingerprint is in the key.
             snapshot: _,
             fingerprint: _,
+            version: _,
             // The source is named by its fingerprint, not by how it is reached.
             store: _,
         } = self;
@@ -774,6 +786,7 @@ impl Options {
         m.insert("metrics", json!(self.metrics));
         m.insert("snapshot", json!(self.snapshot));
         m.insert("fingerprint", json!(self.fingerprint));
+        m.insert("version", json!(self.version));
         let store: BTreeMap<&str, &str> = self
             .store
             .iter()
@@ -961,6 +974,7 @@ mod tests {
             "log=debug",
             "snapshot=/pinned/train.snapshot",
             "metrics=127.0.0.1:9100",
+            "version=3",
             "fingerprint=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
             "aws_region=eu-west-1",
         ] {

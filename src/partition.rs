@@ -1,12 +1,16 @@
 //! Partition columns: values a file holds for all of its rows, which its directory names
-//! (hive-style `key=value/`) rather than its Parquet columns. They are columns like any other
-//! (PRODUCT.md §8): appended to the files' schema, typed as pyarrow's hive partitioning infers
-//! them (int32 where every value is a 32-bit integer, else string; `__HIVE_DEFAULT_PARTITION__`
-//! and a missing key are null), and given to the transform as constant arrays beside each
-//! decoded piece of a row group.
+//! (hive-style `key=value/`) or a Delta table's log gives, rather than its Parquet columns.
+//! They are columns like any other (PRODUCT.md §8): appended to the files' schema, and given to
+//! the transform as constant arrays beside each decoded piece of a row group. Hive keys are
+//! typed as pyarrow's hive partitioning infers them (int32 where every value is a 32-bit
+//! integer, else string; `__HIVE_DEFAULT_PARTITION__` and a missing key are null); a Delta
+//! table's, as its schema says.
 
 use anyhow::{Result, bail};
-use arrow::array::{ArrayRef, Int32Array, StringArray, new_null_array};
+use arrow::array::{
+    ArrayRef, BooleanArray, Date32Array, Float32Array, Float64Array, Int8Array, Int16Array,
+    Int32Array, Int64Array, StringArray, TimestampMicrosecondArray, new_null_array,
+};
 use arrow::datatypes::{DataType, Field, FieldRef};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -19,7 +23,10 @@ const HIVE_NULL: &str = "__HIVE_DEFAULT_PARTITION__";
 #[serde(rename_all = "snake_case")]
 pub enum Value {
     Null,
+    /// Integers, and dates (days) and timestamps (microseconds) since the epoch.
     Int(i64),
+    Float(f64),
+    Bool(bool),
     Str(String),
 }
 
@@ -93,11 +100,27 @@ impl Partitions {
     /// Partition field `k`'s value in file `file`, as an array of `rows` rows.
     pub fn column(&self, file: usize, k: usize, rows: usize) -> Result<ArrayRef> {
         let dt = self.fields[k].data_type();
+        let int = |v: i64| -> Result<i32> { Ok(i32::try_from(v)?) };
         Ok(match (&self.values[file][k], dt) {
             (Value::Null, dt) => new_null_array(dt, rows),
-            (Value::Int(v), DataType::Int32) => {
-                Arc::new(Int32Array::from(vec![i32::try_from(*v)?; rows]))
+            (Value::Int(v), DataType::Int8) => {
+                Arc::new(Int8Array::from(vec![i8::try_from(*v)?; rows]))
             }
+            (Value::Int(v), DataType::Int16) => {
+                Arc::new(Int16Array::from(vec![i16::try_from(*v)?; rows]))
+            }
+            (Value::Int(v), DataType::Int32) => Arc::new(Int32Array::from(vec![int(*v)?; rows])),
+            (Value::Int(v), DataType::Int64) => Arc::new(Int64Array::from(vec![*v; rows])),
+            (Value::Int(v), DataType::Date32) => Arc::new(Date32Array::from(vec![int(*v)?; rows])),
+            (Value::Int(v), DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, tz)) => {
+                let t = TimestampMicrosecondArray::from(vec![*v; rows]);
+                Arc::new(t.with_timezone_opt(tz.clone()))
+            }
+            (Value::Float(v), DataType::Float32) => {
+                Arc::new(Float32Array::from(vec![*v as f32; rows]))
+            }
+            (Value::Float(v), DataType::Float64) => Arc::new(Float64Array::from(vec![*v; rows])),
+            (Value::Bool(v), DataType::Boolean) => Arc::new(BooleanArray::from(vec![*v; rows])),
             (Value::Str(s), DataType::Utf8) => {
                 Arc::new(StringArray::from_iter_values(std::iter::repeat_n(s, rows)))
             }

@@ -55,6 +55,9 @@ struct Body {
     partition_columns: usize,
     #[serde(default)]
     partition_values: Vec<Vec<crate::partition::Value>>,
+    /// The Delta table version it pins, if the dataset is one.
+    #[serde(default)]
+    table_version: Option<u64>,
 }
 
 /// The objects, column by column (see [`catalog::Object`]).
@@ -137,9 +140,10 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
             None => NullFact::None,
         };
     }
-    let from = match source.origin {
-        Origin::Listing | Origin::Snapshot(_) if source.summary.is_none() => "listing",
-        _ => "summary file",
+    let from = match (source.summary.is_some(), source.table_version) {
+        (_, Some(_)) => "delta table",
+        (true, None) => "summary file",
+        (false, None) => "listing",
     };
     let body = Body {
         written_by: format!("tensorfs {}", env!("CARGO_PKG_VERSION")),
@@ -158,6 +162,7 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         objects: Objects::of(&source.objects()),
         partition_columns: source.partitions.fields.len(),
         partition_values: source.partitions.values.clone(),
+        table_version: source.table_version,
     };
     let json = serde_json::to_vec(&body)?;
     let compressed = zstd::bulk::compress(&json, 9)?;
@@ -237,7 +242,12 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     check_facts(&body.facts, schema.fields().len(), objects.len()).map_err(damaged)?;
     let url = url::Url::parse(&body.url).map_err(|e| damaged(e.into()))?;
     let refs: Vec<&Object> = objects.iter().collect();
-    let fingerprint = catalog::fingerprint(body.summary.as_ref(), &refs, body.unischema.as_ref());
+    let fingerprint = catalog::fingerprint(
+        body.summary.as_ref(),
+        body.table_version,
+        &refs,
+        body.unischema.as_ref(),
+    );
     if fingerprint != body.fingerprint {
         return Err(damaged(anyhow!(
             "its objects give fingerprint {fingerprint}, not the {} it records",
@@ -253,6 +263,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             summary: body.summary,
             schema,
             partitions,
+            table_version: body.table_version,
             facts: body.facts,
             unischema: body.unischema,
         },

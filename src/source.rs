@@ -5,12 +5,13 @@
 //! read with a column projection, as ranged GETs that object_store coalesces.
 
 use crate::catalog::{self, Catalog, Facts, Object, Pinned, Summary};
+use crate::delta;
 use crate::kept;
 use crate::partition::Partitions;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
@@ -48,14 +49,27 @@ struct Footer {
     /// The metadata with column chunks padded (see [`footer::padded`]), once a row group failed
     /// to decode as the footer says; `None` inside when padding changes nothing.
     padded: std::sync::OnceLock<Option<ArrowReaderMetadata>>,
+    /// For a table read by column names: where each of the table's columns is among the file's
+    /// (none: the file lacks it). `None`: the file's columns are the dataset's, in place.
+    columns: Option<Vec<Option<usize>>>,
 }
 
 impl Footer {
-    fn new(metadata: ArrowReaderMetadata, len: u64) -> Footer {
+    fn new(metadata: ArrowReaderMetadata, len: u64, by_name: Option<&Schema>) -> Footer {
+        let columns = by_name.map(|table| catalog::by_name(table, metadata.schema()));
         Footer {
             metadata,
             len,
             padded: std::sync::OnceLock::new(),
+            columns,
+        }
+    }
+
+    /// The file's root column that is the dataset's column `root`, if it has it.
+    fn root(&self, root: usize) -> Option<usize> {
+        match &self.columns {
+            Some(columns) => columns[root],
+            None => Some(root),
         }
     }
 }
@@ -105,6 +119,8 @@ pub enum Origin {
     Listing,
     /// The files a Parquet summary file (`_metadata`) lists, with their row groups.
     Summary,
+    /// A version of a Delta table: its data files as its log says.
+    Delta(u64),
     /// Pinned by `tensorfs snapshot` (the snapshot's path or URL): nothing is listed, and a
     /// footer is fetched when a read first needs it.
     Snapshot(String),
@@ -115,6 +131,7 @@ impl Origin {
         match self {
             Origin::Listing => "listing",
             Origin::Summary => "summary file",
+            Origin::Delta(_) => "delta table",
             Origin::Snapshot(_) => "snapshot",
         }
     }
@@ -122,7 +139,7 @@ impl Origin {
     /// Since when its objects must not have changed, as a log line says it.
     fn since(&self) -> &'static str {
         match self {
-            Origin::Listing => "under the mount",
+            Origin::Listing | Origin::Delta(_) => "under the mount",
             Origin::Summary => "since the summary file listed it",
             Origin::Snapshot(_) => "since the snapshot",
         }
@@ -170,6 +187,12 @@ impl Progress {
     }
 }
 
+/// A source's listing: its `*.parquet` objects, and whether it is a Delta table's root.
+struct Listed {
+    objects: Vec<(String, ObjectMeta)>,
+    delta: bool,
+}
+
 /// Where a source's objects are, and what its reads count into.
 struct Where {
     store: Arc<dyn ObjectStore>,
@@ -191,8 +214,12 @@ pub struct Source {
     pub summary: Option<Summary>,
     /// The dataset's schema: its first file's columns, as read, then the partition columns.
     pub schema: SchemaRef,
-    /// The partition columns (hive directories): fields after the files' columns.
+    /// The partition columns (hive directories, a Delta table's): fields after the files'
+    /// columns.
     pub partitions: Partitions,
+    /// The Delta table version the dataset is, if it is one: its files' columns are then found
+    /// by name and read as the table's schema says.
+    pub table_version: Option<u64>,
     pub facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::petastorm::Unischema>,
@@ -411,9 +438,10 @@ impl Source {
         store_options: &[(String, String)],
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
+        version: Option<u64>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
-        Self::over(store, &url, prefix, source, footers, stats).await
+        Self::over(store, &url, prefix, source, footers, stats, version).await
     }
 
     /// The store, URL and path a source names.
@@ -436,18 +464,52 @@ impl Source {
         source: &str,
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
+        version: Option<u64>,
     ) -> Result<Source> {
-        if prefix.filename() == Some(SUMMARY) && !source.ends_with('/') {
+        let summary = prefix.filename() == Some(SUMMARY) && !source.ends_with('/');
+        if summary && version.is_none() {
             return Self::summarised(store, url, prefix, source, footers, stats).await;
         }
         let started = std::time::Instant::now();
-        let objects = Self::list(&store, &prefix, source).await?;
+        let listed = Self::list(&store, &prefix, source).await?;
+        let table = match (listed.delta, version) {
+            (true, version) => {
+                let (store, root) = (store.clone(), url.clone());
+                let read = tokio::task::spawn_blocking(move || delta::read(store, &root, version));
+                Some(
+                    read.await?
+                        .map_err(|e| anyhow!("source '{source}': {}", crate::describe(&e)))?,
+                )
+            }
+            (false, Some(v)) => bail!(
+                "mount option version={v} is for Delta tables, and source '{source}' has no {}/",
+                delta::LOG
+            ),
+            (false, None) => None,
+        };
+        let objects = match &table {
+            None => listed.objects,
+            Some(t) => {
+                let mut metas: std::collections::HashMap<String, ObjectMeta> =
+                    listed.objects.into_iter().collect();
+                (t.files.iter())
+                    .map(|name| match metas.remove(name) {
+                        Some(meta) => Ok((name.clone(), meta)),
+                        None => Err(anyhow!(
+                            "source '{source}': file '{name}' of Delta table version {} does not exist",
+                            t.version
+                        )),
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
         let progress = &Progress::new(started, objects.len());
         let single_file = objects.len() == 1 && objects[0].1.location == prefix;
         let root = match single_file {
             true => parent(&prefix),
             false => prefix.clone(),
         };
+        let by_name = table.as_ref().map(|t| t.data_schema.as_ref());
         let files: Vec<SourceFile> = futures::stream::iter(objects)
             .map(|(name, meta)| {
                 let (store, stats) = (store.clone(), stats.clone());
@@ -466,7 +528,7 @@ impl Source {
                         })?;
                     file.object.footer_len = footer_len;
                     file.object.rg_rows = row_group_rows(metadata.metadata());
-                    let footer = Footer::new(metadata, footer_len);
+                    let footer = Footer::new(metadata, footer_len, by_name);
                     file.footer = tokio::sync::OnceCell::new_with(Some(footer));
                     progress.footer_read();
                     Ok::<_, anyhow::Error>(file)
@@ -475,27 +537,51 @@ impl Source {
             .buffered(METADATA_CONCURRENCY)
             .try_collect()
             .await?;
+        if files.is_empty() {
+            bail!("source '{source}' holds no data files");
+        }
         Stats::add(&stats.c.objects_touched, files.len() as u64);
         let loaded: Vec<(&str, &ArrowReaderMetadata)> = (files.iter())
             .map(|f| (f.name.as_str(), &f.footer.get().expect("loaded").metadata))
             .collect();
-        let partitions = match single_file {
-            true => Partitions::default(),
-            false => Partitions::hive(&loaded.iter().map(|(n, _)| *n).collect::<Vec<_>>()),
-        };
-        let facts = Facts::of(loaded[0].1.schema(), &loaded, &partitions);
-        let schema = with_partitions(loaded[0].1.schema(), &partitions);
-        let unischema = match single_file {
-            true => None,
-            false => read_unischema(&store, &prefix, &stats).await?,
-        };
-        let catalog = Catalog {
-            objects: Vec::new(),
-            summary: None,
-            schema,
-            partitions,
-            facts,
-            unischema,
+        let (catalog, origin) = match table {
+            Some(t) => {
+                let facts = Facts::of_table(&t.data_schema, &loaded, &t.partitions);
+                let catalog = Catalog {
+                    objects: Vec::new(),
+                    summary: None,
+                    schema: with_partitions(&t.data_schema, &t.partitions),
+                    partitions: t.partitions,
+                    table_version: Some(t.version),
+                    facts,
+                    unischema: None,
+                };
+                (catalog, Origin::Delta(t.version))
+            }
+            None => {
+                let partitions = match single_file {
+                    true => Partitions::default(),
+                    false => {
+                        let names: Vec<&str> = loaded.iter().map(|(n, _)| *n).collect();
+                        Partitions::hive(&names)
+                    }
+                };
+                let facts = Facts::of(loaded[0].1.schema(), &loaded, &partitions);
+                let unischema = match single_file {
+                    true => None,
+                    false => read_unischema(&store, &prefix, &stats).await?,
+                };
+                let catalog = Catalog {
+                    objects: Vec::new(),
+                    summary: None,
+                    schema: with_partitions(loaded[0].1.schema(), &partitions),
+                    partitions,
+                    table_version: None,
+                    facts,
+                    unischema,
+                };
+                (catalog, Origin::Listing)
+            }
         };
         let at = Where {
             store,
@@ -505,9 +591,12 @@ impl Source {
             footers: footers.map(Into::into),
             stats,
         };
-        let mut source = Source::new(at, catalog, Origin::Listing)?;
+        let delta = catalog.table_version.is_some();
+        let mut source = Source::new(at, catalog, origin)?;
         source.files = files;
-        source.infer_unischema_if_none().await;
+        if !delta {
+            source.infer_unischema_if_none().await;
+        }
         Ok(source)
     }
 
@@ -518,6 +607,7 @@ impl Source {
             summary,
             schema,
             partitions,
+            table_version,
             facts,
             unischema,
         } = catalog;
@@ -532,6 +622,7 @@ impl Source {
             summary,
             schema,
             partitions,
+            table_version,
             facts,
             unischema,
             store: at.store,
@@ -628,6 +719,7 @@ impl Source {
             }),
             schema,
             partitions: Partitions::default(),
+            table_version: None,
             facts,
             unischema: read_unischema(&store, &root, &stats).await?,
         };
@@ -740,12 +832,9 @@ impl Source {
         })
     }
 
-    /// The objects of the dataset, in canonical order, with their names relative to the prefix.
-    async fn list(
-        store: &Arc<dyn ObjectStore>,
-        prefix: &Path,
-        source: &str,
-    ) -> Result<Vec<(String, ObjectMeta)>> {
+    /// The objects of the dataset, in canonical order, with their names relative to the prefix,
+    /// and whether the prefix is a Delta table's root (it holds `_delta_log/`).
+    async fn list(store: &Arc<dyn ObjectStore>, prefix: &Path, source: &str) -> Result<Listed> {
         // One object named by the source is the dataset, whatever its name says (a file that
         // is not Parquet is then refused by its footer, naming it); else the source is a prefix.
         // A source ending in '/' is a prefix: HTTP servers answer HEAD of a directory with its
@@ -754,7 +843,10 @@ impl Source {
             match store.head(prefix).await {
                 Ok(meta) => {
                     let name = prefix.filename().unwrap_or(prefix.as_ref()).to_string();
-                    return Ok(vec![(name, meta)]);
+                    return Ok(Listed {
+                        objects: vec![(name, meta)],
+                        delta: false,
+                    });
                 }
                 Err(object_store::Error::NotFound { .. }) => {}
                 // A directory of the local store cannot be HEAD: it is listed below.
@@ -762,15 +854,16 @@ impl Source {
                 Err(e) => bail!("source '{source}' cannot be read: {e}"),
             }
         }
-        let objects: Vec<(String, ObjectMeta)> = Self::list_all(store, prefix, source)
-            .await?
-            .into_iter()
+        let all = Self::list_all(store, prefix, source).await?;
+        let log = format!("{}/", delta::LOG);
+        let delta = all.iter().any(|(name, _)| name.starts_with(&log));
+        let objects: Vec<(String, ObjectMeta)> = (all.into_iter())
             .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
             .collect();
-        if objects.is_empty() {
+        if objects.is_empty() && !delta {
             bail!("source '{source}' holds no *.parquet objects");
         }
-        Ok(objects)
+        Ok(Listed { objects, delta })
     }
 
     /// Every object under `prefix`, in lexicographic key order, with its name relative to it.
@@ -850,7 +943,12 @@ impl Source {
     pub fn fingerprint(&self) -> &str {
         self.fingerprint.get_or_init(|| {
             let objects = self.objects();
-            catalog::fingerprint(self.summary.as_ref(), &objects, self.unischema.as_ref())
+            catalog::fingerprint(
+                self.summary.as_ref(),
+                self.table_version,
+                &objects,
+                self.unischema.as_ref(),
+            )
         })
     }
 
@@ -879,10 +977,17 @@ impl Source {
                 f.rg_rows.len()
             )),
             true => {
-                let columns: Vec<usize> = (0..self.file_columns()).collect();
-                let theirs = self.schema.project(&columns)?;
-                catalog::schema_difference(&theirs, metadata.schema())
-                    .map(|d| format!("its schema differs ({d})"))
+                let ours = self.file_schema()?;
+                match self.table_version {
+                    // A table's files are read by name, as the table's types.
+                    Some(_) => {
+                        let one = [(f.name.as_str(), &metadata)];
+                        let facts = Facts::of_table(&ours, &one, &Partitions::default());
+                        facts.schema_problem
+                    }
+                    None => catalog::schema_difference(&ours, metadata.schema())
+                        .map(|d| format!("its schema differs ({d})")),
+                }
             }
         };
         if let Some(how) = differs {
@@ -892,7 +997,15 @@ impl Source {
                 how,
             }));
         }
-        Ok(Footer::new(metadata, len))
+        let ours = self.file_schema()?;
+        let by_name = self.table_version.map(|_| ours.as_ref());
+        Ok(Footer::new(metadata, len, by_name))
+    }
+
+    /// The dataset's columns that its files store (the partition columns left out).
+    fn file_schema(&self) -> Result<SchemaRef> {
+        let columns: Vec<usize> = (0..self.file_columns()).collect();
+        Ok(Arc::new(self.schema.project(&columns)?))
     }
 
     /// Reads one row group of one file, only the given root columns (Arrow field indices), as
@@ -929,19 +1042,28 @@ impl Source {
     ) -> Result<Fetched> {
         let f = &self.files[file];
         // The partition columns are no columns of the file: they are added as it is decoded.
-        let (roots, partition_roots): (Vec<usize>, Vec<usize>) =
+        let (wanted, partition_roots): (Vec<usize>, Vec<usize>) =
             roots.iter().partition(|&&r| r < self.file_columns());
-        if roots.is_empty() {
-            return Ok(Fetched {
-                file,
-                rg,
-                roots,
-                partition_roots,
-                mask: None,
-                chunks: Vec::new(),
-            });
+        let nothing = |wanted| Fetched {
+            file,
+            rg,
+            wanted,
+            roots: Vec::new(),
+            partition_roots: partition_roots.clone(),
+            mask: None,
+            chunks: Vec::new(),
+        };
+        if wanted.is_empty() {
+            return Ok(nothing(wanted));
         }
-        let meta = self.footer(file).await?.metadata.metadata();
+        let footer = self.footer(file).await?;
+        let mut roots: Vec<usize> = wanted.iter().filter_map(|&r| footer.root(r)).collect();
+        roots.sort_unstable();
+        roots.dedup();
+        if roots.is_empty() {
+            return Ok(nothing(wanted));
+        }
+        let meta = footer.metadata.metadata();
         let mask =
             ProjectionMask::roots(meta.file_metadata().schema_descr(), roots.iter().copied());
         let ranges: Vec<Range<u64>> = meta
@@ -962,6 +1084,7 @@ impl Source {
         Ok(Fetched {
             file,
             rg,
+            wanted,
             roots,
             partition_roots,
             mask: Some(mask),
@@ -975,6 +1098,7 @@ impl Source {
     pub async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
         let (file, rg) = (fetched.file, fetched.rg);
         let partition_roots = fetched.partition_roots.clone();
+        let (wanted, roots) = (fetched.wanted.clone(), fetched.roots.clone());
         let pieces = match fetched.mask.is_some() {
             true => self.decode_columns(fetched).await?,
             false => {
@@ -987,6 +1111,10 @@ impl Source {
                     &options,
                 )?]
             }
+        };
+        let pieces = match self.table_version {
+            Some(_) => self.as_the_table(file, pieces, &wanted, &roots).await?,
+            None => pieces,
         };
         if partition_roots.is_empty() {
             return Ok(pieces);
@@ -1004,6 +1132,51 @@ impl Source {
                 Ok(RecordBatch::try_new(schema, columns)?)
             })
             .collect()
+    }
+
+    /// A table's file decoded, as the table's columns `wanted`: each found by name among the
+    /// file's (decoded as `roots`, ascending), cast to the table's type where the file stores
+    /// it otherwise, and null where the file lacks it.
+    async fn as_the_table(
+        &self,
+        file: usize,
+        pieces: Vec<RecordBatch>,
+        wanted: &[usize],
+        roots: &[usize],
+    ) -> Result<Vec<RecordBatch>> {
+        let footer = self.footer(file).await?;
+        let fields: Vec<arrow::datatypes::FieldRef> = (wanted.iter())
+            .map(|&r| Arc::new(self.schema.field(r).clone().with_nullable(true)))
+            .collect();
+        let schema = Arc::new(Schema::new(fields.clone()));
+        (pieces.into_iter())
+            .map(|piece| {
+                let columns = (wanted.iter().zip(&fields))
+                    .map(|(&r, field)| match footer.root(r) {
+                        Some(fr) => {
+                            let at = roots.binary_search(&fr).expect("decoded");
+                            let column = piece.column(at);
+                            match column.data_type() == field.data_type() {
+                                true => Ok(column.clone()),
+                                false => Ok(arrow::compute::cast(column, field.data_type())?),
+                            }
+                        }
+                        None => Ok(arrow::array::new_null_array(
+                            field.data_type(),
+                            piece.num_rows(),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let options =
+                    arrow::array::RecordBatchOptions::new().with_row_count(Some(piece.num_rows()));
+                Ok(RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    columns,
+                    &options,
+                )?)
+            })
+            .collect::<Result<_>>()
+            .with_context(|| format!("file '{}' as the table's columns", self.files[file].name))
     }
 
     /// [`Source::decode_row_group`] of the file's own columns. Where it fails as the footer
@@ -1470,7 +1643,10 @@ impl ObjectReader {
 pub struct Fetched {
     file: usize,
     rg: usize,
-    /// The file's columns asked for, and the partition columns.
+    /// The dataset's columns asked for that files store, the file's root columns they are
+    /// (ascending; the same where the files' columns are the dataset's), and the partition
+    /// columns asked for.
+    wanted: Vec<usize>,
     roots: Vec<usize>,
     partition_roots: Vec<usize>,
     /// The projection of `roots`; none where only partition columns are asked for.

@@ -182,6 +182,7 @@ async fn mount_on(store: Arc<Flaky>, options: &str, cache: &std::path::Path) -> 
         "memory:///data",
         None,
         stats.clone(),
+        None,
     )
     .await
     .unwrap();

@@ -133,3 +133,146 @@ def test_a_key_that_is_also_a_column_of_the_files_is_refused(mounter, tmp_path):
     mnt = mounter.mountpoint()
     line = tfs.error_line(tfs.run(["mount", src, mnt, "-o", f"cache_dir={mnt}-c"]))
     assert "column 'year' is both in the files and a partition directory" in line, line
+
+
+# --------------------------------------------------------------------------------------------
+# Delta Lake tables, written here with the deltalake package (delta-rs), and delta-rs's own
+# small test tables (tests/fixtures/delta, see NOTES.md there)
+# --------------------------------------------------------------------------------------------
+
+FIXTURES = tfs.REPO / "tests" / "fixtures" / "delta"
+
+
+def delta_rows(start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    emb = pa.FixedSizeListArray.from_arrays(pa.array((np.repeat(ids, 4) * 0.5).astype(np.float32)), 4)
+    days = np.array(["2026-11-01", "2026-11-02"], dtype="datetime64[D]")[ids % 2]
+    return pa.table({"id": ids, "x": (ids / 2).astype(np.float32), "emb": emb, "year": (2020 + ids % 3).astype(np.int32), "day": pa.array(days)})
+
+
+@pytest.fixture(scope="module")
+def delta_table(tmp_path_factory):
+    """A table of 6 versions: create, append, overwrite, append, compaction, delete (then a
+    checkpoint), partitioned by an integer and a date."""
+    dl = pytest.importorskip("deltalake", reason="the deltalake package is not installed (scripts/setup installs it)")
+    path = tmp_path_factory.mktemp("delta") / "table"
+    parts = ["year", "day"]
+    dl.write_deltalake(str(path), delta_rows(0, 300), partition_by=parts)
+    dl.write_deltalake(str(path), delta_rows(300, 200), mode="append", partition_by=parts)
+    dl.write_deltalake(str(path), delta_rows(1000, 250), mode="overwrite", partition_by=parts)
+    dl.write_deltalake(str(path), delta_rows(2000, 150), mode="append", partition_by=parts)
+    metrics = dl.DeltaTable(str(path)).optimize.compact()
+    assert metrics["numFilesRemoved"] > 0, metrics
+    dl.DeltaTable(str(path)).delete("id % 7 = 0")
+    t = dl.DeltaTable(str(path))
+    t.create_checkpoint()
+    assert t.version() == 5
+    return path
+
+
+def delta_reference(path, version) -> dict[str, np.ndarray]:
+    import deltalake
+
+    t = deltalake.DeltaTable(str(path), version=version).to_pyarrow_table().sort_by("id")
+    out = {c: t.column(c).to_numpy(zero_copy_only=False) for c in ("id", "x", "year")}
+    out["day"] = t.column("day").cast(pa.int32()).to_numpy()
+    out["emb"] = np.stack(t.column("emb").to_pylist()).astype(np.float32)
+    return out
+
+
+def test_every_version_of_a_delta_table_is_deltalakes(mounter, delta_table):
+    for version in range(6):
+        want = delta_reference(delta_table, version)
+        m = mounter(delta_table, f"version={version}", "batch_size=128", "shuffle=none", "pad=emb:4")
+        dj = m.dataset()
+        assert dj["origin"]["from"] == "delta table" and dj["origin"]["version"] == version
+        assert dj["origin"]["partition_columns"] == ["year", "day"]
+        tensors = {t["name"]: t for t in dj["tensors"]}
+        assert tensors["day"]["dtype"] == "int32" and tensors["day"]["unit"] == "D"
+        got = epoch_columns(m, ["id", "x", "year", "day", "emb", "emb.len"])
+        order = np.argsort(got["id"])
+        assert dj["rows"] == len(want["id"]), version
+        for k in ("id", "x", "year", "day"):
+            np.testing.assert_array_equal(got[k][order], want[k], err_msg=f"version {version} {k}")
+        np.testing.assert_array_equal(got["emb"][order], want["emb"], err_msg=f"version {version} emb")
+        assert (got["emb.len"] == 4).all()
+        m.unmount()
+    # The latest, without version=, is the last one.
+    latest = mounter(delta_table, "batch_size=128", "pad=emb:4")
+    assert latest.dataset()["origin"]["version"] == 5
+
+
+def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_table, tmp_path):
+    def refusal(src, *options):
+        mnt = mounter.mountpoint()
+        return tfs.error_line(tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])]))
+
+    line = refusal(delta_table, "version=9", "pad=emb:4")
+    assert "no version 9" in line, line
+    # A list column the table's schema has (Delta has no fixed-size arrays) needs pad=.
+    line = refusal(delta_table)
+    assert "emb" in line and "pad=emb" in line, line
+    line = refusal(FIXTURES / "table-with-dv-small")
+    assert "has deletion vectors" in line and "version 1" in line, line
+    line = refusal(FIXTURES / "table_with_column_mapping")
+    assert "column mapping" in line, line
+    data = tmp_path / "plain"
+    data.mkdir()
+    pq.write_table(pa.table({"id": np.arange(4)}), data / "a.parquet")
+    line = refusal(data, "version=1")
+    assert "version=1 is for Delta tables" in line, line
+
+
+def test_delta_rs_test_tables_are_read_as_deltalake_reads_them(mounter):
+    import deltalake
+
+    src = FIXTURES / "checkpoint-v2-table"
+    # deltalake's pyarrow reader refuses v2 checkpoints; its query engine reads them.
+    query = "SELECT id, created_at FROM t ORDER BY id"
+    t = pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(src))).execute(query))
+    m = mounter(src, "columns=id:created_at", "batch_size=16", "shuffle=none")
+    got = epoch_columns(m, ["id", "created_at"])
+    order = np.argsort(got["id"])
+    np.testing.assert_array_equal(got["id"][order], t.column("id").to_numpy())
+    np.testing.assert_array_equal(got["created_at"][order], t.column("created_at").cast(pa.int64()).to_numpy())
+
+
+def test_a_snapshot_pins_a_delta_version(mounter, delta_table, tmp_path):
+    pin = tmp_path / "d.snapshot"
+    proc = tfs.run(["snapshot", delta_table, pin, "-o", "version=3,pad=emb:4"])
+    assert proc.returncode == 0, proc.stderr
+    listed = mounter(delta_table, "version=3", "pad=emb:4", "batch_size=64")
+    m = mounter(delta_table, f"snapshot={pin}", "pad=emb:4", "batch_size=64")
+    dj = m.dataset()
+    assert dj["fingerprint"] == listed.dataset()["fingerprint"] == proc.stdout.strip()
+    assert dj["origin"]["version"] == 3
+    n = dj["batches_per_epoch"]
+    assert tfs.batch_hashes(m, ["epoch-0"], n) == tfs.batch_hashes(listed, ["epoch-0"], n)
+
+
+@pytest.mark.usefixtures("hermetic_env")
+def test_a_delta_table_on_s3_reads_none_of_the_files_its_version_removed(mounter, s3, proxy, delta_table):
+    from conftest import BUCKET, s3_opts
+
+    prefix = "delta-table"
+    for p in sorted(delta_table.rglob("*")):
+        if p.is_file():
+            s3.put(f"{prefix}/{p.relative_to(delta_table)}", p)
+    import deltalake
+
+    uris = set(deltalake.DeltaTable(str(delta_table)).file_uris())
+    data = {p for p in delta_table.rglob("*.parquet") if "_delta_log" not in str(p)}
+    live = {str(p.relative_to(delta_table)) for p in data if str(p) in uris}
+    removed = {str(p.relative_to(delta_table)) for p in data} - live
+    assert live and removed
+    proxy.reset_stats()
+    opts = ("pad=emb:4", "batch_size=64", "partitions=4", "world_size=4", *s3_opts(proxy.url))
+    m = mounter(f"s3://{BUCKET}/{prefix}/", *opts)
+    n = m.dataset()["batches_per_epoch"]
+    local = mounter(delta_table, *opts[:4])
+    assert tfs.batch_hashes(m, ["epoch-0"], n) == tfs.batch_hashes(local, ["epoch-0"], n)
+    import urllib.parse
+
+    read = {urllib.parse.unquote(k).split(f"/{prefix}/", 1)[1] for k in proxy.stats()["keys"]}
+    assert not read & removed, f"files the version removed were read: {sorted(read & removed)}"
+    assert live <= read
