@@ -124,22 +124,8 @@ impl Facts {
             .map(|(_, md)| by_name(schema, md.schema()))
             .collect();
         let facts = Facts::mapped(schema, files, partitions, |f, i| columns[f][i]);
-        let unreadable = files.iter().zip(&columns).find_map(|((name, md), cols)| {
-            let (t, c) = (schema.fields().iter().zip(cols))
-                .find_map(|(t, c)| c.map(|c| (t, c)))
-                .filter(|(t, c)| {
-                    !arrow::compute::can_cast_types(
-                        md.schema().field(*c).data_type(),
-                        t.data_type(),
-                    )
-                })?;
-            Some(format!(
-                "file '{name}' stores column '{}' as {}, which cannot be read as the table's {}",
-                t.name(),
-                md.schema().field(c).data_type(),
-                t.data_type()
-            ))
-        });
+        let unreadable =
+            (files.iter()).find_map(|(name, md)| table_schema_problem(schema, name, md));
         Facts {
             schema_problem: facts.schema_problem.or(unreadable),
             ..facts
@@ -249,6 +235,58 @@ fn as_served(dt: &DataType) -> DataType {
     }
 }
 
+/// Why file `name` (`md`) cannot be read as `table`'s columns, if it cannot: a column it stores
+/// as a type that is not the table's, nor one the table's widens without loss.
+pub fn table_schema_problem(
+    table: &Schema,
+    name: &str,
+    md: &ArrowReaderMetadata,
+) -> Option<String> {
+    let file = md.schema();
+    let columns = by_name(table, file);
+    (table.fields().iter().zip(columns))
+        .filter_map(|(t, c)| Some((t, file.field(c?))))
+        .find(|(t, f)| !widens(f.data_type(), t.data_type()))
+        .map(|(t, f)| {
+            format!(
+                "file '{name}' stores column '{}' as {}, which is not the table's {}",
+                t.name(),
+                f.data_type(),
+                t.data_type()
+            )
+        })
+}
+
+/// Whether a file's column of type `from` reads as the table's `to` without loss: the same as
+/// served, a fixed-size list where the table has lists, integers and floats widened (Delta's
+/// type widening), timestamps in another unit or zone.
+fn widens(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let (from, to) = (as_served(from), as_served(to));
+    if from == to {
+        return true;
+    }
+    let rank = |dt: &DataType| match dt {
+        Int8 => Some(1),
+        Int16 | UInt8 => Some(2),
+        Int32 | UInt16 => Some(3),
+        Int64 | UInt32 => Some(4),
+        _ => None,
+    };
+    match (&from, &to) {
+        (FixedSizeList(a, _) | List(a) | LargeList(a), List(b) | LargeList(b)) => {
+            widens(a.data_type(), b.data_type())
+        }
+        // Delta's timestamps are microseconds in UTC; writers store them in other units and
+        // without the zone (Spark's INT96 reads as nanoseconds), which `DeltaTable` reads as
+        // the table's type, as the cast does here.
+        (Timestamp(..), Timestamp(..)) => true,
+        (Float16 | Float32, Float32 | Float64) => true,
+        (Int8 | Int16 | Int32 | UInt8 | UInt16, Float64) => true,
+        (a, b) => matches!((rank(a), rank(b)), (Some(x), Some(y)) if x <= y),
+    }
+}
+
 /// Where each field of `table` is among `file`'s root columns, by name.
 pub fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
     (table.fields().iter())
@@ -353,7 +391,11 @@ pub fn fingerprint(
         h.update(f.name.as_bytes());
         h.update([0]);
         h.update(f.size.to_le_bytes());
-        h.update(f.e_tag.as_deref().unwrap_or("").as_bytes());
+        match &f.e_tag {
+            Some(e_tag) => h.update(e_tag.as_bytes()),
+            // Without an ETag, the modification time tells a replaced object.
+            None => h.update(format!("modified {}", f.modified)),
+        }
         h.update([0]);
     }
     if let Some(u) = unischema {

@@ -18,8 +18,24 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use url::Url;
 
-/// The directory whose presence at a source's root makes it a Delta table.
+/// The directory of a Delta table's log, at its root.
 pub const LOG: &str = "_delta_log";
+
+/// Whether the names under a source's root (relative to it) make it a Delta table: its
+/// `_delta_log/` holds a commit (`NNNNNNNNNNNNNNNNNNNN.json`) or `_last_checkpoint`. A
+/// `_delta_log/` with neither (a leftover, a stray checkpoint) is no table any reader can open,
+/// and the directory is read as the Parquet files it holds, as pyarrow reads it.
+pub fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
+    names.into_iter().any(|name| {
+        let Some(entry) = name.strip_prefix(LOG).and_then(|n| n.strip_prefix('/')) else {
+            return false;
+        };
+        entry == "_last_checkpoint"
+            || entry
+                .strip_suffix(".json")
+                .is_some_and(|v| v.len() == 20 && v.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
 
 /// One version of a Delta table, as a mount reads it.
 pub struct Table {
@@ -92,14 +108,15 @@ pub fn read(store: Arc<dyn ObjectStore>, root: &Url, version: Option<u64>) -> Re
             .into_owned();
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
-    let keys: Vec<String> = (found.first())
-        .map(|f| {
-            let mut keys: Vec<String> = f.partition_values.keys().cloned().collect();
-            // In the table's order.
-            keys.sort_by_key(|k| arrow_schema.index_of(k).unwrap_or(usize::MAX));
-            keys
-        })
-        .unwrap_or_default();
+    // The partition columns: the table's columns its files do not store (every file's values
+    // come from the log; a null one is absent from a file's map).
+    let stored: Vec<String> = (scan.physical_schema().fields())
+        .map(|f| f.name().to_string())
+        .collect();
+    let keys: Vec<String> = (arrow_schema.fields().iter())
+        .map(|f| f.name().clone())
+        .filter(|name| !stored.contains(name))
+        .collect();
     let data: Vec<FieldRef> = (arrow_schema.fields().iter())
         .filter(|f| !keys.contains(f.name()))
         .cloned()
@@ -142,7 +159,18 @@ fn partition_value(file: &Found, field: &FieldRef) -> Result<Value> {
         DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
             Value::Int(raw.parse().map_err(|_| bad())?)
         }
-        DataType::Float32 | DataType::Float64 => Value::Float(raw.parse().map_err(|_| bad())?),
+        DataType::Float32 | DataType::Float64 => {
+            let v: f64 = raw.parse().map_err(|_| bad())?;
+            // A snapshot keeps values as JSON, which has no NaN or infinity.
+            if !v.is_finite() {
+                bail!(
+                    "file '{}': partition value '{raw}' of column '{}' is not a finite number, which tensorfs does not serve",
+                    file.path,
+                    field.name()
+                );
+            }
+            Value::Float(v)
+        }
         DataType::Boolean => Value::Bool(raw.parse().map_err(|_| bad())?),
         DataType::Date32 => {
             let day = chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d").map_err(|_| bad())?;
@@ -150,12 +178,37 @@ fn partition_value(file: &Found, field: &FieldRef) -> Result<Value> {
             Value::Int((day - epoch).num_days())
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
+            // The protocol's two forms: `2026-11-01 12:00:00[.ffffff]` and ISO 8601 (`…T…Z`).
             let t = chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%d %H:%M:%S%.f")
+                .map(|t| t.and_utc())
+                .or_else(|_| chrono::DateTime::parse_from_rfc3339(raw).map(|t| t.to_utc()))
                 .map_err(|_| bad())?;
-            Value::Int(t.and_utc().timestamp_micros())
+            Value::Int(t.timestamp_micros())
         }
         // Strings (and the types tensorfs serves no tensor for) keep their text: the view
         // refuses their columns by type.
         _ => Value::Str(raw.clone()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_table;
+
+    #[test]
+    fn a_table_is_a_log_with_a_commit_or_a_checkpoint_pointer() {
+        assert!(is_table([
+            "_delta_log/00000000000000000000.json",
+            "a.parquet"
+        ]));
+        assert!(is_table(["_delta_log/_last_checkpoint"]));
+        assert!(!is_table([
+            "_delta_log/00000000000000000010.checkpoint.parquet"
+        ]));
+        assert!(!is_table([
+            "_delta_log/0.json",
+            "sub/_delta_log/00000000000000000000.json"
+        ]));
+        assert!(!is_table(["a.parquet"]));
+    }
 }

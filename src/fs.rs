@@ -224,9 +224,12 @@ impl Fs {
                 sizes.insert((rows, kind), layout.size(kind, rows));
             }
         }
-        let placeholder = format!("\"{}\"", crate::view::TOUCHED_PLACEHOLDER);
-        let touched_at =
-            (dataset_json.windows(placeholder.len())).position(|w| w == placeholder.as_bytes());
+        // The key with its value: a `"` inside a JSON string is escaped, so only the key matches.
+        let key = "\"objects_touched\": ";
+        let placeholder = format!("{key}\"{}\"", crate::view::TOUCHED_PLACEHOLDER);
+        let touched_at = (dataset_json.windows(placeholder.len()))
+            .position(|w| w == placeholder.as_bytes())
+            .map(|at| at + key.len());
         Fs {
             materializer,
             prefetcher,
@@ -323,15 +326,26 @@ impl Fs {
 
     /// dataset.json as it is now: with the count of objects this host has touched where it has
     /// one, written over its placeholder (a number padded with spaces, so the size stays).
-    fn dataset_json(&self) -> std::borrow::Cow<'_, [u8]> {
-        let Some(at) = self.touched_at else {
-            return (&self.dataset_json[..]).into();
-        };
-        let width = crate::view::TOUCHED_PLACEHOLDER.len() + 2;
-        let touched = self.stats().c.objects_touched.load(Ordering::Relaxed);
-        let mut out = self.dataset_json.clone();
-        out[at..at + width].copy_from_slice(format!("{touched:<width$}").as_bytes());
-        out.into()
+    fn dataset_json(&self) -> Vec<u8> {
+        self.dataset_json_at(0, self.dataset_json.len() as u32)
+    }
+
+    /// `size` bytes of dataset.json at `offset`, the count of objects touched written in.
+    fn dataset_json_at(&self, offset: u64, size: u32) -> Vec<u8> {
+        let mut out = layout::slice(&[&self.dataset_json], offset, size);
+        if let Some(at) = self.touched_at {
+            let width = crate::view::TOUCHED_PLACEHOLDER.len() + 2;
+            let touched = self.stats().c.objects_touched.load(Ordering::Relaxed);
+            let text = format!("{touched:<width$}");
+            for (i, b) in text.bytes().enumerate() {
+                if let Some(pos) = ((at + i) as u64).checked_sub(offset)
+                    && let Some(slot) = out.get_mut(pos as usize)
+                {
+                    *slot = b;
+                }
+            }
+        }
+        out
     }
 
     /// The batch a name in directory `b` is.
@@ -565,7 +579,7 @@ impl Fs {
             Kind::File => Ok(match node {
                 Node::StatsJson => Openable::Live(self.stats_json()),
                 Node::DatasetJson if self.touched_at.is_some() => {
-                    Openable::Live(self.dataset_json().into_owned())
+                    Openable::Live(self.dataset_json())
                 }
                 Node::DatasetJson => Openable::Fixed,
                 Node::AllSafetensors(_) | Node::AllNpy(..) => Openable::Concatenated,
@@ -849,7 +863,7 @@ impl Fs {
     pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
         match node {
-            Node::DatasetJson => Ok(layout::slice(&[&self.dataset_json()], offset, size)),
+            Node::DatasetJson => Ok(self.dataset_json_at(offset, size)),
             Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
                 let (_, _, kind) = node.batch_file().expect("a batch file");

@@ -844,6 +844,10 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         let requests = Arc::new(Requests::new(fs.clone(), passthrough, kernel_opens));
         let adapter = FuseAdapter::new(requests, runtime.handle().clone());
         let session = session(adapter, mountpoint, source, opts)?;
+        // At once: a daemon killed from here on leaves no dead mount behind.
+        if let Some(w) = &mut watcher {
+            w.watch(mountpoint);
+        }
         if kernel_opens {
             fs.store_in(PageCache::new(session.notifier(), mountpoint));
         }
@@ -876,9 +880,6 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         );
     }
     raise_readahead(mountpoint);
-    if let Some(w) = &mut watcher {
-        w.watch(mountpoint);
-    }
     ready.report(&Ok(()));
     drop(ready);
     unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);

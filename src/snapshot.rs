@@ -126,7 +126,18 @@ impl Objects {
                     }
                 },
             )
-            .collect();
+            .collect::<Vec<Object>>();
+        // What the plan and the footer reads take from them must hold: rows that sum within
+        // u64, and a footer length a file of the object's size can have.
+        let mut total: u64 = 0;
+        for o in &objects {
+            total = (o.rg_rows.iter())
+                .try_fold(total, |t, &r| t.checked_add(r))
+                .ok_or_else(|| anyhow!("its row counts overflow"))?;
+            if o.footer_len != 0 && !(12..=o.size).contains(&o.footer_len) {
+                bail!("object '{}' has a footer of {} bytes", o.name, o.footer_len);
+            }
+        }
         Ok(objects)
     }
 }
@@ -207,7 +218,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
         return Err(refused("is damaged: its checksum does not match"));
     }
     let damaged = |e: anyhow::Error| refused(&format!("is damaged: {e:#}"));
-    let json = zstd::stream::decode_all(body).map_err(|e| damaged(e.into()))?;
+    let json = inflate(body).map_err(damaged)?;
     let body: Body = serde_json::from_slice(&json).map_err(|e| damaged(e.into()))?;
     let schema = base64::engine::general_purpose::STANDARD
         .decode(&body.schema)
@@ -239,7 +250,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             "its partition values disagree with its columns"
         )));
     }
-    check_facts(&body.facts, schema.fields().len(), objects.len()).map_err(damaged)?;
+    check_facts(&body.facts, schema.fields().len(), &objects).map_err(damaged)?;
     let url = url::Url::parse(&body.url).map_err(|e| damaged(e.into()))?;
     let refs: Vec<&Object> = objects.iter().collect();
     let fingerprint = catalog::fingerprint(
@@ -270,8 +281,24 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     })
 }
 
+/// The largest body a snapshot inflates to: 100,000 objects take some 20 MB of JSON.
+const BODY_LIMIT: u64 = 4 << 30;
+
+/// The body, decompressed, refusing one that would inflate past [`BODY_LIMIT`].
+fn inflate(compressed: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(compressed)?
+        .take(BODY_LIMIT + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > BODY_LIMIT {
+        bail!("its body inflates past {} bytes", BODY_LIMIT);
+    }
+    Ok(out)
+}
+
 /// The facts refer only to columns and row groups that exist.
-fn check_facts(facts: &Facts, columns: usize, objects: usize) -> Result<()> {
+fn check_facts(facts: &Facts, columns: usize, objects: &[Object]) -> Result<()> {
     if facts.nulls.len() != columns {
         bail!(
             "it gives nulls of {} columns for a schema of {columns}",
@@ -279,7 +306,9 @@ fn check_facts(facts: &Facts, columns: usize, objects: usize) -> Result<()> {
         );
     }
     let out_of_range = facts.nulls.iter().any(|n| match n {
-        NullFact::Unknown(groups) => groups.iter().any(|&(f, _)| f as usize >= objects),
+        NullFact::Unknown(groups) => (groups.iter()).any(|&(f, rg)| {
+            (objects.get(f as usize)).is_none_or(|o| rg as usize >= o.rg_rows.len())
+        }),
         _ => false,
     });
     if out_of_range {

@@ -492,15 +492,21 @@ impl Source {
             Some(t) => {
                 let mut metas: std::collections::HashMap<String, ObjectMeta> =
                     listed.objects.into_iter().collect();
-                (t.files.iter())
-                    .map(|name| match metas.remove(name) {
-                        Some(meta) => Ok((name.clone(), meta)),
-                        None => Err(anyhow!(
-                            "source '{source}': file '{name}' of Delta table version {} does not exist",
-                            t.version
-                        )),
-                    })
-                    .collect::<Result<_>>()?
+                let mut objects = Vec::with_capacity(t.files.len());
+                for name in &t.files {
+                    let meta = match metas.remove(name) {
+                        Some(meta) => meta,
+                        // Committed after the listing: asked for alone.
+                        None => store.head(&child(&prefix, name)?).await.map_err(|e| {
+                            anyhow!(
+                                "source '{source}': file '{name}' of Delta table version {} cannot be read: {e}",
+                                t.version
+                            )
+                        })?,
+                    };
+                    objects.push((name.clone(), meta));
+                }
+                objects
             }
         };
         let progress = &Progress::new(started, objects.len());
@@ -833,7 +839,7 @@ impl Source {
     }
 
     /// The objects of the dataset, in canonical order, with their names relative to the prefix,
-    /// and whether the prefix is a Delta table's root (it holds `_delta_log/`).
+    /// and whether the prefix is a Delta table's root (its `_delta_log/` holds a commit).
     async fn list(store: &Arc<dyn ObjectStore>, prefix: &Path, source: &str) -> Result<Listed> {
         // One object named by the source is the dataset, whatever its name says (a file that
         // is not Parquet is then refused by its footer, naming it); else the source is a prefix.
@@ -855,8 +861,7 @@ impl Source {
             }
         }
         let all = Self::list_all(store, prefix, source).await?;
-        let log = format!("{}/", delta::LOG);
-        let delta = all.iter().any(|(name, _)| name.starts_with(&log));
+        let delta = delta::is_table(all.iter().map(|(name, _)| name.as_str()));
         let objects: Vec<(String, ObjectMeta)> = (all.into_iter())
             .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
             .collect();
@@ -968,6 +973,7 @@ impl Source {
             .with_context(|| format!("file '{}': its footer cannot be read", f.name))?;
         Stats::add(&self.stats.c.objects_touched, 1);
         let rows = row_group_rows(metadata.metadata());
+        let ours = self.file_schema()?;
         let differs = match rows == f.rg_rows {
             false => Some(format!(
                 "its footer gives {} rows in {} row groups, not {} in {}",
@@ -977,14 +983,9 @@ impl Source {
                 f.rg_rows.len()
             )),
             true => {
-                let ours = self.file_schema()?;
                 match self.table_version {
                     // A table's files are read by name, as the table's types.
-                    Some(_) => {
-                        let one = [(f.name.as_str(), &metadata)];
-                        let facts = Facts::of_table(&ours, &one, &Partitions::default());
-                        facts.schema_problem
-                    }
+                    Some(_) => catalog::table_schema_problem(&ours, &f.name, &metadata),
                     None => catalog::schema_difference(&ours, metadata.schema())
                         .map(|d| format!("its schema differs ({d})")),
                 }
@@ -997,7 +998,6 @@ impl Source {
                 how,
             }));
         }
-        let ours = self.file_schema()?;
         let by_name = self.table_version.map(|_| ours.as_ref());
         Ok(Footer::new(metadata, len, by_name))
     }
@@ -1158,7 +1158,15 @@ impl Source {
                             let column = piece.column(at);
                             match column.data_type() == field.data_type() {
                                 true => Ok(column.clone()),
-                                false => Ok(arrow::compute::cast(column, field.data_type())?),
+                                // Never a value turned into null: a lossy cast is an error.
+                                false => Ok(arrow::compute::cast_with_options(
+                                    column,
+                                    field.data_type(),
+                                    &arrow::compute::CastOptions {
+                                        safe: false,
+                                        ..Default::default()
+                                    },
+                                )?),
                             }
                         }
                         None => Ok(arrow::array::new_null_array(
@@ -1528,6 +1536,8 @@ struct ObjectReader {
     size: u64,
     /// The version every read is pinned to (`if-match`), when the store reports one.
     e_tag: Option<String>,
+    /// The modification time listed, which pins reads where the store gives no ETag.
+    modified: String,
     stats: Arc<Stats>,
     /// Since when the object must not have changed, for the error when it has.
     since: &'static str,
@@ -1557,6 +1567,7 @@ impl ObjectReader {
             location: file.location.clone(),
             size: file.size,
             e_tag: file.e_tag.clone(),
+            modified: file.modified.clone(),
             stats,
             since,
         }
@@ -1597,9 +1608,11 @@ impl ObjectReader {
             let reply = self.store.get_opts(&self.location, options).await?;
             // Some servers ignore `if-match` (fake-gcs-server does): the reply's own version
             // and size are checked too, so a replaced object is never read at old offsets.
+            // Where the store gives no ETag, the modification time is the version.
             let etag = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_string();
             let replaced = match (&self.e_tag, &reply.meta.e_tag) {
                 (Some(pinned), Some(now)) => etag(pinned) != etag(now),
+                (None, _) => reply.meta.last_modified.to_string() != self.modified,
                 _ => false,
             } || reply.meta.size != self.size;
             if replaced {

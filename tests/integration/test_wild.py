@@ -160,7 +160,13 @@ def parse_opts(options):
     return pads, cols, nulls_zero
 
 
-def read_reference(path: Path, reader: str) -> pa.Table:
+def read_reference(path: Path, reader: str, src: Path) -> pa.Table:
+    if reader == "hive":  # the file with the columns its key=value directories under SRC give
+        import pyarrow.dataset as ds
+
+        dataset = ds.dataset(str(src), format="parquet", partitioning="hive")
+        fragment = next(f for f in dataset.get_fragments() if Path(f.path) == path)
+        return fragment.to_table(schema=dataset.schema)
     if reader == "duckdb":  # only where pyarrow cannot read the file (see the manifest's note)
         import duckdb
 
@@ -174,7 +180,7 @@ def reference(src: Path, files: list[str], options: list[str], reader="pyarrow")
     """Per column: dict(values, valid, lens, unit, has_nulls, padded), and the expected tensor
     names, from pyarrow reading each file (in the dataset's lexicographic order)."""
     pads, cols, nulls_zero = parse_opts(options)
-    tables = [read_reference(src / f, reader) for f in files]
+    tables = [read_reference(src / f, reader, src) for f in files]
     names = cols if cols is not None else tables[0].column_names
     ref, expected_names = {}, []
     for name in names:
@@ -472,7 +478,7 @@ def plain_type(t: pa.DataType) -> bool:
 def plainly_servable(src: Path, entry: dict) -> list[str]:
     """Columns every file of the entry holds with a plain tensor type and no nulls."""
     try:
-        tables = [read_reference(src / f, entry.get("ref_reader", "pyarrow")) for f in entry["files"]]
+        tables = [read_reference(src / f, entry.get("ref_reader", "pyarrow"), src) for f in entry["files"]]
     except Exception:  # noqa: BLE001  (a file pyarrow cannot read: nothing to demand)
         return []
     if not tables:
