@@ -31,6 +31,10 @@ to NumPy arrays, in these ways:
   a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
                             a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
                             make_reader and through tensorfs cold and warm (petastorm_dataset.py)
+  daemon CPU                (own table) shuffle=global, each file kind (all/NAME.npy maps,
+                            .safetensors, NNNNNN/NAME.npy): the daemon's core-seconds per GB of
+                            epochs 1 and 2 (from cached columns, in steady state), beside np.take
+                            gathering the same kind of batches from RAM (cpu.py)
   many hosts                (own table) --hosts W simulated hosts, each its own mount and cache_dir
                             of the S3 prefix, reading its rank view's epochs 0 and 1 with
                             partitions=1 and partitions=W: bytes fetched and decode CPU per host
@@ -57,6 +61,8 @@ from pathlib import Path
 from benchlib.common import MB, REPO, ROW_BYTES, log
 from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, write_dataset, write_npy_batches,
                               write_small_rows_dataset)
+from benchlib.cpu import print_rows as print_cpu
+from benchlib.cpu import run_rows as cpu_rows
 from benchlib.hosts import print_rows as print_hosts
 from benchlib.hosts import run_rows as hosts_rows
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
@@ -122,7 +128,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts"}
+             "hosts", "cpu"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -135,6 +141,7 @@ def run(a) -> int:
     s3 = None
     pds = None
     hosts = None
+    cpu = None
     B = a.batch_size
     try:
         # ---- data ----------------------------------------------------------------------
@@ -399,6 +406,12 @@ def run(a) -> int:
         if "small" not in skip and "tensorfs" not in skip and a.small_rows > 0:
             small_rows(res, a, binary, scratch, caches, mounts)
 
+        # ---- 6e. the daemon's CPU per GB of shuffled epochs from cached columns -------------------
+        if "cpu" not in skip and "tensorfs" not in skip:
+            cpu = cpu_rows(binary, data, parquet_files(data), scratch, a.rows, B, mounts,
+                           a.tensorfs_options.split(",") if a.tensorfs_options else [])
+            meta["cpu"] = cpu
+
         # ---- 6d. a dataset written by Petastorm: make_reader against tensorfs ----------------
         if "petastorm-ds" not in skip:
             try:
@@ -517,6 +530,8 @@ def run(a) -> int:
 
     meta["page_cache_dropped"] = bool(caches.works)
     report(res, stalls, meta, a)
+    if cpu is not None:
+        print("\n" + "\n".join(print_cpu(cpu)))
     if pds is not None:
         if "unavailable" in pds:
             print(f"\nPetastorm dataset (make_reader against tensorfs): unavailable: {pds['unavailable']}")
@@ -544,7 +559,7 @@ def main() -> int:
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "small,stall,hosts,cpu (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
                     "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")

@@ -108,26 +108,20 @@ impl Picks {
 }
 
 impl Picks {
-    /// The batch's rows from its row groups `decoded` (in `row_groups` order): every tensor,
-    /// or tensor `only`; the CPU time counted.
+    /// The batch's rows of tensors `wanted` (in that order) from its row groups `decoded` (in
+    /// `row_groups` order); the CPU time counted.
     fn gather(
         &self,
         view: &View,
         decoded: &[Arc<Columns>],
-        only: Option<usize>,
+        wanted: &[usize],
         stats: &Stats,
     ) -> Vec<Vec<u8>> {
         let cpu_started = crate::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
-        let rows = match only {
-            None => transform::gather(view, &from, &self.rows),
-            Some(t) => vec![transform::gather_tensor(
-                t,
-                view.tensors[t].row_bytes(),
-                &from,
-                &self.rows,
-            )],
-        };
+        let rows = (wanted.iter())
+            .map(|&t| transform::gather_tensor(t, view.tensors[t].row_bytes(), &from, &self.rows))
+            .collect();
         let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
         rows
@@ -486,6 +480,10 @@ impl Builder {
     /// The rows of batch `i` of `epoch`, gathered from their row groups: every tensor, or
     /// tensor `only`.
     async fn gather(&self, epoch: u64, i: u64, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
+        let wanted: Vec<usize> = match only {
+            Some(t) => vec![t],
+            None => (0..self.view.tensors.len()).collect(),
+        };
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;
@@ -494,33 +492,31 @@ impl Builder {
         let view = self.view.clone();
         let stats = self.stats.clone();
         self.pool
-            .run(move || picks.gather(&view, &decoded, only, &stats))
+            .run(move || picks.gather(&view, &decoded, &wanted, &stats))
             .await
             .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))
     }
 
-    /// Batch `i` of `epoch` gathered on the calling thread (a thread that builds ahead in
-    /// `SCHED_IDLE`, whose gathers must not take the workers from readers): every tensor, or
-    /// tensor `only`. Its row groups are loaded as for any build; the rows are not kept.
+    /// Batch `i` of `epoch`'s rows of tensors `wanted` (in that order), gathered on the calling
+    /// thread (a thread that builds ahead in `SCHED_IDLE`, whose gathers must not take the
+    /// workers from readers), where each row is located once for all of them. Its row groups
+    /// are loaded as for any build; the rows are not kept.
     pub fn gather_here(
         &self,
         runtime: &Handle,
         epoch: u64,
         i: u64,
-        only: Option<usize>,
+        wanted: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
         let epoch = self.plan().same_as(epoch);
         if let Some(b) = self.batches.get(&(epoch, i)) {
-            return Ok(match only {
-                None => b.tensors.clone(),
-                Some(t) => vec![b.tensors[t].clone()],
-            });
+            return Ok(wanted.iter().map(|&t| b.tensors[t].clone()).collect());
         }
         let (_build, (picks, decoded)) = runtime.block_on(async {
             anyhow::Ok((self.builds.acquire().await?, self.located(epoch, i).await?))
         })?;
-        let rows = picks.gather(&self.view, &decoded, only, &self.stats);
+        let rows = picks.gather(&self.view, &decoded, wanted, &self.stats);
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(rows)
     }

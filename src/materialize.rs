@@ -120,20 +120,16 @@ impl Materializer {
         Some(rows)
     }
 
-    /// Batch `g` of `epoch`'s rows of every tensor (of tensor `only`), for a one-open file built
-    /// on the calling thread: from memory, else from the batch's materialised files, else
+    /// Batch `g` of `epoch`'s rows of tensors `wanted` (in that order), for one-open files
+    /// built on the calling thread: from memory, else from the batch's materialised files, else
     /// gathered (decoding what is not at hand).
     pub fn batch_tensors(
         &self,
         runtime: &tokio::runtime::Handle,
         epoch: u64,
         g: u64,
-        only: Option<usize>,
+        wanted: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
-        let wanted: Vec<usize> = match only {
-            Some(t) => vec![t],
-            None => (0..self.layout.tensors()).collect(),
-        };
         if !self.builder.has_batch(epoch, g)
             && let Some(rows) = (wanted.iter())
                 .map(|&t| self.tensor_from_file(epoch, g, t))
@@ -141,7 +137,7 @@ impl Materializer {
         {
             return Ok(rows);
         }
-        self.builder.gather_here(runtime, epoch, g, only)
+        self.builder.gather_here(runtime, epoch, g, wanted)
     }
 
     /// The fast path of an open, answered on the FUSE thread: the batch file `item` kept ready

@@ -81,6 +81,31 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
     assert len(set(ids.tolist())) == len(ids)
 
 
+def test_the_npy_files_a_reader_reads_are_built_together(mounter, shuf_ds):
+    """A reader of several all/NAME.npy files has the next epoch's built in one pass over its
+    batches: each batch is gathered once for all of them (batches_built grows by one epoch's
+    batches, not one per file), and each file holds its tensor's rows."""
+    m = mounter(shuf_ds.path, "shuffle=global", f"batch_size={BS}", "epochs=3")
+    for name in ("id", "x"):
+        tfs.read_exact(m.p("epoch-0", "all", f"{name}.npy"))
+    s = wait_built(m, 2)
+    assert s["ahead_files_built"] == 2 and s["ahead_skipped"] == 0, s
+    # Opening epoch 1's files built ahead has epoch 2's built, both at once (counted from the
+    # moment the work for epoch 0's reader has ended).
+    before, since = tfs.stats(m)["batches_built"], time.monotonic()
+    while time.monotonic() - since < 0.5:
+        time.sleep(0.05)
+        if tfs.stats(m)["batches_built"] != before:
+            before, since = tfs.stats(m)["batches_built"], time.monotonic()
+    got = {name: np.load(m.p("epoch-1", "all", f"{name}.npy")) for name in ("id", "x")}
+    s = wait_built(m, 4)
+    assert s["ahead_files_built"] == 4, s
+    assert N <= s["batches_built"] - before < 2 * N, (before, s["batches_built"])
+    for e, arrays in ((1, got), (2, {name: np.load(m.p("epoch-2", "all", f"{name}.npy")) for name in ("id", "x")})):
+        for name, a in arrays.items():
+            assert a.tobytes() == concatenated(m, f"epoch-{e}", N, (name,)), (e, name)
+
+
 def test_a_file_changed_after_it_was_built_is_not_served(mounter, shuf_ds):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))

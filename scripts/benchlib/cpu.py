@@ -1,0 +1,150 @@
+"""The daemon's CPU per GB of shuffled epochs read from cached columns (PRODUCT.md §6, issue 31).
+
+For each file kind (`all/NAME.npy` memory maps sliced batch by batch, `.safetensors` batch files,
+per-tensor `NNNNNN/NAME.npy` files), a mount of the bench dataset on a fresh cache with
+`shuffle=global,epochs=4` is read: epoch 0 (cold: it decodes and caches the columns), then, once
+the daemon's work for it has settled, epoch 1 and epoch 2 right after it. The daemon's
+utime+stime from that settled moment until its work for epochs 1 and 2 has settled (the files
+built ahead of epochs 2 and 3 included: the steady state of a job) is divided by the tensor
+bytes the two epochs delivered. The rates: epoch 1 (its files ready) and epoch 2 (read right
+after the one before, as a job reads, whatever was built ahead by then).
+
+Beside them, the peers of the same run: the same kind of shuffled batches gathered with
+`np.take` from the columns held in RAM by one thread (its process CPU per GB and its rate), and
+epoch 1's files copied to local disk and read the same way from the page cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .common import MB, TENSORS, log
+from .methods import read_npy_dirs, read_npy_slices, read_safetensors_files
+from .mounts import Mount
+
+KINDS = {
+    "all": "all/NAME.npy memory maps",
+    "safetensors": ".safetensors batch files",
+    "npy": "NNNNNN/NAME.npy files",
+}
+
+
+def daemon_cpu_s(pids: list[int]) -> float:
+    """utime + stime of the daemon's processes, in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def settle(pids: list[int], quiet: float = 1.0, limit: float = 300) -> float:
+    """The daemon's CPU seconds once they have not grown for QUIET seconds (its work done)."""
+    last, since, deadline = daemon_cpu_s(pids), time.monotonic(), time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = daemon_cpu_s(pids)
+        if now > last + 0.01:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return daemon_cpu_s(pids)
+
+
+def read_kind(kind: str, root: Path, rows: int, batch_size: int, n_batches: int):
+    if kind == "all":
+        return read_npy_slices(root / "all", rows, batch_size)
+    if kind == "safetensors":
+        return read_safetensors_files(root, n_batches)
+    return read_npy_dirs(root, n_batches)
+
+
+def numpy_gather(data_files: list[Path], rows: int, batch_size: int) -> dict:
+    """Shuffled batches gathered with np.take from the columns in RAM, one thread."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data_files)
+    cols = []
+    for name in TENSORS:
+        c = table.column(name).combine_chunks()
+        if name == "emb":
+            cols.append(np.asarray(c.flatten()).reshape(len(c), -1))
+        else:
+            cols.append(np.asarray(c))
+    del table
+    order = np.random.default_rng(7).permutation(rows)
+    nbytes = 0
+    cpu, wall = time.process_time(), time.perf_counter()
+    for start in range(0, rows, batch_size):
+        idx = order[start:start + batch_size]
+        for c in cols:
+            nbytes += np.take(c, idx, axis=0).nbytes
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"bytes": nbytes, "seconds": wall, "cpu_s": cpu, "core_s_gb": cpu / (nbytes / 1e9), "mb_s": nbytes / MB / wall}
+
+
+def run_rows(binary: Path, data: Path, data_files: list[Path], scratch: Path, rows: int, batch_size: int,
+             mounts: list, extra: list[str]) -> dict:
+    out = {"rows": rows, "batch_size": batch_size, "kinds": {}}
+    out["gather"] = g = numpy_gather(data_files, rows, batch_size)
+    log(f"cpu: np.take gather from RAM: {g['mb_s']:.0f} MB/s, {g['core_s_gb']:.2f} core-s/GB")
+    for kind, label in KINDS.items():
+        cache = scratch / f"cache-cpu-{kind}"
+        shutil.rmtree(cache, ignore_errors=True)
+        m = Mount(binary, f"file://{data}", scratch / f"mnt-cpu-{kind}",
+                  [f"batch_size={batch_size}", "shuffle=global", "epochs=4", f"cache_dir={cache}", *extra])
+        mounts.append(m)
+        try:
+            n = m.dataset()["batches_per_epoch"]
+            read_kind(kind, m.mnt / "epoch-0", rows, batch_size, n)
+            before, stats0 = settle(m.pids), m.stats()
+            e1 = read_kind(kind, m.mnt / "epoch-1", rows, batch_size, n)
+            e2 = read_kind(kind, m.mnt / "epoch-2", rows, batch_size, n)
+            after, stats1 = settle(m.pids), m.stats()
+            nbytes = e1[1] + e2[1]
+            # Epoch 1 copied to local disk, read the same way from the page cache.
+            local = scratch / f"local-cpu-{kind}"
+            shutil.rmtree(local, ignore_errors=True)
+            shutil.copytree(m.mnt / "epoch-1", local, ignore=shutil.ignore_patterns("gds", "rank-*"))
+            read_kind(kind, local, rows, batch_size, n)
+            lr = read_kind(kind, local, rows, batch_size, n)
+            shutil.rmtree(local, ignore_errors=True)
+            k = out["kinds"][kind] = {
+                "label": label, "bytes": nbytes, "daemon_cpu_s": after - before,
+                "core_s_gb": (after - before) / (nbytes / 1e9),
+                "ready_mb_s": e1[1] / MB / e1[2], "next_mb_s": e2[1] / MB / e2[2],
+                "local_mb_s": lr[1] / MB / lr[2],
+                "batch_files_written": stats1.get("batch_files_written", 0) - stats0.get("batch_files_written", 0),
+            }
+            log(f"cpu: {label}, epochs 1-2: daemon {k['core_s_gb']:.2f} core-s/GB; epoch 1 {k['ready_mb_s']:.0f} MB/s, "
+                f"epoch 2 right after it {k['next_mb_s']:.0f} MB/s, local {k['local_mb_s']:.0f} MB/s, "
+                f"{k['batch_files_written']} batch files written")
+        finally:
+            m.unmount()
+            mounts.remove(m)
+            shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def print_rows(cpu: dict) -> list[str]:
+    g = cpu["gather"]
+    lines = [f"Daemon CPU, shuffled epochs from cached columns ({cpu['rows']} rows, batch {cpu['batch_size']}; "
+             "target: <= 2x the gather's core-s/GB; the epoch read right after the one before >= 0.6x its rate)"]
+    head = (f"{'reader':<42}{'core-s/GB':>10}{'x gather':>9}{'MB/s e1':>9}{'MB/s e2':>9}"
+            f"{'e2 x gather':>12}{'e1 x local':>11}")
+    lines += [head, "-" * len(head)]
+    lines.append(f"{'np.take gather from RAM, 1 thread':<42}{g['core_s_gb']:>10.2f}{'1.00':>9}{g['mb_s']:>9.0f}"
+                 f"{g['mb_s']:>9.0f}{'1.00':>12}{'':>11}")
+    for k in cpu["kinds"].values():
+        lines.append(f"{'tensorfs ' + k['label']:<42}{k['core_s_gb']:>10.2f}{k['core_s_gb'] / g['core_s_gb']:>9.2f}"
+                     f"{k['ready_mb_s']:>9.0f}{k['next_mb_s']:>9.0f}{k['next_mb_s'] / g['mb_s']:>12.2f}"
+                     f"{k['ready_mb_s'] / k['local_mb_s']:>11.2f}")
+    return lines
