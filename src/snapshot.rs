@@ -339,8 +339,12 @@ pub async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned
         }
         false => {
             let path = at.strip_prefix("file://").unwrap_or(at);
-            std::fs::read(path)
-                .map_err(|e| anyhow!("snapshot '{at}' cannot be read: {}", io_reason(&e)))?
+            std::fs::read(path).map_err(|e| {
+                anyhow!(
+                    "snapshot '{at}' cannot be read: {}",
+                    crate::source::io_reason(&e)
+                )
+            })?
         }
     };
     decode(&bytes, at)
@@ -398,15 +402,7 @@ fn write_local(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map_err(|e| anyhow!(io_reason(&e)))
-}
-
-fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file or directory".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
-    }
+    written.map_err(|e| anyhow!(crate::source::io_reason(&e)))
 }
 
 /// Where a mount keeps the catalog of each dataset it listed, by fingerprint.

@@ -421,7 +421,8 @@ fn http_credentials(options: &[(String, String)]) -> Result<Option<reqwest::head
 /// tensorfs's own keys of an HTTP source (see [`http_credentials`]).
 const HTTP_CREDENTIAL_KEYS: [&str; 3] = ["http_username", "http_password", "http_bearer_token"];
 
-fn io_reason(e: &std::io::Error) -> String {
+/// An I/O error as a refusal says it: the common ones in plain words.
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::NotFound => "no such file or directory".into(),
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),
