@@ -112,9 +112,10 @@ def read_npy_slices(all_dir: Path, rows: int, batch_size: int, names=TENSORS):
     map and copied into an array of its own (a map-style Dataset over all/)."""
     import numpy as np
 
+    # The opens are timed too: an open of a file still being built waits for it.
+    t = time.perf_counter()
     arrays = [np.load(all_dir / f"{name}.npy", mmap_mode="r") for name in names]
     nbytes = 0
-    t = time.perf_counter()
     for start in range(0, rows, batch_size):
         for a in arrays:
             nbytes += np.array(a[start:start + batch_size]).nbytes
