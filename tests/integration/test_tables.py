@@ -202,6 +202,28 @@ def test_every_version_of_a_delta_table_is_deltalakes(mounter, delta_table):
     assert latest.dataset()["origin"]["version"] == 5
 
 
+def test_versions_of_a_delta_table_on_one_cache_are_each_their_own(mounter, delta_table):
+    """version= chooses the rows: mounts of two versions on the same cache_dir (each warm from
+    the one before) have their own fingerprint and serve their own version, never the bytes the
+    other left in the cache."""
+    opts = ("batch_size=128", "shuffle=none", "pad=emb:4")
+    assert not np.array_equal(delta_reference(delta_table, 2)["x"], delta_reference(delta_table, 3)["x"])
+    cache, fingerprints = None, {}
+    for version in (2, 3, 2):
+        m = mounter(delta_table, f"version={version}", *opts, **({"cache": cache} if cache else {}))
+        cache = m.cache
+        dj = m.dataset()
+        assert dj["origin"]["version"] == version and dj["options"]["version"] == version, dj["origin"]
+        fingerprints.setdefault(version, set()).add(dj["fingerprint"])
+        want = delta_reference(delta_table, version)
+        got = epoch_columns(m, ["id", "x"])
+        order = np.argsort(got["id"])
+        for k in ("id", "x"):
+            np.testing.assert_array_equal(got[k][order], want[k], err_msg=f"version {version} {k}")
+        m.unmount()
+    assert len(fingerprints[2]) == 1 and fingerprints[2].isdisjoint(fingerprints[3]), fingerprints
+
+
 def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_table, tmp_path):
     def refusal(src, *options):
         mnt = mounter.mountpoint()
