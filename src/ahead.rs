@@ -12,11 +12,11 @@
 //! for its path, has D's next epoch built, the same rank's for a rank view, while the listed
 //! epochs last (with `shuffle=none`, whose epochs share their files, that is the one it
 //! reads). The `.npy` files of every tensor the chain's readers read are built together, in
-//! one pass over the batches: each row is located once for all of them (located per file, the
-//! locating took 3.7× the CPU of the gathering on the bench's rows). The build runs on a thread
-//! of its own in `SCHED_IDLE`. An open that comes while the
-//! build is under way waits for it if a sixteenth is written and the rest is due within
-//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes
+//! one pass over the batches, so that each row is located once for all of them (locating a
+//! shuffled row costs more than copying it). The build runs on a thread of its own in
+//! `SCHED_IDLE`. An open that comes while the build is under way waits for it if a sixteenth is
+//! written and the rest is due within [`LONGEST_WAIT`], and else stops it and is served by the
+//! daemon. Each file takes its bytes
 //! of `cache_size` (evicting only cache items that are never needed again); where they are not
 //! to be had, nothing is built. A file is built in the cache's temp directory (a restart
 //! removes what a crash left there), then indexed as a cache item with its crc32c
@@ -194,9 +194,7 @@ impl Progress {
 /// sixteenth is written (enough to know its rate), where the rest, at the rate so far, is due
 /// within half of [`LONGEST_WAIT`]. Served by the daemon instead, the file is gathered again
 /// read by read: here ~10 core-seconds a GB at 0.4–0.7 GB/s, where a build writes 1–1.4 GB/s at
-/// about 1 core-second a GB and the built file then reads at 4–8 GB/s. (Waiting from a quarter
-/// on, an epoch read right after the one before found its build short of it and was served by
-/// the daemon: 378 MB/s and 2.2 core-s/GB for `all/` maps.)
+/// about 1 core-second a GB and the built file then reads at 4–8 GB/s.
 fn worth_waiting(written: u64, total: u64, elapsed: Duration) -> bool {
     if written * 16 < total || written == 0 {
         return false;
@@ -686,6 +684,7 @@ struct Building {
     key: Key,
     file: File,
     reserved: Reserved,
+    header: Vec<u8>,
     /// Each of its tensors, with where its rows start in the file and the crc32c of its rows
     /// written so far.
     tensors: Vec<(usize, u64, u32)>,
@@ -736,7 +735,8 @@ impl Job {
             return out;
         }
         let dir = building[0].key.dir;
-        let written = match self.write(&mut building, self.materializer.plan().dir_rows(dir)) {
+        let rows = self.materializer.plan().dir_rows(dir);
+        let written = match self.write(&mut building) {
             Ok(()) => Ok(()),
             Err(_) if self.progress.stop.load(Ordering::Relaxed) => Err(None),
             Err(e) => Err(Some(e)),
@@ -755,7 +755,7 @@ impl Job {
                 .clone()
                 .expect("a file built ahead has its path");
             let crc = match &written {
-                Ok(()) => self.crc(key.kind, dir, &b.tensors),
+                Ok(()) => self.crc(&b.header, &b.tensors, rows),
                 Err(None) => {
                     out.push((key, Ok(None)));
                     continue;
@@ -836,7 +836,8 @@ impl Job {
                 (file, reserved)
             }
         };
-        let mut base = self.layout.header(kind, rows).len() as u64;
+        let header = self.layout.header(kind, rows);
+        let mut base = header.len() as u64;
         let tensors = (self.layout.tensors_of(kind))
             .map(|t| {
                 let at = base;
@@ -848,6 +849,7 @@ impl Job {
             key,
             file,
             reserved,
+            header,
             tensors,
             len: base,
             over,
@@ -858,20 +860,30 @@ impl Job {
     /// (taken from memory or the batch's files, else gathered, on this thread, each row located
     /// once for every file), the layout the daemon serves the files in; each tensor's crc32c
     /// runs as its rows are written in order.
-    fn write(&self, files: &mut [Building], rows: u64) -> Result<()> {
+    fn write(&self, files: &mut [Building]) -> Result<()> {
         let dir = files[0].key.dir;
         let plan = self.materializer.plan();
         let bs = plan.options().batch_size;
+        // The tensors gathered for every file, and where each file's tensor is among them.
         let mut wanted: Vec<usize> = Vec::new();
+        let mut slots: Vec<Vec<usize>> = Vec::new();
         for b in files.iter_mut() {
-            b.file
-                .write_all_at(&self.layout.header(b.key.kind, rows), 0)?;
+            b.file.write_all_at(&b.header, 0)?;
             b.file.set_len(b.len)?;
-            for &(t, _, _) in &b.tensors {
-                if !wanted.contains(&t) {
+            let slot = |t: usize, wanted: &mut Vec<usize>| match wanted.iter().position(|&w| w == t)
+            {
+                Some(k) => k,
+                None => {
                     wanted.push(t);
+                    wanted.len() - 1
                 }
-            }
+            };
+            slots.push(
+                b.tensors
+                    .iter()
+                    .map(|&(t, _, _)| slot(t, &mut wanted))
+                    .collect(),
+            );
         }
         for j in 0..plan.count(dir) {
             if self.progress.stop.load(Ordering::Relaxed) {
@@ -879,9 +891,9 @@ impl Job {
             }
             let (epoch, g) = dir.global(j);
             let gathered = (self.materializer).batch_tensors(&self.runtime, epoch, g, &wanted)?;
-            for b in files.iter_mut() {
-                for (t, base, crc) in &mut b.tensors {
-                    let data = &gathered[wanted.iter().position(|w| w == t).expect("wanted")];
+            for (b, slots) in files.iter_mut().zip(&slots) {
+                for ((t, base, crc), &k) in b.tensors.iter_mut().zip(slots) {
+                    let data = &gathered[k];
                     let at = *base + j * bs * self.layout.row_bytes(*t);
                     b.file.write_all_at(data, at)?;
                     *crc = crc32c::crc32c_append(*crc, data);
@@ -892,10 +904,9 @@ impl Job {
         Ok(())
     }
 
-    /// The crc32c of a file of `kind` of `dir` from its header and its tensors' running ones.
-    fn crc(&self, kind: FileKind, dir: Batches, tensors: &[(usize, u64, u32)]) -> u32 {
-        let rows = self.materializer.plan().dir_rows(dir);
-        let mut crc = crc32c::crc32c(&self.layout.header(kind, rows));
+    /// The crc32c of a file of `rows` rows from its header and its tensors' running ones.
+    fn crc(&self, header: &[u8], tensors: &[(usize, u64, u32)], rows: u64) -> u32 {
+        let mut crc = crc32c::crc32c(header);
         for &(t, _, tensor_crc) in tensors {
             let len = rows * self.layout.row_bytes(t);
             crc = crc32c::crc32c_combine(crc, tensor_crc, len as usize);

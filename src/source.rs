@@ -551,19 +551,12 @@ impl Source {
         let loaded: Vec<(&str, &ArrowReaderMetadata)> = (files.iter())
             .map(|f| (f.name.as_str(), &f.footer.get().expect("loaded").metadata))
             .collect();
-        let (catalog, origin) = match table {
+        // A table's schema and partition columns are its log's; a listing's, its first file's
+        // and its hive directories'.
+        let (file_schema, partitions, facts, unischema, table_version) = match table {
             Some(t) => {
                 let facts = Facts::of_table(&t.data_schema, &loaded, &t.partitions);
-                let catalog = Catalog {
-                    objects: Vec::new(),
-                    summary: None,
-                    schema: with_partitions(&t.data_schema, &t.partitions),
-                    partitions: t.partitions,
-                    table_version: Some(t.version),
-                    facts,
-                    unischema: None,
-                };
-                (catalog, Origin::Delta(t.version))
+                (t.data_schema, t.partitions, facts, None, Some(t.version))
             }
             None => {
                 let partitions = match single_file {
@@ -573,23 +566,25 @@ impl Source {
                         Partitions::hive(&names)
                     }
                 };
-                let facts = Facts::of(loaded[0].1.schema(), &loaded, &partitions);
+                let schema = loaded[0].1.schema().clone();
+                let facts = Facts::of(&schema, &loaded, &partitions);
                 let unischema = match single_file {
                     true => None,
                     false => read_unischema(&store, &prefix, &stats).await?,
                 };
-                let catalog = Catalog {
-                    objects: Vec::new(),
-                    summary: None,
-                    schema: with_partitions(loaded[0].1.schema(), &partitions),
-                    partitions,
-                    table_version: None,
-                    facts,
-                    unischema,
-                };
-                (catalog, Origin::Listing)
+                (schema, partitions, facts, unischema, None)
             }
         };
+        let catalog = Catalog {
+            objects: Vec::new(),
+            summary: None,
+            schema: with_partitions(&file_schema, &partitions),
+            partitions,
+            table_version,
+            facts,
+            unischema,
+        };
+        let origin = table_version.map_or(Origin::Listing, Origin::Delta);
         let at = Where {
             store,
             url: url.clone(),
