@@ -837,13 +837,8 @@ impl Job {
             }
         };
         let header = self.layout.header(kind, rows);
-        let mut base = header.len() as u64;
         let tensors = (self.layout.tensors_of(kind))
-            .map(|t| {
-                let at = base;
-                base += rows * self.layout.row_bytes(t);
-                (t, at, 0)
-            })
+            .map(|t| (t, self.layout.tensor_range(kind, rows, t).start, 0))
             .collect();
         Ok(Some(Building {
             key,
@@ -851,7 +846,7 @@ impl Job {
             reserved,
             header,
             tensors,
-            len: base,
+            len: self.layout.size(kind, rows),
             over,
         }))
     }

@@ -9,10 +9,11 @@
 
 use crate::ahead::{Ahead, Opening, Progress, Warming};
 use crate::error::{Error, Result, enoent};
-use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout};
+use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
 use crate::materialize::Materializer;
 use crate::plan::{Batches, Plan};
-use crate::prefetch::{Prefetcher, Read};
+use crate::prefetch::Prefetcher;
+use crate::readers::{Event, What};
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
@@ -589,7 +590,7 @@ impl Fs {
     }
 
     /// A batch file's backing file if it is materialised already (checked), without waiting;
-    /// the caller notes the reader for the prefetcher ([`Fs::note_reader`]) once it answered.
+    /// the caller follows the reader ([`Fs::follow_open`]) once it answered.
     pub fn materialized(&self, ino: u64) -> Option<Arc<File>> {
         let item = self.item(self.node(ino).ok()?).ok()?;
         self.materializer.ready(item)
@@ -630,7 +631,7 @@ impl Fs {
             let file = self.materialized(ino);
             if file.is_some() {
                 // Fs::read follows the reader otherwise.
-                self.accessed(node);
+                self.follow_open(ino);
             }
             file
         } else if node.all_file().is_some() {
@@ -640,7 +641,7 @@ impl Fs {
                 Opening::Daemon => None,
             };
             if file.is_some() {
-                self.note_reader(ino);
+                self.follow_open(ino);
             }
             file
         } else {
@@ -654,16 +655,35 @@ impl Fs {
         Stats::add(&self.stats().c.passthrough_opens, 1);
     }
 
-    /// Lets the prefetcher follow a reader that opened `ino` (after the open is answered); a
-    /// one-open file opened built ahead has the next epoch's built.
-    pub fn note_reader(&self, ino: u64) {
+    /// A reader opened file `ino` (followed after the open is answered): a batch file, or a
+    /// one-open file opened built ahead, whose reader has the next epoch's built.
+    pub fn follow_open(&self, ino: u64) {
         let Ok(node) = self.node(ino) else { return };
-        if let Some((d, kind)) = node.all_file()
-            && let Ok(dir) = self.dir(d)
-        {
-            self.ahead.reader_at(dir, kind);
+        let event = match (node.batch_file(), node.all_file()) {
+            (Some((d, i, kind)), _) => self.dir(d).map(|dir| Event::at(dir, i, What::File(kind))),
+            (_, Some((d, kind))) => self.dir(d).map(|dir| Event::at(dir, 0, What::Whole(kind))),
+            _ => return,
+        };
+        if let Ok(event) = event {
+            self.follow(event);
         }
-        self.accessed(node);
+    }
+
+    /// A reader read what `event` says: the one place a request moves a reader. The prefetcher
+    /// moves its position (which the eviction measures from) and builds what follows; a reader
+    /// of a one-open file opened whole, past its middle, or in an epoch after the first (whose
+    /// rows are gathered from cached columns), has the next epoch's file built ahead (in epoch
+    /// 0, whose row groups are decoded as it is read, a build from its start would fetch and
+    /// decode them beside the reader, in another order).
+    fn follow(&self, event: Event) {
+        self.prefetcher.follow(event);
+        match event.what {
+            What::Whole(kind) => self.ahead.reader_at(event.dir, kind),
+            What::Rows {
+                file, past_half, ..
+            } if past_half || event.dir.global(0).0 >= 1 => self.ahead.reader_at(event.dir, file),
+            _ => {}
+        }
     }
 
     /// How an open of one-open file `ino` is served ([`Ahead::for_open`]).
@@ -691,20 +711,11 @@ impl Fs {
     pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>> {
         let node = self.node(ino)?;
         let item = self.item(node)?;
-        self.accessed(node);
+        self.follow_open(ino);
         self.materializer.materialize(item).await.map_err(|e| {
             let path = self.materializer.cache().path(item);
             Error::failed(format!("materialising {}", path.display()), e)
         })
-    }
-
-    /// A reader is at `node`: let the prefetcher follow it.
-    fn accessed(&self, node: Node) {
-        if let Some((d, i, kind)) = node.batch_file()
-            && let Ok(dir) = self.dir(d)
-        {
-            self.prefetcher.accessed(dir, i, Read::File(kind));
-        }
     }
 
     /// Where a batch file's backing file is (or will be) in the local cache.
@@ -743,7 +754,7 @@ impl Fs {
     async fn all_built(&self, ino: u64) -> Option<PathBuf> {
         let (dir, kind) = self.all_file(ino)?;
         let path = self.ahead.built_path(dir, kind).await?;
-        self.ahead.reader_at(dir, kind);
+        self.follow(Event::at(dir, 0, What::Whole(kind)));
         Some(path)
     }
 
@@ -847,7 +858,7 @@ impl Fs {
     /// page, or pages the page cache did not hold), answered at once where its batch is in
     /// memory: on the FUSE thread, with no trip through the async workers, which cost a few
     /// times more than the copy. `None` where it must wait ([`Fs::read_unopened`]). The caller
-    /// lets the prefetcher follow the reader once it has answered ([`Fs::note_reader`]).
+    /// follows the reader once it has answered ([`Fs::follow_open`]).
     pub fn read_at_hand(&self, ino: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
         let started = std::time::Instant::now();
         let node = self.node(ino).ok()?;
@@ -869,7 +880,7 @@ impl Fs {
                 let (_, _, kind) = node.batch_file().expect("a batch file");
                 let b = self.dir(d)?;
                 let (epoch, g) = b.global(i);
-                self.accessed(node);
+                self.follow(Event::at(b, i, What::File(kind)));
                 let batch = self.batch(epoch, g).await?;
                 Ok(batch.file_bytes(&self.layout, kind, offset, size))
             }
@@ -884,7 +895,6 @@ impl Fs {
     /// Batch `g` of `epoch`, which a reader waits for.
     async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::builder::Batch>> {
         let builder = self.materializer.builder();
-        self.materializer.reader_at(epoch, g);
         let _waits = builder.reader_waits();
         builder
             .batch(epoch, g)
@@ -897,7 +907,6 @@ impl Fs {
     /// decodes nothing for it), else gathered.
     async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::builder::TensorOf> {
         let builder = self.materializer.builder();
-        self.materializer.reader_at(epoch, g);
         if !builder.has_tensor(epoch, g, t)
             && let Some(rows) = self.tensor_from_file(epoch, g, t).await
         {
@@ -927,44 +936,52 @@ impl Fs {
     async fn read_all(&self, d: u32, kind: FileKind, offset: u64, size: u32) -> Result<Vec<u8>> {
         let b = self.dir(d)?;
         let rows = self.plan().dir_rows(b);
-        let header = self.layout.header(kind, rows);
         let bs = self.plan().options().batch_size;
-        let end = offset + size as u64;
+        let spans = self.layout.spans(kind, rows, bs, offset, size);
+        // The reader is followed before it waits: what comes after the read is built meanwhile.
+        let past_half = offset + size as u64 >= self.layout.size(kind, rows).div_ceil(2);
+        for t in self.layout.tensors_of(kind) {
+            let mut batches = spans.iter().filter_map(|s| match s {
+                Span::Rows { t: u, batch, .. } if *u == t => Some(*batch),
+                _ => None,
+            });
+            if let Some(first) = batches.next() {
+                let what = What::Rows {
+                    file: kind,
+                    t,
+                    past_half,
+                };
+                let last = batches.next_back().unwrap_or(first);
+                self.follow(Event {
+                    dir: b,
+                    first,
+                    last,
+                    what,
+                });
+            }
+        }
         // Sized for the whole read up front: grown piece by piece, a 1 MiB read was copied
         // over and again as the buffer doubled.
         let mut out = Vec::with_capacity(size as usize);
-        out.extend_from_slice(&layout::slice(&[&header], offset, size));
-        let mut base = header.len() as u64;
-        for t in self.layout.tensors_of(kind) {
-            let per_batch = bs * self.layout.row_bytes(t);
-            let len = rows * self.layout.row_bytes(t);
-            let mut at = offset.max(base);
-            while at < end.min(base + len) {
-                let j = (at - base) / per_batch;
-                let within = at - base - j * per_batch;
-                let (epoch, g) = b.global(j);
-                self.prefetcher.accessed(b, j, Read::Tensor(t));
-                let tensor = self.tensor(epoch, g, t).await?;
-                let data = tensor.bytes();
-                let take =
-                    (end.min(base + len) - at).min((data.len() as u64).saturating_sub(within));
-                if take == 0 {
-                    return Err(Error::failed(
-                        format!("epoch {epoch} batch {g}"),
-                        anyhow::anyhow!("shorter than the plan says"),
-                    ));
+        for span in spans {
+            match span {
+                Span::Header(range) => {
+                    let header = self.layout.header(kind, rows);
+                    out.extend_from_slice(&header[range.start as usize..range.end as usize]);
                 }
-                out.extend_from_slice(&data[within as usize..(within + take) as usize]);
-                at += take;
+                Span::Rows { t, batch, within } => {
+                    let (epoch, g) = b.global(batch);
+                    let tensor = self.tensor(epoch, g, t).await?;
+                    let data = tensor.bytes();
+                    if (data.len() as u64) < within.end {
+                        return Err(Error::failed(
+                            format!("epoch {epoch} batch {g}"),
+                            anyhow::anyhow!("shorter than the plan says"),
+                        ));
+                    }
+                    out.extend_from_slice(&data[within.start as usize..within.end as usize]);
+                }
             }
-            base += len;
-        }
-        // Time to build the next epoch's file: at once from epoch 1 on, when its rows are
-        // gathered from cached columns; in epoch 0, whose row groups are decoded as it is read,
-        // past its middle (a build from the start would fetch and decode them beside the
-        // reader, in another order).
-        if b.global(0).0 >= 1 || end * 2 >= base {
-            self.ahead.reader_at(b, kind);
         }
         Ok(out)
     }

@@ -307,6 +307,42 @@ impl Layout {
         start..start + rows * self.row_bytes(t)
     }
 
+    /// What a read of `size` bytes at `offset` of one-open file `kind` of `rows` rows (batches
+    /// of `batch_size`) spans: its header's bytes, then each batch's rows of each tensor it
+    /// reaches, in file order (each tensor's rows of every batch lie in batch order).
+    pub fn spans(
+        &self,
+        kind: FileKind,
+        rows: u64,
+        batch_size: u64,
+        offset: u64,
+        size: u32,
+    ) -> Vec<Span> {
+        let end = offset + size as u64;
+        let header = self.header_len(kind, rows);
+        let mut out = Vec::new();
+        if offset < header {
+            out.push(Span::Header(offset..end.min(header)));
+        }
+        for t in self.tensors_of(kind) {
+            let range = self.tensor_range(kind, rows, t);
+            let per_batch = batch_size * self.row_bytes(t);
+            let mut at = offset.max(range.start);
+            while at < end.min(range.end) {
+                let batch = (at - range.start) / per_batch;
+                let batch_start = range.start + batch * per_batch;
+                let to = end.min(range.end).min(batch_start + per_batch);
+                out.push(Span::Rows {
+                    t,
+                    batch,
+                    within: at - batch_start..to - batch_start,
+                });
+                at = to;
+            }
+        }
+        out
+    }
+
     fn header_len(&self, kind: FileKind, rows: u64) -> u64 {
         (match kind {
             FileKind::Safetensors => self.header(kind, rows).len(),
@@ -328,6 +364,19 @@ impl Layout {
             .chain(self.tensors_of(kind).map(|t| tensors[t].as_slice()))
             .collect()
     }
+}
+
+/// A piece of a read of a one-open file ([`Layout::spans`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// These bytes of its header.
+    Header(std::ops::Range<u64>),
+    /// These bytes of batch `batch`'s rows of tensor `t`.
+    Rows {
+        t: usize,
+        batch: u64,
+        within: std::ops::Range<u64>,
+    },
 }
 
 /// `size` bytes at `offset` of the concatenation of `parts`.
@@ -380,6 +429,67 @@ mod tests {
         for wrong in ["7", "0000007", "01234567", "+00007", "00000a", ""] {
             assert_eq!(parse_batch(wrong), None, "{wrong}");
         }
+    }
+
+    #[test]
+    fn a_read_of_a_one_open_file_spans_its_header_then_each_tensors_batches() {
+        let tensor = |name: &str, dtype, inner: Vec<usize>| Tensor {
+            name: name.into(),
+            dtype,
+            inner,
+            item: 0,
+            part: crate::view::Part::Data,
+            unit: None,
+        };
+        let layout = Layout::new(vec![
+            tensor("a", crate::dtype::DType::I64, vec![]),
+            tensor("b", crate::dtype::DType::F32, vec![2]),
+        ]);
+        // 10 rows in batches of 4 (the last of 2): a is 8 B a row, b 8 B a row.
+        let kind = FileKind::Safetensors;
+        let (a, b) = (
+            layout.tensor_range(kind, 10, 0),
+            layout.tensor_range(kind, 10, 1),
+        );
+        assert_eq!((a.end - a.start, b.start), (80, a.end));
+        let whole = layout.spans(kind, 10, 4, 0, layout.size(kind, 10) as u32);
+        let rows = |t, batch, within: std::ops::Range<u64>| Span::Rows { t, batch, within };
+        assert_eq!(
+            whole,
+            vec![
+                Span::Header(0..a.start),
+                rows(0, 0, 0..32),
+                rows(0, 1, 0..32),
+                rows(0, 2, 0..16),
+                rows(1, 0, 0..32),
+                rows(1, 1, 0..32),
+                rows(1, 2, 0..16),
+            ]
+        );
+        // From the middle of a's batch 1 to the start of b's batch 1.
+        let part = layout.spans(
+            kind,
+            10,
+            4,
+            a.start + 40,
+            (b.start + 33 - a.start - 40) as u32,
+        );
+        assert_eq!(
+            part,
+            vec![
+                rows(0, 1, 8..32),
+                rows(0, 2, 0..16),
+                rows(1, 0, 0..32),
+                rows(1, 1, 0..1)
+            ]
+        );
+        assert_eq!(layout.spans(kind, 10, 4, b.end, 100), vec![]);
+        let npy = FileKind::Npy(1);
+        let start = layout.tensor_range(npy, 10, 1).start;
+        assert_eq!(
+            layout.spans(npy, 10, 4, start - 2, 4),
+            vec![Span::Header(start - 2..start), rows(1, 0, 0..2)]
+        );
     }
 
     #[test]

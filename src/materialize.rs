@@ -7,7 +7,6 @@ use crate::cache::DiskCache;
 use crate::eviction::Eviction;
 use crate::layout::{FileKind, Item, Layout};
 use crate::plan::Plan;
-use crate::readers::Readers;
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;
@@ -35,7 +34,6 @@ pub struct Materializer {
     layout: Arc<Layout>,
     cache: Arc<DiskCache>,
     eviction: Arc<Eviction>,
-    readers: Arc<Readers>,
     materializing: Memo<Item, Materialized>,
     /// Files materialised or checked ahead, open, until their open takes them (or newer ones
     /// push them out). An open of a file found here skips the lookup by path (measured: the daemon's
@@ -49,14 +47,12 @@ impl Materializer {
         layout: Arc<Layout>,
         cache: Arc<DiskCache>,
         eviction: Arc<Eviction>,
-        readers: Arc<Readers>,
     ) -> Materializer {
         Materializer {
             builder,
             layout,
             cache,
             eviction,
-            readers,
             materializing: Memo::new(0),
             ready: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(READY_FILES).expect("nonzero"),
@@ -89,11 +85,6 @@ impl Materializer {
     /// (`shuffle=none`), every epoch's is epoch 0's: one file, built once, for all of them.
     pub fn item(&self, kind: FileKind, epoch: u64, batch: u64) -> Item {
         Item::of(kind, self.plan().same_as(epoch), batch)
-    }
-
-    /// A reader asked for batch `batch` of `epoch`: where the eviction measures from.
-    pub fn reader_at(&self, epoch: u64, batch: u64) {
-        self.readers.at(epoch, batch);
     }
 
     pub fn contains(&self, item: Item) -> bool {
@@ -152,16 +143,12 @@ impl Materializer {
             _ => Arc::new(self.cache.open_if_checked(item)?),
         };
         Stats::add(&self.stats().c.batch_file_hits, 1);
-        let (epoch, batch) = item.batch()?;
-        self.readers.at(epoch, batch);
         Some(file)
     }
 
     /// The batch file `item` in the local cache, checked, materialising it first if needed.
     /// `None`: the cache cannot hold it; serve it from memory.
     pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
-        let (epoch, batch) = item.batch().expect("a batch item");
-        self.readers.at(epoch, batch);
         if let Some(hit) = self.checked(item).await? {
             Stats::add(&self.stats().c.batch_file_hits, 1);
             return Ok(Some(hit));

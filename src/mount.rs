@@ -178,13 +178,7 @@ impl Dataset {
                 prefetch: opts.prefetch,
             },
         )?);
-        let materializer = Arc::new(Materializer::new(
-            builder,
-            layout.clone(),
-            cache,
-            eviction,
-            readers.clone(),
-        ));
+        let materializer = Arc::new(Materializer::new(builder, layout.clone(), cache, eviction));
         let ahead = Ahead::new(
             materializer.clone(),
             layout.clone(),

@@ -18,7 +18,7 @@ use crate::layout::{FileKind, Item, Layout};
 use crate::materialize::Materializer;
 use crate::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
 use crate::plan::{Batches, Plan};
-use crate::readers::Readers;
+use crate::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,15 +44,6 @@ pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64
         out.push((d, j));
     }
     out
-}
-
-/// What a reader read of a batch.
-#[derive(Clone, Copy, Debug)]
-pub enum Read {
-    /// One of its files.
-    File(FileKind),
-    /// Its rows of tensor `t`, through `all.safetensors` or `all/NAME.npy`.
-    Tensor(usize),
 }
 
 pub struct Prefetcher {
@@ -113,19 +104,16 @@ impl Prefetcher {
         self.materializer.plan()
     }
 
-    /// A reader opened (or read) `what` of batch `i` of `dir`: schedule what follows.
-    pub fn accessed(&self, dir: Batches, i: u64, what: Read) {
-        if self.depth == 0 {
+    /// A reader read what `event` says: move its position, and where it reads in order,
+    /// schedule what follows.
+    pub fn follow(&self, event: Event) {
+        let Some(step) = self.readers.step(event, self.depth.max(2)) else {
             return;
-        }
-        let kind = match what {
-            Read::File(kind) => Some(kind),
-            Read::Tensor(_) => None,
         };
-        let step = self.readers.step(dir, i, kind, self.depth.max(2));
-        if !step.sequential {
+        if self.depth == 0 || !step.sequential {
             return;
         }
+        let (dir, i) = (event.dir, event.last);
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
         let last = self.epochs.max(dir.global(i).0 + 1);
@@ -134,7 +122,7 @@ impl Prefetcher {
         let lead = self.materializer.builder().row_group_lead();
         let walk = ahead(self.plan(), dir, i, self.depth + lead);
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
-        self.build_files(files, &step.kinds, what, last);
+        self.build_files(files, &step.kinds, event.what, last);
         self.decode_row_groups(dir, beyond, &step.kinds, last);
         if !step.kinds.is_empty() {
             (self.next_epoch).reader_at(&self.runtime, dir, i, &step.kinds, self.epochs);
@@ -148,7 +136,7 @@ impl Prefetcher {
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
     /// want it, or, for a reader of the one-open files, gathers the tensor it reads of each.
     /// Past the memory budget, readers are served first.
-    fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], what: Read, last: u64) {
+    fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], what: What, last: u64) {
         let to_disk = self.to_disk(kinds);
         for &(d, j) in files {
             let (epoch, batch) = d.global(j);
@@ -160,7 +148,7 @@ impl Prefetcher {
                 break;
             }
             if !to_disk {
-                if let Read::Tensor(t) = what {
+                if let What::Rows { t, .. } = what {
                     self.build_tensor(epoch, batch, t);
                 }
                 continue;
@@ -731,7 +719,8 @@ mod tests {
             let readers = Readers::default();
             let mut asked: Vec<(u64, u64)> = Vec::new();
             for i in 0..n {
-                readers.step(dir, i, Some(FileKind::Safetensors), depth);
+                let read = Event::at(dir, i, What::File(FileKind::Safetensors));
+                readers.step(read, depth);
                 let walk = ahead(&p, dir, i, horizon);
                 let beyond = &walk[walk.len().min(depth as usize)..];
                 let fresh = readers.not_yet_warmed(dir, beyond);

@@ -1,29 +1,73 @@
-//! Where readers are: one record, which the prefetcher asks what to build next and the eviction
-//! asks how far ahead of the readers each cached item is needed.
+//! Where readers are: one record, moved by one event per request that reads a batch
+//! ([`Event`]), which the prefetcher asks what to build next and the eviction asks how far ahead
+//! of the readers each cached item is needed.
 //!
 //! A reader is a directory read in order (an epoch directory, or a rank view); the record keeps,
 //! for each, the batch it is at, the files of a batch it opens, and how far ahead its row groups
-//! were asked for. The batch last asked for by anyone is where the eviction measures from.
+//! were asked for. The eviction measures from every reader that is still reading
+//! ([`Readers::reading`]), so that with two readers its distances do not depend on which asked
+//! last.
 
 use crate::layout::FileKind;
 use crate::plan::Batches;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-#[derive(Default)]
+/// What a reader read of a directory's batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum What {
+    /// One of a batch's files (an open, or a read of one).
+    File(FileKind),
+    /// Tensor `t`'s rows of the batches, through one-open file `file`; `past_half` once the
+    /// read reaches the second half of the file.
+    Rows {
+        file: FileKind,
+        t: usize,
+        past_half: bool,
+    },
+    /// One-open file `kind` whole: opened built ahead, or its path asked for. The reader reads
+    /// it from then on without the daemon, so it moves no position.
+    Whole(FileKind),
+}
+
+/// A reader of `dir` read `what` of its batches `first..=last` (in reading order): the one
+/// event every request that reads a batch emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub dir: Batches,
+    pub first: u64,
+    pub last: u64,
+    pub what: What,
+}
+
+impl Event {
+    pub fn at(dir: Batches, batch: u64, what: What) -> Event {
+        Event {
+            dir,
+            first: batch,
+            last: batch,
+            what,
+        }
+    }
+}
+
+/// How long a reader that has not moved still counts as reading for the eviction: a trainer's
+/// pause for a checkpoint or an evaluation is shorter; a reader that stopped for good (a job's
+/// rank that ended, a directory read once by a tool) stops holding the cache after it.
+const IDLE: Duration = Duration::from_secs(120);
+
 struct Reader {
-    seen: bool,
     at: u64,
     kinds: BTreeSet<FileKind>,
     /// The furthest batch (epoch, batch) whose row groups were asked for ahead of this reader.
     warmed: Option<(u64, u64)>,
+    moved: Instant,
 }
 
 #[derive(Default)]
 struct State {
     dirs: HashMap<Batches, Reader>,
-    /// The (epoch, global batch) most recently asked for.
-    last: (u64, u64),
 }
 
 /// What a reader's step tells the prefetcher.
@@ -48,53 +92,80 @@ pub struct Readers {
 }
 
 impl Readers {
-    /// The (epoch, global batch) last asked for: where readers are, for the eviction.
-    pub fn now(&self) -> (u64, u64) {
-        self.state.lock().unwrap().last
-    }
-
-    /// A reader asked for batch `batch` of `epoch` (an open or a read).
-    pub fn at(&self, epoch: u64, batch: u64) {
-        self.state.lock().unwrap().last = (epoch, batch);
-    }
-
-    /// A reader of `dir` opened (or read) file `kind` of its batch `i` (`None`: it read the
-    /// batch through a one-open file). It is followed once it
-    /// reads about in order (within `slack` batches of where it last was: loader workers read
-    /// neighbouring batches out of order), or from its first open if that is of the directory's
-    /// first batch; random access is not followed.
-    pub fn step(&self, dir: Batches, i: u64, kind: Option<FileKind>, slack: u64) -> Step {
+    /// Moves the reader of `event.dir` to the last batch it read (`None` for a one-open file
+    /// read whole, which moves nobody). It is followed once it reads about in order (its first
+    /// batch within `slack` batches of where it last was: loader workers read neighbouring
+    /// batches out of order), or from its first read if that is of the directory's first
+    /// batch; random access is not followed.
+    pub fn step(&self, event: Event, slack: u64) -> Option<Step> {
+        let kind = match event.what {
+            What::File(kind) => Some(kind),
+            What::Rows { .. } => None,
+            What::Whole(_) => return None,
+        };
         let mut state = self.state.lock().unwrap();
-        let r = state.dirs.entry(dir).or_default();
-        let sequential = match r.seen {
-            true => i.abs_diff(r.at) <= slack,
-            false => i == 0,
+        let now = Instant::now();
+        let (sequential, r) = match state.dirs.entry(event.dir) {
+            std::collections::hash_map::Entry::Occupied(r) => {
+                let r = r.into_mut();
+                (event.first.abs_diff(r.at) <= slack, r)
+            }
+            std::collections::hash_map::Entry::Vacant(v) => (
+                event.first == 0,
+                v.insert(Reader {
+                    at: 0,
+                    kinds: BTreeSet::new(),
+                    warmed: None,
+                    moved: now,
+                }),
+            ),
         };
         if !sequential {
             // Wherever it goes on from here, the row groups ahead of it are asked for anew.
             r.warmed = None;
         }
-        r.seen = true;
-        r.at = i;
+        r.at = event.last;
+        r.moved = now;
         r.kinds.extend(kind);
-        Step {
+        Some(Step {
             sequential,
             kinds: r.kinds.iter().copied().collect(),
-        }
+        })
     }
 
     /// The batch the reader of `dir` is at, if it has read any.
     pub fn position(&self, dir: Batches) -> Option<u64> {
         let state = self.state.lock().unwrap();
-        state.dirs.get(&dir).filter(|r| r.seen).map(|r| r.at)
+        state.dirs.get(&dir).map(|r| r.at)
+    }
+
+    /// Where the readers still reading are, as (epoch, global batch): those that moved in the
+    /// last [`IDLE`] and are not at their directory's last batch (of `count(dir)`); where none
+    /// is, the one that moved last; where nobody has read, the start.
+    pub fn reading(&self, count: impl Fn(Batches) -> u64) -> Vec<(u64, u64)> {
+        let state = self.state.lock().unwrap();
+        let now = Instant::now();
+        let mut reading: Vec<(u64, u64)> = (state.dirs.iter())
+            .filter(|(dir, r)| now - r.moved < IDLE && r.at + 1 < count(**dir))
+            .map(|(dir, r)| dir.global(r.at))
+            .collect();
+        if reading.is_empty() {
+            let last = state.dirs.iter().max_by_key(|(_, r)| r.moved);
+            reading.push(last.map_or((0, 0), |(dir, r)| dir.global(r.at)));
+        }
+        reading.sort_unstable();
+        reading.dedup();
+        reading
     }
 
     /// Of the batches `beyond` (in reading order) of `dir`'s reader, the (epoch, batch) of those
     /// whose row groups it has not asked for yet; its mark moves to the last of them.
     pub fn not_yet_warmed(&self, dir: Batches, beyond: &[(Batches, u64)]) -> Vec<(u64, u64)> {
         let mut state = self.state.lock().unwrap();
-        let warmed = &mut state.dirs.entry(dir).or_default().warmed;
-        not_yet_warmed(beyond, warmed)
+        let Some(r) = state.dirs.get_mut(&dir) else {
+            return Vec::new();
+        };
+        not_yet_warmed(beyond, &mut r.warmed)
     }
 
     /// Every reader's position, in no order.
@@ -128,37 +199,79 @@ fn not_yet_warmed(beyond: &[(Batches, u64)], warmed: &mut Option<(u64, u64)>) ->
 mod tests {
     use super::*;
 
+    fn file(dir: Batches, i: u64, kind: FileKind) -> Event {
+        Event::at(dir, i, What::File(kind))
+    }
+
+    fn step(readers: &Readers, event: Event) -> Step {
+        readers.step(event, 2).expect("a position")
+    }
+
     #[test]
     fn a_reader_is_followed_when_it_reads_in_order() {
         let readers = Readers::default();
         let d = Batches::Epoch(0);
-        assert!(
-            !readers
-                .step(d, 5, Some(FileKind::Safetensors), 2)
-                .sequential
-        );
-        assert!(
-            readers
-                .step(d, 6, Some(FileKind::Safetensors), 2)
-                .sequential
-        );
-        assert!(!readers.step(d, 20, Some(FileKind::Npy(1)), 2).sequential);
-        let step = readers.step(d, 21, Some(FileKind::Safetensors), 2);
-        assert_eq!(step.kinds, vec![FileKind::Safetensors, FileKind::Npy(1)]);
+        let st = FileKind::Safetensors;
+        assert!(!step(&readers, file(d, 5, st)).sequential);
+        assert!(step(&readers, file(d, 6, st)).sequential);
+        assert!(!step(&readers, file(d, 20, FileKind::Npy(1))).sequential);
+        let s = step(&readers, file(d, 21, st));
+        assert_eq!(s.kinds, vec![st, FileKind::Npy(1)]);
         let other = Batches::Epoch(1);
-        assert!(
-            readers
-                .step(other, 0, Some(FileKind::Safetensors), 2)
-                .sequential
-        );
-        readers.at(1, 0);
-        assert_eq!(readers.now(), (1, 0));
+        assert!(step(&readers, file(other, 0, st)).sequential);
+        // A read of a one-open file spanning many batches is one step, in order.
+        let rows = What::Rows {
+            file: st,
+            t: 0,
+            past_half: false,
+        };
+        let span = |first, last| Event {
+            dir: other,
+            first,
+            last,
+            what: rows,
+        };
+        assert!(step(&readers, span(1, 40)).sequential);
+        assert!(step(&readers, span(41, 90)).sequential);
+        assert_eq!(readers.position(other), Some(90));
+        // A one-open file opened whole moves nobody.
+        assert_eq!(readers.step(Event::at(other, 0, What::Whole(st)), 2), None);
+        assert_eq!(readers.position(other), Some(90));
+    }
+
+    #[test]
+    fn the_eviction_measures_from_every_reader_still_reading() {
+        let readers = Readers::default();
+        let count = |_: Batches| 100;
+        assert_eq!(readers.reading(count), vec![(0, 0)]);
+        let st = FileKind::Safetensors;
+        let (e0, e1) = (Batches::Epoch(0), Batches::Epoch(1));
+        step(&readers, file(e0, 10, st));
+        step(&readers, file(e1, 3, st));
+        assert_eq!(readers.reading(count), vec![(0, 10), (1, 3)]);
+        // Whichever asked last, the same readers.
+        step(&readers, file(e0, 10, st));
+        assert_eq!(readers.reading(count), vec![(0, 10), (1, 3)]);
+        // A reader at its directory's last batch has read it.
+        step(&readers, file(e0, 99, st));
+        assert_eq!(readers.reading(count), vec![(1, 3)]);
+        step(&readers, file(e1, 99, st));
+        assert_eq!(readers.reading(count), vec![(1, 99)]);
+        // A rank view's positions are global batches of its epoch.
+        let rank = Batches::Rank {
+            epoch: 2,
+            rank: 1,
+            world: 4,
+        };
+        step(&readers, file(rank, 0, st));
+        assert_eq!(readers.reading(count), vec![rank.global(0)]);
     }
 
     #[test]
     fn row_groups_are_asked_for_once_per_batch() {
         let readers = Readers::default();
         let d = Batches::Epoch(0);
+        step(&readers, file(d, 2, FileKind::Safetensors));
         let beyond: Vec<(Batches, u64)> = (3..6).map(|j| (d, j)).collect();
         assert_eq!(
             readers.not_yet_warmed(d, &beyond),
@@ -167,8 +280,8 @@ mod tests {
         let further: Vec<(Batches, u64)> = (4..8).map(|j| (d, j)).collect();
         assert_eq!(readers.not_yet_warmed(d, &further), vec![(0, 6), (0, 7)]);
         // Random access starts the marks again.
-        readers.step(d, 0, Some(FileKind::Safetensors), 2);
-        readers.step(d, 50, Some(FileKind::Safetensors), 2);
+        step(&readers, file(d, 0, FileKind::Safetensors));
+        step(&readers, file(d, 50, FileKind::Safetensors));
         assert_eq!(readers.not_yet_warmed(d, &further).len(), 4);
     }
 }

@@ -156,7 +156,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             let fs = self.fs.clone();
             return Answer::Now(
                 (registrar, Ok(opened)),
-                Then::after(move || fs.note_reader(ino)),
+                Then::after(move || fs.follow_open(ino)),
             );
         }
         let this = self.clone();
@@ -204,7 +204,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             }
             let fs = this.fs.clone();
             let then = match from_file {
-                true => Then::after(move || fs.note_reader(ino)),
+                true => Then::after(move || fs.follow_open(ino)),
                 false => Then::nothing(),
             };
             ((registrar, Ok(Opened { fh, served })), then)
@@ -270,7 +270,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                 // After the reply: what it schedules wakes workers, which costs more than the
                 // read (measured: a tripwire read took 330 µs with it before, 60 after).
                 let fs = self.fs.clone();
-                return Answer::Now(Ok(data), Then::after(move || fs.note_reader(ino)));
+                return Answer::Now(Ok(data), Then::after(move || fs.follow_open(ino)));
             }
             let fs = self.fs.clone();
             let read = async move { (fs.read_unopened(ino, offset, size).await, Then::nothing()) };
