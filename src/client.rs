@@ -3,7 +3,7 @@
 //! attribute); `tensorfs stats` shows the counters of
 //! `.tensorfs/stats.json`.
 
-use crate::layout::batch_name;
+use crate::read::layout::batch_name;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -231,7 +231,7 @@ fn build_all(files: &[PathBuf], jobs: usize) -> (u64, Vec<String>) {
 /// `steps`) and the bar (`show`) up to date; why it was not built.
 fn built_whole(f: &Path, done: &AtomicU64, show: &dyn Fn(), steps: u64) -> Result<(), String> {
     loop {
-        match xattr::get(f, crate::fs::WARM_XATTR) {
+        match xattr::get(f, crate::requests::fs::WARM_XATTR) {
             Ok(Some(v)) if v == b"ready" => return Ok(()),
             Ok(Some(v)) if v == b"skipped" => {
                 return Err(

@@ -2,7 +2,7 @@
 //! files, [`Fs`] for the tree) and one reply; answers that wait on a build are replied from
 //! tokio tasks, so the FUSE threads never wait on one.
 
-use crate::fs::{Attr, Fs, Kind};
+use crate::requests::fs::{Attr, Fs, Kind};
 use crate::requests::{Answer, Opened, Registrar, Requests, Served};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -143,7 +143,7 @@ impl FuseAdapter {
         &self,
         ino: INodeNo,
         offset: u64,
-        mut add: impl FnMut(&crate::fs::DirEntry, u64) -> crate::error::Result<bool>,
+        mut add: impl FnMut(&crate::requests::fs::DirEntry, u64) -> crate::error::Result<bool>,
     ) -> crate::error::Result<()> {
         const CHUNK: usize = 256;
         let mut next = offset;

@@ -1,48 +1,23 @@
 //! tensorfs: a Parquet dataset shown as per-epoch, deterministic tensor batch files.
 //!
-//! The modules follow the data: `source` reads Parquet through object_store (its objects and
-//! footer facts in a `catalog`, which a `snapshot` pins for every host), `view` maps its
-//! schema to tensors, `plan` orders rows into batches, `layout` names the files and says their
-//! sizes and bytes, `transform` turns row groups into tensor columns and gathers batches,
-//! `format` encodes `.npy` and safetensors, `builder` builds row groups and batches on the
-//! worker pool, `cache` keeps them on local SSD, `eviction` says what goes first, `materialize`
-//! writes batch files into the cache, `readers` records where readers are, `prefetch` follows
-//! them, `fs` is the tree, `fuse` the adapter to the kernel, and `mount` ties them together.
-//! docs/architecture.md draws it.
+//! The folders follow the layers, bottom up: `source` reads Parquet through object_store (its
+//! objects and footer facts in a catalog, which a snapshot pins for every host) and maps its
+//! schema to tensors; `read` orders rows into batches, lays out the files and builds them ahead
+//! of the readers; `cache` keeps columns and files on the local SSD; `requests` is the
+//! filesystem core the kernel's requests reach (the tree, open files); `fuse` is the adapter to
+//! the kernel, and `mount` ties them together. docs/architecture.md draws it.
 
-pub mod ahead;
-pub mod builder;
 pub mod cache;
-pub mod catalog;
 pub mod client;
-pub mod delta;
-pub mod dtype;
 pub mod error;
-pub mod eviction;
-pub mod footer;
-pub mod format;
-pub mod fs;
 pub mod fuse;
-pub mod kept;
-pub mod layout;
-pub mod materialize;
 pub mod metrics;
 pub mod mount;
-pub mod open_files;
 pub mod options;
-pub mod page_cache;
-pub mod partition;
-pub mod petastorm;
-pub mod plan;
-pub mod pool;
-pub mod prefetch;
-pub mod readers;
+pub mod read;
 pub mod requests;
-pub mod snapshot;
 pub mod source;
 pub mod stats;
-pub mod transform;
-pub mod view;
 
 thread_local! {
     static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };

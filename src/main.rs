@@ -339,11 +339,11 @@ fn print_view(d: &Dataset, opts: &Options) {
             .and_then(|u| u.field(&item.name))
             .filter(|f| !f.codec.is_cell());
         let codec = match (&item.kind, scalar_field) {
-            _ if t.part != tensorfs::view::Part::Data => String::new(),
-            (tensorfs::view::ItemKind::Cell { spec, .. }, _) => {
+            _ if t.part != tensorfs::source::view::Part::Data => String::new(),
+            (tensorfs::source::view::ItemKind::Cell { spec, .. }, _) => {
                 format!("  from {} cells", spec.codec.name())
             }
-            (tensorfs::view::ItemKind::Column { .. }, Some(f)) => {
+            (tensorfs::source::view::ItemKind::Column { .. }, Some(f)) => {
                 format!("  from {} values", f.codec.name())
             }
             _ => String::new(),

@@ -3,7 +3,7 @@
 //! a scrape every few seconds needs nothing more, and it shares nothing with the serving path
 //! but the counters it reads.
 
-use crate::fs::Fs;
+use crate::requests::fs::Fs;
 use anyhow::{Result, anyhow};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

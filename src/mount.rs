@@ -1,24 +1,24 @@
 //! Opening a dataset and mounting it: what `tensorfs mount` and `tensorfs inspect` share, the
 //! checks made before anything is mounted, daemonising, and the FUSE session's life.
 
-use crate::ahead::Ahead;
-use crate::builder::{Builder, Limits, Parts};
 use crate::cache::DiskCache;
-use crate::eviction::Eviction;
-use crate::fs::{Fs, Tree};
+use crate::cache::eviction::Eviction;
 use crate::fuse::FuseAdapter;
-use crate::layout::Layout;
-use crate::materialize::Materializer;
 use crate::metrics::Endpoint;
 use crate::options::Options;
-use crate::page_cache::PageCache;
-use crate::plan::{Orders, Plan};
-use crate::prefetch::Prefetcher;
-use crate::readers::Readers;
+use crate::read::ahead::Ahead;
+use crate::read::builder::{Builder, Limits, Parts};
+use crate::read::layout::Layout;
+use crate::read::materialize::Materializer;
+use crate::read::page_cache::PageCache;
+use crate::read::plan::{Orders, Plan};
+use crate::read::prefetch::Prefetcher;
+use crate::read::readers::Readers;
 use crate::requests::Requests;
+use crate::requests::fs::{Fs, Tree};
 use crate::source::Source;
+use crate::source::view::{self, View};
 use crate::stats::Stats;
-use crate::view::{self, View};
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{Read, Write};
@@ -43,7 +43,7 @@ impl Dataset {
         let stats = Arc::new(Stats::default());
         let source = match &opts.snapshot {
             Some(at) => {
-                let pinned = crate::snapshot::read(at, &opts.store).await?;
+                let pinned = crate::source::snapshot::read(at, &opts.store).await?;
                 Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
             }
             None => Source::open(source, &opts.store, footers, stats.clone(), opts.version).await?,
@@ -54,7 +54,7 @@ impl Dataset {
     /// The dataset of an opened source (its `stats` are the source's) under `opts`.
     pub async fn over(source: Arc<Source>, opts: &Options, stats: Arc<Stats>) -> Result<Dataset> {
         if let Some(want) = &opts.fingerprint {
-            crate::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
+            crate::source::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
         }
         let view = Arc::new(view::build(&source, opts).await?);
         let rg_rows: Vec<u64> = (source.files.iter())
@@ -85,7 +85,7 @@ impl Dataset {
     /// `world_size=W` dividing `partitions=P`, a host reading one rank's view needs only that
     /// rank's partitions: the largest such share is what must fit.
     pub fn check_global(&self, opts: &Options, capacity: u64) -> Result<()> {
-        if opts.shuffle != crate::plan::Shuffle::Global {
+        if opts.shuffle != crate::read::plan::Shuffle::Global {
             return Ok(());
         }
         let plan = &self.plan;
@@ -135,9 +135,12 @@ impl Dataset {
         let fingerprint = self.source.fingerprint();
         let columns = content.columns.to_string();
         let order = content.order.to_string();
-        let ckey = crate::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
-        let bkey =
-            crate::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes(), order.as_bytes()]);
+        let ckey = crate::cache::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
+        let bkey = crate::cache::kept::key_name(&[
+            fingerprint.as_bytes(),
+            columns.as_bytes(),
+            order.as_bytes(),
+        ]);
         let capacity = match opts.cache_size {
             Some(n) => n,
             None => free_space(&opts.cache_dir)? / 5 * 4,
@@ -344,7 +347,7 @@ pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
 }
 
 fn create_cache_dir(dir: &Path) -> Result<()> {
-    crate::kept::private_dir(dir).with_context(|| format!("cache_dir '{}'", dir.display()))
+    crate::cache::kept::private_dir(dir).with_context(|| format!("cache_dir '{}'", dir.display()))
 }
 
 /// How the mounted daemon tells the `tensorfs mount` process it is ready, or why it failed.
@@ -533,7 +536,7 @@ fn open_for_mount(
     create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let d = open_checked(source, opts, runtime, Some(&footers))?;
-    crate::snapshot::record(&d.source, &d.view, &opts.cache_dir);
+    crate::source::snapshot::record(&d.source, &d.view, &opts.cache_dir);
     Ok(d)
 }
 
@@ -567,8 +570,8 @@ pub fn snapshot(source: &str, dest: &str, opts: &Options) -> Result<String> {
     if let Some(capacity) = opts.cache_size {
         d.check_global(opts, capacity)?;
     }
-    let bytes = crate::snapshot::encode(&d.source, &d.view)?;
-    runtime.block_on(crate::snapshot::write(dest, bytes, &opts.store))?;
+    let bytes = crate::source::snapshot::encode(&d.source, &d.view)?;
+    runtime.block_on(crate::source::snapshot::write(dest, bytes, &opts.store))?;
     Ok(d.source.fingerprint().to_string())
 }
 

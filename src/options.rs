@@ -4,8 +4,8 @@
 //! produced and served; object_store keys configure the source. Options that mount(8) and
 //! fstab pass to every filesystem are accepted and ignored.
 
-use crate::dtype::DType;
-use crate::plan::{OrderOptions, Shuffle};
+use crate::read::dtype::DType;
+use crate::read::plan::{OrderOptions, Shuffle};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -17,9 +17,9 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tensorfs::fs::{Fs, Kind, ROOT_INO};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
+use tensorfs::requests::fs::{Fs, Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 use tensorfs::source::Source;
 use tensorfs::stats::Stats;
@@ -543,7 +543,7 @@ async fn mount_pinned(
     .unwrap();
     let stats = Arc::new(Stats::default());
     let url = url::Url::parse("memory:///data").unwrap();
-    let pinned = tensorfs::snapshot::decode(pinned, "train.snapshot").unwrap();
+    let pinned = tensorfs::source::snapshot::decode(pinned, "train.snapshot").unwrap();
     let source =
         Source::pinned_over(store, &url, "memory:///data", pinned, None, stats.clone()).unwrap();
     let dataset = Dataset::over(Arc::new(source), &opts, stats).await.unwrap();
@@ -566,7 +566,7 @@ async fn a_snapshot_mount_lists_nothing_and_touches_only_its_share() {
     let store = store_of_eight().await;
     let listed = mount(store.clone(), options).await;
     let snapshot =
-        tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+        tensorfs::source::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
     let batches = listed.dataset.plan.batches();
     let mut want = Vec::new();
     for i in 0..batches {
@@ -615,7 +615,7 @@ async fn a_snapshot_pins_the_dataset_whatever_changes_after() {
     let store = store().await;
     let listed = mount(store.clone(), options).await;
     let snapshot =
-        tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+        tensorfs::source::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
     let first = read_all(&listed.fs, "epoch-0/000001.safetensors").await;
     store
         .put(&Path::from("data/c.parquet"), parquet(520, 80, 64).into())
@@ -658,12 +658,13 @@ async fn a_snapshot_pins_the_dataset_whatever_changes_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_snapshots_are_refused() {
     let listed = mount(store().await, "batch_size=100").await;
-    let good = tensorfs::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
-    let refusal = |bytes: &[u8]| match tensorfs::snapshot::decode(bytes, "s") {
+    let good =
+        tensorfs::source::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
+    let refusal = |bytes: &[u8]| match tensorfs::source::snapshot::decode(bytes, "s") {
         Ok(_) => panic!("accepted"),
         Err(e) => e.to_string(),
     };
-    assert!(tensorfs::snapshot::decode(&good, "s").is_ok());
+    assert!(tensorfs::source::snapshot::decode(&good, "s").is_ok());
     assert_eq!(
         refusal(b"PAR1...."),
         "snapshot 's' is not a tensorfs snapshot"

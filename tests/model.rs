@@ -19,9 +19,9 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use tensorfs::dtype::DType;
-use tensorfs::format::{self, TensorLayout};
-use tensorfs::plan::{OrderOptions, Plan, Shuffle};
+use tensorfs::read::dtype::DType;
+use tensorfs::read::format::{self, TensorLayout};
+use tensorfs::read::plan::{OrderOptions, Plan, Shuffle};
 
 /// (rows, row group size) of each file.
 const FILES: [(i64, usize); 3] = [(37, 10), (50, 16), (23, 23)];

@@ -1,4 +1,4 @@
-"""The batch files of a reader's next epoch built in idle time (src/prefetch.rs, NextEpoch): a
+"""The batch files of a reader's next epoch built in idle time (src/read/prefetch.rs, NextEpoch): a
 reader of a shuffled epoch's batch files has the same directory's next epoch built on the local
 cache while it reads, so that it reads the next epoch as a warm one, however fast it comes. The
 bytes are those any mount builds; nothing is built past the listed epochs, with shuffle=none

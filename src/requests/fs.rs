@@ -7,13 +7,13 @@
 //! interns the (few) epoch and rank directories that have been looked up. A listing of an
 //! epoch with a million batches therefore costs no memory.
 
-use crate::ahead::{Ahead, Opening, Progress, Warming};
 use crate::error::{Error, Result, enoent};
-use crate::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
-use crate::materialize::Materializer;
-use crate::plan::{Batches, Plan};
-use crate::prefetch::Prefetcher;
-use crate::readers::{Event, What};
+use crate::read::ahead::{Ahead, Opening, Progress, Warming};
+use crate::read::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
+use crate::read::materialize::Materializer;
+use crate::read::plan::{Batches, Plan};
+use crate::read::prefetch::Prefetcher;
+use crate::read::readers::{Event, What};
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
@@ -120,7 +120,7 @@ pub enum Openable {
     Batch,
     /// dataset.json: fixed for the mount's life.
     Fixed,
-    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::ahead`]) where
+    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::read::ahead`]) where
     /// there is one, else served by the daemon from the batches a read spans.
     Concatenated,
     /// stats.json: new content on every open.
@@ -227,7 +227,7 @@ impl Fs {
         }
         // The key with its value: a `"` inside a JSON string is escaped, so only the key matches.
         let key = "\"objects_touched\": ";
-        let placeholder = format!("{key}\"{}\"", crate::view::TOUCHED_PLACEHOLDER);
+        let placeholder = format!("{key}\"{}\"", crate::source::view::TOUCHED_PLACEHOLDER);
         let touched_at = (dataset_json.windows(placeholder.len()))
             .position(|w| w == placeholder.as_bytes())
             .map(|at| at + key.len());
@@ -335,7 +335,7 @@ impl Fs {
     fn dataset_json_at(&self, offset: u64, size: u32) -> Vec<u8> {
         let mut out = layout::slice(&[&self.dataset_json], offset, size);
         if let Some(at) = self.touched_at {
-            let width = crate::view::TOUCHED_PLACEHOLDER.len() + 2;
+            let width = crate::source::view::TOUCHED_PLACEHOLDER.len() + 2;
             let touched = self.stats().c.objects_touched.load(Ordering::Relaxed);
             let text = format!("{touched:<width$}");
             for (i, b) in text.bytes().enumerate() {
@@ -619,7 +619,7 @@ impl Fs {
 
     /// From now on, batch files built for a reader are stored in the kernel's page cache of
     /// the files it opens (`opens=kernel`).
-    pub fn store_in(&self, page_cache: crate::page_cache::PageCache) {
+    pub fn store_in(&self, page_cache: crate::read::page_cache::PageCache) {
         self.prefetcher.store_in(page_cache);
     }
 
@@ -893,7 +893,7 @@ impl Fs {
     }
 
     /// Batch `g` of `epoch`, which a reader waits for.
-    async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::builder::Batch>> {
+    async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::read::builder::Batch>> {
         let builder = self.materializer.builder();
         let _waits = builder.reader_waits();
         builder
@@ -905,13 +905,13 @@ impl Fs {
     /// Tensor `t` of batch `g` of `epoch`, which a reader waits for.
     /// Taken from memory, else from the batch's file where it is materialised (a warm remount
     /// decodes nothing for it), else gathered.
-    async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::builder::TensorOf> {
+    async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::read::builder::TensorOf> {
         let builder = self.materializer.builder();
         if !builder.has_tensor(epoch, g, t)
             && let Some(rows) = self.tensor_from_file(epoch, g, t).await
         {
-            let rows = Arc::new(crate::builder::TensorRows(rows));
-            return Ok(crate::builder::TensorOf::Alone(rows));
+            let rows = Arc::new(crate::read::builder::TensorRows(rows));
+            return Ok(crate::read::builder::TensorOf::Alone(rows));
         }
         let _waits = builder.reader_waits();
         builder

@@ -3,16 +3,28 @@
 //! A source is one Parquet object, or a prefix whose `*.parquet` objects, in lexicographic key
 //! order, form the dataset. Footers are loaded once, concurrently, and kept; a row group is then
 //! read with a column projection, as ranged GETs that object_store coalesces.
+//!
+//! This folder, the sources: this module (the stores, listing, reading row groups), `catalog`
+//! (what a mount knows of each object), `snapshot` (the file that pins it), `footer` (footers
+//! from the wild), `petastorm`, `delta` (Delta Lake tables), `partition` (hive partitions),
+//! `view` (schema → tensors).
 
-use crate::catalog::{self, Catalog, Facts, Object, Pinned, Summary};
-use crate::delta;
-use crate::kept;
-use crate::partition::Partitions;
+pub mod catalog;
+pub mod delta;
+pub mod footer;
+pub mod partition;
+pub mod petastorm;
+pub mod snapshot;
+pub mod view;
+
+use crate::cache::kept;
+use crate::source::partition::Partitions;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use bytes::Bytes;
+use catalog::{Catalog, Facts, Object, Pinned, Summary};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -222,7 +234,7 @@ pub struct Source {
     pub table_version: Option<u64>,
     pub facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
-    pub unischema: Option<crate::petastorm::Unischema>,
+    pub unischema: Option<crate::source::petastorm::Unischema>,
     store: Arc<dyn ObjectStore>,
     stats: Arc<Stats>,
     /// Where footers and other facts about the objects are kept between mounts.
@@ -793,7 +805,7 @@ impl Source {
 
     /// Without a stored Unischema, binary columns whose first cell is one a Petastorm codec
     /// writes (`.npy`, zip, PNG, JPEG) are read as such, with that cell's dtype and shape.
-    async fn infer_unischema(&self) -> Option<crate::petastorm::Unischema> {
+    async fn infer_unischema(&self) -> Option<crate::source::petastorm::Unischema> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::DataType;
         let schema = self.schema.clone();
@@ -824,10 +836,10 @@ impl Source {
                     _ => column.as_binary::<i32>().value(row),
                 };
                 let f = schema.field(i);
-                crate::petastorm::infer_field(f.name(), f.is_nullable(), cell)
+                crate::source::petastorm::infer_field(f.name(), f.is_nullable(), cell)
             })
             .collect();
-        (!fields.is_empty()).then(|| crate::petastorm::Unischema {
+        (!fields.is_empty()).then(|| crate::source::petastorm::Unischema {
             name: String::new(),
             fields,
             inferred: true,
@@ -1210,7 +1222,8 @@ impl Source {
             .await;
         let Err(e) = first else { return first };
         let padded = footer.padded.get_or_init(|| {
-            let md = crate::footer::padded(footer.metadata.metadata(), f.size - footer.len)?;
+            let md =
+                crate::source::footer::padded(footer.metadata.metadata(), f.size - footer.len)?;
             arrow_metadata(Arc::new(md)).ok()
         });
         let chunks_again = chunks.clone();
@@ -1333,8 +1346,8 @@ async fn read_unischema(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     stats: &Stats,
-) -> Result<Option<crate::petastorm::Unischema>> {
-    use crate::petastorm::{COMMON_METADATA, UNISCHEMA_KEY, parse_unischema};
+) -> Result<Option<crate::source::petastorm::Unischema>> {
+    use crate::source::petastorm::{COMMON_METADATA, UNISCHEMA_KEY, parse_unischema};
     let path = prefix.clone().join(COMMON_METADATA);
     let bytes = match store.get(&path).await {
         Ok(r) => r.bytes().await?,
@@ -1345,7 +1358,7 @@ async fn read_unischema(
     Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
     let footer = whole_file_footer(&bytes).with_context(|| format!("'{path}'"))?;
     let metadata = &footer[..footer.len() - 8];
-    let Some(pickle) = crate::footer::key_value(metadata, UNISCHEMA_KEY)
+    let Some(pickle) = crate::source::footer::key_value(metadata, UNISCHEMA_KEY)
         .with_context(|| format!("'{path}' is not a readable Parquet metadata file"))?
     else {
         return Ok(None);
@@ -1461,7 +1474,7 @@ pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
     }
     let metadata = footer[..footer.len() - 8].to_vec();
     let decoded = crate::catch_panic(move || -> Result<ArrowReaderMetadata> {
-        let metadata = crate::footer::decode(&metadata)?;
+        let metadata = crate::source::footer::decode(&metadata)?;
         arrow_metadata(Arc::new(metadata))
     });
     decoded.unwrap_or_else(|panic| Err(anyhow!("the footer is malformed ({panic})")))

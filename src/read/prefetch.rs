@@ -14,11 +14,11 @@
 //! that comes to it faster than it can be built (a trainer's data loader at the start of an
 //! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
-use crate::layout::{FileKind, Item, Layout};
-use crate::materialize::Materializer;
-use crate::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
-use crate::plan::{Batches, Plan};
-use crate::readers::{Event, Readers, What};
+use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::materialize::Materializer;
+use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
+use crate::read::plan::{Batches, Plan};
+use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -191,7 +191,7 @@ impl Prefetcher {
             if let Err(e) = filler.fill(dir, j, kind, from).await {
                 tracing::debug!(
                     "prefetch of {} batch {j}: {}",
-                    crate::layout::dir_name(dir),
+                    crate::read::layout::dir_name(dir),
                     crate::describe(&e)
                 );
             }
@@ -300,7 +300,7 @@ impl Prefetcher {
                     .into_iter()
                     .take_while(|&(d, j)| self.ready(&p.kinds, d, j))
                     .count();
-                let name = crate::layout::dir_name(p.dir);
+                let name = crate::read::layout::dir_name(p.dir);
                 let v = serde_json::json!({"dir": name, "batch": p.at, "ahead": ready});
                 (name, v)
             })
@@ -312,7 +312,7 @@ impl Prefetcher {
 
 /// Where the bytes of batch `j`'s file stored in the page cache start: past the first page
 /// every `every` batches (a tripwire), else at 0. The page left out is read from the daemon,
-/// so the prefetcher sees where the reader is ([`crate::page_cache`]). The prefetcher's files
+/// so the prefetcher sees where the reader is ([`crate::read::page_cache`]). The prefetcher's files
 /// have one every half its depth: each sighting schedules the files from half the depth ahead
 /// on, while the reader still has the other half stored before it (with one every `prefetch`
 /// files, a reader at half the cold rate came to the file after each sighting before it was
@@ -561,7 +561,7 @@ impl NextEpoch {
                 if since.elapsed() >= GIVE_UP {
                     tracing::debug!(
                         "{} built ahead up to batch {j}: {why}",
-                        crate::layout::dir_name(dir)
+                        crate::read::layout::dir_name(dir)
                     );
                     return WalkState::Stalled { at: j };
                 }
@@ -644,7 +644,7 @@ impl NextEpoch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{OrderOptions, Shuffle};
+    use crate::read::plan::{OrderOptions, Shuffle};
 
     /// 10 batches of one row.
     fn plan(rows: u64) -> Plan {

@@ -3,8 +3,8 @@
 //! with their masks), and the gather of rows from those columns into a batch.
 
 use crate::cache::{ColumnBuf, LoadedColumns};
-use crate::dtype::DType;
-use crate::view::{ItemKind, Part, View};
+use crate::read::dtype::DType;
+use crate::source::view::{ItemKind, Part, View};
 use anyhow::{Context, Result, bail};
 use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
@@ -296,8 +296,8 @@ fn pad<O: OffsetSizeTrait>(array: &dyn Array, len: usize, dtype: DType) -> Resul
 /// group, naming the field and the row.
 fn decode_cells(
     array: &dyn Array,
-    spec: &crate::petastorm::Field,
-    item: &crate::view::Item,
+    spec: &crate::source::petastorm::Field,
+    item: &crate::source::view::Item,
     first_row: usize,
 ) -> Result<(Vec<u8>, Option<Vec<bool>>)> {
     let row_bytes = item.inner.iter().product::<usize>() * item.source_dtype.size();
@@ -317,7 +317,7 @@ fn decode_cells(
     for r in 0..array.len() {
         match cell(r) {
             Some(bytes) => {
-                let decoded = crate::petastorm::decode_cell(spec, spec.codec, bytes)
+                let decoded = crate::source::petastorm::decode_cell(spec, spec.codec, bytes)
                     .with_context(|| format!("field '{}' row {}", spec.name, first_row + r))?;
                 data.extend_from_slice(&decoded);
             }

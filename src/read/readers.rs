@@ -8,8 +8,8 @@
 //! ([`Readers::reading`]), so that with two readers its distances do not depend on which asked
 //! last.
 
-use crate::layout::FileKind;
-use crate::plan::Batches;
+use crate::read::layout::FileKind;
+use crate::read::plan::Batches;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

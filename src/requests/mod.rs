@@ -8,11 +8,18 @@
 //! memory: on the calling FUSE thread), or once the work behind it ends (a build), with what to
 //! do after the reply: letting the prefetcher follow the reader costs more than the reply, so it
 //! comes after it.
+//!
+//! The request core, this folder: `fs` (the tree: lookups, attributes, listings, links,
+//! extended attributes, and the reads behind open files), `open_files` (the open-file table),
+//! and this module (open, read, release).
 
-use crate::ahead::Opening;
+pub mod fs;
+pub mod open_files;
+
 use crate::error::{Error, Result};
-use crate::fs::{Fs, Openable};
-use crate::open_files::{Mode, OpenFiles, ReadFrom};
+use crate::read::ahead::Opening;
+use crate::requests::fs::{Fs, Openable};
+use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::fs::File;
@@ -74,7 +81,7 @@ pub struct Requests<Id> {
     open_files: OpenFiles<Id>,
     /// Whether to try passthrough: asked for, offered by the kernel, and not refused since.
     passthrough: AtomicBool,
-    /// `opens=kernel`: the kernel answers opens alone ([`crate::page_cache`]).
+    /// `opens=kernel`: the kernel answers opens alone ([`crate::read::page_cache`]).
     kernel_opens: bool,
 }
 

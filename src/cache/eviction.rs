@@ -3,9 +3,9 @@
 //! batch needs), not merely the one used longest ago.
 
 use crate::cache::DiskCache;
-use crate::layout::Item;
-use crate::plan::{Orders, Stride};
-use crate::readers::Readers;
+use crate::read::layout::Item;
+use crate::read::plan::{Orders, Stride};
+use crate::read::readers::Readers;
 use std::sync::Arc;
 
 pub struct Eviction {
@@ -113,7 +113,7 @@ fn from_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{OrderOptions, Plan, Shuffle};
+    use crate::read::plan::{OrderOptions, Plan, Shuffle};
 
     #[test]
     fn with_two_readers_each_item_is_as_near_as_the_nearer_reader_needs_it() {
@@ -130,7 +130,7 @@ mod tests {
             },
         );
         let orders = Arc::new(Orders::new(plan));
-        let batch = |e, i| Item::of(crate::layout::FileKind::Safetensors, e, i);
+        let batch = |e, i| Item::of(crate::read::layout::FileKind::Safetensors, e, i);
         let nothing_cached = |_: u64, _: u64| false;
         // One reader in epoch 0 at batch 2, another in epoch 1 at batch 5.
         let two = distance(&orders, &[(0, 2), (1, 5)], nothing_cached);

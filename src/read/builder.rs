@@ -4,14 +4,14 @@
 //! `memory_limit`, and the memory they hold is accounted here.
 
 use crate::cache::DiskCache;
-use crate::eviction::Eviction;
-use crate::layout::{FileKind, Item, Layout};
-use crate::plan::{Orders, Plan, Shuffle};
-use crate::pool::{Background, Pool, ReaderWaits};
+use crate::cache::eviction::Eviction;
+use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::plan::{Orders, Plan, Shuffle};
+use crate::read::pool::{Background, Pool, ReaderWaits};
+use crate::read::transform::{self, Columns};
 use crate::source::Source;
+use crate::source::view::View;
 use crate::stats::Stats;
-use crate::transform::{self, Columns};
-use crate::view::View;
 use anyhow::{Context, Result};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap};
@@ -43,7 +43,7 @@ impl Batch {
     /// `size` bytes at `offset` of this batch's file `kind`.
     pub fn file_bytes(&self, layout: &Layout, kind: FileKind, offset: u64, size: u32) -> Vec<u8> {
         let header = self.header(layout, kind);
-        crate::layout::slice(&layout.parts(kind, &header, &self.tensors), offset, size)
+        crate::read::layout::slice(&layout.parts(kind, &header, &self.tensors), offset, size)
     }
 
     /// This batch's file `kind`, whole, from byte `from` on.
@@ -117,12 +117,12 @@ impl Picks {
         wanted: &[usize],
         stats: &Stats,
     ) -> Vec<Vec<u8>> {
-        let cpu_started = crate::pool::thread_cpu_ns();
+        let cpu_started = crate::read::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
         let rows = (wanted.iter())
             .map(|&t| transform::gather_tensor(t, view.tensors[t].row_bytes(), &from, &self.rows))
             .collect();
-        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+        let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
         rows
     }
@@ -676,7 +676,7 @@ impl Builder {
         self.pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
-                let cpu_started = crate::pool::thread_cpu_ns();
+                let cpu_started = crate::read::pool::thread_cpu_ns();
                 let pieces = runtime.block_on(source.decode_row_group(fetched))?;
                 let t = transform::transform_row_group(&view, pieces).with_context(|| {
                     format!("file '{}' row group {rg}", source.files[file].name)
@@ -685,7 +685,7 @@ impl Builder {
                 Stats::add(&stats.c.rows_decoded, t.rows as u64);
                 Stats::add(&stats.c.pad_truncated, t.truncated);
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
-                let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
                 Stats::add(&stats.c.decode_cpu_ns, cpu);
                 let bytes: u64 = t.tensors.iter().map(|t| t.len() as u64).sum();
                 let map = crate::cache::mapped(bytes, map_from);

@@ -31,9 +31,9 @@
 //! ctime), the rule of batch files.
 
 use crate::cache::{DiskCache, Stamp};
-use crate::layout::{FileKind, Item, Layout};
-use crate::materialize::Materializer;
-use crate::plan::Batches;
+use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::materialize::Materializer;
+use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -534,7 +534,7 @@ impl Ahead {
                     // else wants (its gathers run on the workers, which are idle-class too while
                     // no reader waits).
                     Work::Build(build) => {
-                        crate::pool::idle_class();
+                        crate::read::pool::idle_class();
                         job.build(build)
                     }
                     // An open waits for it: at the normal class.
@@ -549,7 +549,7 @@ impl Ahead {
                             tracing::warn!(
                                 "building {:?} of {} ahead: {} (its reads are served by the daemon)",
                                 key.kind,
-                                crate::layout::dir_name(key.dir),
+                                crate::read::layout::dir_name(key.dir),
                                 crate::describe(&e)
                             );
                             State::Skipped
@@ -808,7 +808,7 @@ impl Job {
         if bytes > had && !cache.reserve_spare(bytes - had, &*distance, &stats) {
             tracing::debug!(
                 "no room in the cache to build {kind:?} of {} ahead ({bytes} bytes)",
-                crate::layout::dir_name(dir)
+                crate::read::layout::dir_name(dir)
             );
             Stats::add(&stats.c.ahead_skipped, 1);
             // The spare, if any, drops: removed, its bytes given back.

@@ -15,9 +15,9 @@
 //! (the header's, the data starts at 4096) is left out: the reader's read of it is a round trip
 //! that says where it is, paid once for those few files.
 
-use crate::builder::Builder;
-use crate::layout::{FileKind, Layout, dir_name};
-use crate::plan::Batches;
+use crate::read::builder::Builder;
+use crate::read::layout::{FileKind, Layout, dir_name};
+use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::Result;
 use fuser::{INodeNo, Notifier};

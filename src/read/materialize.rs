@@ -2,11 +2,11 @@
 //! and GPUDirect readers find them by path: each file once however many readers and
 //! prefetches want it.
 
-use crate::builder::{Builder, Memo, Weighted};
 use crate::cache::DiskCache;
-use crate::eviction::Eviction;
-use crate::layout::{FileKind, Item, Layout};
-use crate::plan::Plan;
+use crate::cache::eviction::Eviction;
+use crate::read::builder::{Builder, Memo, Weighted};
+use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::plan::Plan;
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;
@@ -172,7 +172,7 @@ impl Materializer {
     }
 
     /// Builds the batch file `item` far ahead of its reader (the next epoch's, in idle time,
-    /// [`crate::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
+    /// [`crate::read::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
     /// is far off. Whether the cache took it.
     pub async fn build_ahead(&self, item: Item) -> Result<bool> {
         Ok(self.build(item).await?.is_some())
@@ -214,7 +214,7 @@ impl Materializer {
                     .builder
                     .pool()
                     .run(move || {
-                        let cpu_started = crate::pool::thread_cpu_ns();
+                        let cpu_started = crate::read::pool::thread_cpu_ns();
                         let kind = item.kind().expect("a batch file");
                         let header = b.header(&layout, kind);
                         let parts = layout.parts(kind, header.as_ref(), &b.tensors);
@@ -226,7 +226,7 @@ impl Materializer {
                                 None
                             }
                         };
-                        let cpu = crate::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                        let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
                         Stats::add(&stats.c.batch_write_cpu_ns, cpu);
                         placed
                     })

@@ -28,11 +28,23 @@
 //! Lookups answer `Option`: a miss (a dropped corrupt item included) is not an error, the
 //! caller builds the item. Stores answer `Result<_, NotStored>`: the reason the cache did not
 //! take an item, which the caller then serves from memory.
+//!
+//! This folder: this module (the index, space, writing and checking items, one-open files
+//! kept), `format` (the columns file's header and a batch file's meta, and where the meta
+//! lives), `eviction` (what goes first), `kept` (small checked files kept between mounts).
 
-use crate::kept::private_dir;
-use crate::layout::{Item, Layout};
+pub mod eviction;
+mod format;
+pub mod kept;
+
+use crate::cache::kept::private_dir;
+use crate::read::layout::{Item, Layout};
 use crate::stats::Stats;
 use anyhow::{Result, bail};
+use format::{
+    columns_header, meta_bytes, meta_len, meta_path, parse_columns, parse_meta, read_meta,
+    set_meta_attr,
+};
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
@@ -42,7 +54,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use xattr::FileExt;
 
 /// Why the cache did not store an item. Never a failure of the read that wanted it: the caller
 /// serves the item from memory instead, and the cache takes items again once it can.
@@ -54,21 +65,6 @@ pub enum NotStored {
     /// Writing failed (a full disk, a permission); counted and warned of once.
     #[error("writing to the cache failed: {0:#}")]
     Write(anyhow::Error),
-}
-
-const VERSION: u32 = 1;
-const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
-const META_MAGIC: &[u8; 8] = b"TFSMETA1";
-/// A columns file's data starts at the first multiple of this past its header: 4096 for up to
-/// 504 tensors, more for wider tables.
-const COLS_ALIGN: usize = 4096;
-/// The header's fixed part: magic, version, tensors, rows, identity, data checksum.
-const COLS_FIXED: usize = 8 + 4 + 4 + 8 + 32 + 4;
-
-/// Where the data of a columns file of `tensors` tensors starts: past the fixed part, each
-/// tensor's length and the header's checksum.
-fn cols_data_at(tensors: usize) -> usize {
-    (COLS_FIXED + 8 * tensors + 4).next_multiple_of(COLS_ALIGN)
 }
 
 struct Entry {
@@ -310,7 +306,11 @@ impl DiskCache {
             return;
         };
         for ep in epochs.flatten() {
-            let Some(epoch) = ep.file_name().to_str().and_then(crate::layout::parse_epoch) else {
+            let Some(epoch) = ep
+                .file_name()
+                .to_str()
+                .and_then(crate::read::layout::parse_epoch)
+            else {
                 continue;
             };
             let mut found: Vec<(Item, PathBuf)> = Vec::new();
@@ -352,11 +352,11 @@ impl DiskCache {
         self.used.store(used, Ordering::Relaxed);
     }
 
-    /// Indexes the one-open files kept from earlier mounts ([`crate::ahead`]): their bytes.
+    /// Indexes the one-open files kept from earlier mounts ([`crate::read::ahead`]): their bytes.
     /// Those without their meta are removed; the others are checked on first use.
     fn scan_kept(&self, entries: &mut HashMap<Item, Entry>) -> u64 {
         let mut used = 0;
-        let dir = self.batches.join(crate::layout::KEPT_ALL);
+        let dir = self.batches.join(crate::read::layout::KEPT_ALL);
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {
@@ -408,7 +408,7 @@ impl DiskCache {
             Item::Columns { .. } => &self.ckey,
             _ => &self.bkey,
         };
-        crate::kept::hash32(&[
+        crate::cache::kept::hash32(&[
             key.as_bytes(),
             self.path(item).as_os_str().as_encoded_bytes(),
         ])
@@ -600,7 +600,7 @@ impl DiskCache {
     }
 
     /// Reserves `bytes` of the capacity for a file kept outside the index (a one-open file
-    /// built ahead, [`crate::ahead`]), evicting for it only items that `distance` says are never
+    /// built ahead, [`crate::read::ahead`]), evicting for it only items that `distance` says are never
     /// needed again: `false` where that leaves too little room. Given back with
     /// [`DiskCache::unreserve`].
     pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
@@ -615,7 +615,7 @@ impl DiskCache {
 
     /// Whether `bytes` more fit once the items that `distance` says are never needed again are
     /// evicted (they are): room for work done well ahead of its readers, which must not push
-    /// out anything they need ([`crate::prefetch`]'s next epoch).
+    /// out anything they need ([`crate::read::prefetch`]'s next epoch).
     pub fn has_spare_room(
         &self,
         bytes: u64,
@@ -982,151 +982,6 @@ fn rename_into(from: &Path, to: &Path) -> Result<()> {
     }
 }
 
-/// The extended attribute that holds a batch file's meta.
-const META_ATTR: &str = "user.tensorfs.meta";
-
-/// Whether an errno says the filesystem keeps no such attributes (the meta is then a sidecar).
-fn no_attrs(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENOSYS))
-}
-
-/// Sets `meta` as `file`'s meta attribute: `false` where the filesystem has no user
-/// attributes.
-fn set_meta_attr(file: &File, meta: &[u8]) -> std::io::Result<bool> {
-    match file.set_xattr(META_ATTR, meta) {
-        Ok(()) => Ok(true),
-        Err(e) if no_attrs(&e) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// `file`'s meta: its attribute, else its sidecar beside `path`.
-fn read_meta(file: &File, path: &Path) -> Result<Vec<u8>> {
-    match file.get_xattr(META_ATTR) {
-        Ok(Some(meta)) => return Ok(meta),
-        Ok(None) => {}
-        Err(e) if no_attrs(&e) => {}
-        Err(e) => bail!("meta cannot be read: {e}"),
-    }
-    let mut meta = Vec::new();
-    File::open(meta_path(path))
-        .and_then(|mut f| f.read_to_end(&mut meta))
-        .map_err(|e| anyhow::anyhow!("without its meta ({e})"))?;
-    Ok(meta)
-}
-
-/// The length of the meta of the batch file at `path` (attribute or sidecar); `None` where it
-/// has none.
-fn meta_len(path: &Path) -> Option<u64> {
-    match xattr::get(path, META_ATTR) {
-        Ok(Some(meta)) if !meta.is_empty() => Some(meta.len() as u64),
-        _ => std::fs::metadata(meta_path(path)).ok().map(|m| m.len()),
-    }
-}
-
-fn meta_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.meta"))
-}
-
-fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]) -> Vec<u8> {
-    let data_at = cols_data_at(tensors.len());
-    let mut h = Vec::with_capacity(data_at);
-    h.extend_from_slice(COLS_MAGIC);
-    h.extend_from_slice(&VERSION.to_le_bytes());
-    h.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
-    h.extend_from_slice(&(rows as u64).to_le_bytes());
-    h.extend_from_slice(identity);
-    let mut crc = 0;
-    for t in tensors {
-        crc = crc32c::crc32c_append(crc, t);
-    }
-    h.extend_from_slice(&crc.to_le_bytes());
-    for t in tensors {
-        h.extend_from_slice(&(t.len() as u64).to_le_bytes());
-    }
-    let header_crc = crc32c::crc32c(&h);
-    h.extend_from_slice(&header_crc.to_le_bytes());
-    h.resize(data_at, 0);
-    h
-}
-
-type Parsed = (usize, Vec<std::ops::Range<usize>>);
-
-fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed> {
-    let fixed = COLS_FIXED;
-    if b.len() < COLS_ALIGN || &b[..8] != COLS_MAGIC {
-        bail!("not a columns file");
-    }
-    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-    if u32_at(8) != VERSION {
-        bail!("of another version");
-    }
-    let n = u32_at(12) as usize;
-    let data_at = cols_data_at(tensors);
-    if n != tensors || b.len() < data_at {
-        bail!("of another layout");
-    }
-    let header_end = fixed + 8 * n;
-    if crc32c::crc32c(&b[..header_end]) != u32_at(header_end) {
-        bail!("corrupt (header checksum mismatch)");
-    }
-    if &b[24..56] != identity {
-        bail!("another item's file");
-    }
-    let rows = u64_at(16) as usize;
-    let mut ranges = Vec::with_capacity(n);
-    let mut at = data_at;
-    for t in 0..n {
-        let len = u64_at(fixed + 8 * t) as usize;
-        ranges.push(at..at + len);
-        at += len;
-    }
-    if b.len() != at {
-        bail!("truncated ({} of {at} bytes)", b.len());
-    }
-    if crc32c::crc32c(&b[data_at..]) != u32_at(56) {
-        bail!("corrupt (checksum mismatch)");
-    }
-    Ok((rows, ranges))
-}
-
-fn meta_bytes(len: u64, crc: u32, identity: &[u8; 32]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64);
-    m.extend_from_slice(META_MAGIC);
-    m.extend_from_slice(&VERSION.to_le_bytes());
-    m.extend_from_slice(&len.to_le_bytes());
-    m.extend_from_slice(&crc.to_le_bytes());
-    m.extend_from_slice(identity);
-    let own = crc32c::crc32c(&m);
-    m.extend_from_slice(&own.to_le_bytes());
-    m
-}
-
-fn parse_meta(m: &[u8], identity: &[u8; 32]) -> Result<(u64, u32)> {
-    if m.len() != 8 + 4 + 8 + 4 + 32 + 4 || &m[..8] != META_MAGIC {
-        bail!("meta is not a tensorfs meta");
-    }
-    let body = m.len() - 4;
-    if crc32c::crc32c(&m[..body]) != u32::from_le_bytes(m[body..].try_into().unwrap()) {
-        bail!("meta is corrupt");
-    }
-    if u32::from_le_bytes(m[8..12].try_into().unwrap()) != VERSION {
-        bail!("meta is of another version");
-    }
-    if &m[24..56] != identity {
-        bail!("meta belongs to another item");
-    }
-    Ok((
-        u64::from_le_bytes(m[12..20].try_into().unwrap()),
-        u32::from_le_bytes(m[20..24].try_into().unwrap()),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1159,12 +1014,12 @@ mod tests {
             capacity,
             std::sync::Arc::new(Layout::new(
                 ["x", "y.len"]
-                    .map(|name| crate::view::Tensor {
+                    .map(|name| crate::source::view::Tensor {
                         name: name.into(),
-                        dtype: crate::dtype::DType::I32,
+                        dtype: crate::read::dtype::DType::I32,
                         inner: vec![],
                         item: 0,
-                        part: crate::view::Part::Data,
+                        part: crate::source::view::Part::Data,
                         unit: None,
                     })
                     .to_vec(),
@@ -1209,8 +1064,8 @@ mod tests {
 
     #[test]
     fn a_kept_one_open_file_is_found_by_a_later_mount_and_checked() {
-        use crate::layout::FileKind;
-        use crate::plan::Batches;
+        use crate::read::layout::FileKind;
+        use crate::read::plan::Batches;
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
@@ -1419,7 +1274,7 @@ mod tests {
     }
 
     fn drop_meta_attr(path: &Path) {
-        xattr::remove(path, META_ATTR).unwrap();
+        xattr::remove(path, format::META_ATTR).unwrap();
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! data). The local cache stores batch files under the same names, byte for byte, so that the
 //! kernel can pass reads through to them.
 
-use crate::format::{self, TensorLayout};
-use crate::plan::Batches;
-use crate::view::Tensor;
+use crate::read::format::{self, TensorLayout};
+use crate::read::plan::Batches;
+use crate::source::view::Tensor;
 use std::path::PathBuf;
 
 /// The name of a directory's one-open safetensors file.
@@ -23,7 +23,7 @@ pub enum FileKind {
 }
 
 /// A file the local cache may hold: a row group's decoded columns, a batch file, or a
-/// directory's one-open file built ahead ([`crate::ahead`]).
+/// directory's one-open file built ahead ([`crate::read::ahead`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Item {
     Columns {
@@ -438,12 +438,12 @@ mod tests {
             dtype,
             inner,
             item: 0,
-            part: crate::view::Part::Data,
+            part: crate::source::view::Part::Data,
             unit: None,
         };
         let layout = Layout::new(vec![
-            tensor("a", crate::dtype::DType::I64, vec![]),
-            tensor("b", crate::dtype::DType::F32, vec![2]),
+            tensor("a", crate::read::dtype::DType::I64, vec![]),
+            tensor("b", crate::read::dtype::DType::F32, vec![2]),
         ]);
         // 10 rows in batches of 4 (the last of 2): a is 8 B a row, b 8 B a row.
         let kind = FileKind::Safetensors;

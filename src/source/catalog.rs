@@ -5,8 +5,8 @@
 //! reads no footer until a read needs one. Also the dataset's fingerprint, and what differs
 //! between two catalogs when fingerprints disagree.
 
-use crate::partition::Partitions;
-use crate::petastorm::Unischema;
+use crate::source::partition::Partitions;
+use crate::source::petastorm::Unischema;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use serde::{Deserialize, Serialize};

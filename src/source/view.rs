@@ -4,11 +4,11 @@
 //! one tensor, plus `NAME.len` for a padded list and `NAME.mask` when nulls are zero-filled.
 //! Everything a mount would refuse is found here, before anything is mounted.
 
-use crate::catalog::NullFact;
-use crate::dtype::DType;
 use crate::options::{Nulls, Options};
-use crate::plan::Plan;
+use crate::read::dtype::DType;
+use crate::read::plan::Plan;
 use crate::source::Source;
+use crate::source::catalog::NullFact;
 use anyhow::Result;
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Schema, TimeUnit};
@@ -26,7 +26,7 @@ pub enum ItemKind {
     /// A column of cells a Petastorm codec encoded (`.npy`, zip, PNG, JPEG), decoded.
     Cell {
         field: usize,
-        spec: crate::petastorm::Field,
+        spec: crate::source::petastorm::Field,
     },
 }
 
@@ -123,7 +123,7 @@ enum Mapped {
     Cell {
         elem: DType,
         inner: Vec<usize>,
-        spec: crate::petastorm::Field,
+        spec: crate::source::petastorm::Field,
     },
     /// A Petastorm field that cannot be served, and why.
     Refused(String),
@@ -134,7 +134,7 @@ enum Mapped {
 /// (and is served in the field's dtype, see [`items`]).
 fn map_column(
     field: &arrow::datatypes::Field,
-    unischema: Option<&crate::petastorm::Unischema>,
+    unischema: Option<&crate::source::petastorm::Unischema>,
 ) -> Option<Mapped> {
     let spec = unischema.and_then(|u| u.field(field.name()));
     let Some(spec) = spec.filter(|s| s.codec.is_cell()) else {
@@ -333,7 +333,7 @@ fn type_name(dt: &DataType) -> String {
 /// The dataset's columns as the options select them.
 struct Columns<'a> {
     schema: &'a Schema,
-    unischema: Option<&'a crate::petastorm::Unischema>,
+    unischema: Option<&'a crate::source::petastorm::Unischema>,
     index: HashMap<&'a str, usize>,
     /// The selected columns, in order.
     selected: Vec<usize>,
@@ -343,7 +343,7 @@ struct Columns<'a> {
 impl<'a> Columns<'a> {
     fn select(
         schema: &'a Schema,
-        unischema: Option<&'a crate::petastorm::Unischema>,
+        unischema: Option<&'a crate::source::petastorm::Unischema>,
         undecodable: &BTreeMap<String, String>,
         opts: &Options,
         problems: &mut Vec<String>,
@@ -742,7 +742,7 @@ fn items(
         let unischema_dtype = cols
             .unischema
             .and_then(|u| u.field(name))
-            .filter(|f| f.codec == crate::petastorm::Codec::Scalar)
+            .filter(|f| f.codec == crate::source::petastorm::Codec::Scalar)
             .and_then(|f| f.dtype);
         items.push(Item {
             name: name.to_string(),

@@ -14,9 +14,9 @@
 //! Every mount of a listing also keeps its catalog this way in the cache directory, named by
 //! its fingerprint, so that `fingerprint=` can say what changed when it refuses a mount.
 
-use crate::catalog::{self, Catalog, Facts, NullFact, Object, Pinned, Summary};
+use crate::source::catalog::{self, Catalog, Facts, NullFact, Object, Pinned, Summary};
+use crate::source::view::View;
 use crate::source::{Origin, Source};
-use crate::view::View;
 use anyhow::{Context, Result, anyhow, bail};
 use base64::Engine;
 use object_store::ObjectStoreExt;
@@ -46,7 +46,7 @@ struct Body {
     summary: Option<Summary>,
     /// The Arrow schema as an IPC message, in base64.
     schema: String,
-    unischema: Option<crate::petastorm::Unischema>,
+    unischema: Option<crate::source::petastorm::Unischema>,
     facts: Facts,
     objects: Objects,
     /// How many of the schema's last fields are partition columns, and each object's values
@@ -54,7 +54,7 @@ struct Body {
     #[serde(default)]
     partition_columns: usize,
     #[serde(default)]
-    partition_values: Vec<Vec<crate::partition::Value>>,
+    partition_values: Vec<Vec<crate::source::partition::Value>>,
     /// The Delta table version it pins, if the dataset is one.
     #[serde(default)]
     table_version: Option<u64>,
@@ -228,9 +228,9 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     let objects = body.objects.into_objects().map_err(damaged)?;
     let n = schema.fields().len();
     let partitions = match body.partition_columns {
-        0 => crate::partition::Partitions::default(),
+        0 => crate::source::partition::Partitions::default(),
         k if k <= n && body.partition_values.len() == objects.len() => {
-            crate::partition::Partitions {
+            crate::source::partition::Partitions {
                 fields: schema.fields()[n - k..].to_vec(),
                 values: body.partition_values,
             }
@@ -425,7 +425,7 @@ pub fn record(source: &Source, view: &View, cache_dir: &Path) {
         return;
     }
     let kept = (|| -> Result<()> {
-        crate::kept::private_dir(path.parent().expect("a parent"))?;
+        crate::cache::kept::private_dir(path.parent().expect("a parent"))?;
         // Private, as everything in the cache directory is.
         write_local(&path, &encode(source, view)?, 0o600)
     })();

@@ -8,7 +8,7 @@
 //! that it has them) and column mapping. The table's schema decides the types, not each
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
-use crate::partition::{Partitions, Value};
+use crate::source::partition::{Partitions, Value};
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef, TimeUnit};
 use delta_kernel::engine::arrow_conversion::TryFromKernel;
