@@ -3,7 +3,9 @@
 //! attribute); `tensorfs stats` shows the counters of
 //! `.tensorfs/stats.json`.
 
-use crate::read::layout::batch_name;
+use crate::read::layout::{
+    self, ALL, ALL_SAFETENSORS, batch_name, epoch_name, npy_file_name, rank_name, safetensors_name,
+};
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -83,14 +85,11 @@ pub fn warm(
     // count comes from the plan (rank views leave the leftover batches out), so it is read
     // from the mount itself.
     let rank_count = |w: u64| -> Result<u64> {
-        let dir = mountpoint.join(format!("epoch-0/rank-0-of-{w}"));
+        let dir = mountpoint.join(epoch_name(0)).join(rank_name(0, w));
         let n = std::fs::read_dir(&dir)
             .with_context(|| format!("'{}' cannot be listed", dir.display()))?
             .filter_map(|e| e.ok())
-            .filter(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.ends_with(".safetensors") && name != "all.safetensors"
-            })
+            .filter(|e| layout::parse_safetensors_name(&e.file_name().to_string_lossy()).is_some())
             .count();
         Ok(n as u64)
     };
@@ -99,7 +98,7 @@ pub fn warm(
     } else {
         ranks
             .iter()
-            .map(|&(r, w)| Ok((format!("rank-{r}-of-{w}"), rank_count(w)?)))
+            .map(|&(r, w)| Ok((rank_name(r, w), rank_count(w)?)))
             .collect::<Result<_>>()?
     };
     let epochs = match epochs {
@@ -118,12 +117,14 @@ pub fn warm(
     let mut files: Vec<PathBuf> = Vec::new();
     for e in epochs.clone() {
         for (sub, count) in &dirs {
-            let base = mountpoint.join(format!("epoch-{e}")).join(sub);
+            let base = mountpoint.join(epoch_name(e)).join(sub);
             match format {
-                Format::All => files.push(base.join("all.safetensors")),
-                Format::AllNpy => {
-                    files.extend(tensors.iter().map(|t| base.join(format!("all/{t}.npy"))))
-                }
+                Format::All => files.push(base.join(ALL_SAFETENSORS)),
+                Format::AllNpy => files.extend(
+                    tensors
+                        .iter()
+                        .map(|t| base.join(ALL).join(npy_file_name(t))),
+                ),
                 _ => {}
             }
             if matches!(format, Format::All | Format::AllNpy) {
@@ -131,13 +132,13 @@ pub fn warm(
             }
             for i in 0..*count {
                 if format != Format::Npy {
-                    files.push(base.join(format!("{}.safetensors", batch_name(i))));
+                    files.push(base.join(safetensors_name(i)));
                 }
                 if format != Format::Safetensors {
                     files.extend(
                         tensors
                             .iter()
-                            .map(|t| base.join(format!("{}/{t}.npy", batch_name(i)))),
+                            .map(|t| base.join(batch_name(i)).join(npy_file_name(t))),
                     );
                 }
             }

@@ -86,6 +86,21 @@ pub fn batch_name(i: u64) -> String {
     format!("{i:06}")
 }
 
+/// Batch `i`'s `.safetensors` file.
+pub fn safetensors_name(i: u64) -> String {
+    format!("{}.safetensors", batch_name(i))
+}
+
+/// The batch whose `.safetensors` file `name` is.
+pub fn parse_safetensors_name(name: &str) -> Option<u64> {
+    parse_batch(name.strip_suffix(".safetensors")?)
+}
+
+/// The `.npy` file of the tensor named `tensor` (in a batch's directory, or `all/`).
+pub fn npy_file_name(tensor: &str) -> String {
+    format!("{tensor}.npy")
+}
+
 /// The batch a name is: the name `batch_name` gives it, and no other spelling.
 pub fn parse_batch(s: &str) -> Option<u64> {
     let i = s
@@ -181,12 +196,12 @@ impl Layout {
     }
 
     pub fn npy_name(&self, t: usize) -> String {
-        format!("{}.npy", self.tensor_name(t))
+        npy_file_name(self.tensor_name(t))
     }
 
     pub fn file_name(&self, i: u64, kind: FileKind) -> String {
         match kind {
-            FileKind::Safetensors => format!("{}.safetensors", batch_name(i)),
+            FileKind::Safetensors => safetensors_name(i),
             FileKind::Npy(t) => format!("{}/{}", batch_name(i), self.npy_name(t)),
         }
     }
@@ -239,7 +254,7 @@ impl Layout {
     pub fn parse_batch_file(&self, epoch: u64, dir: Option<&str>, name: &str) -> Option<Item> {
         match dir {
             None => {
-                let batch = parse_batch(name.strip_suffix(".safetensors")?)?;
+                let batch = parse_safetensors_name(name)?;
                 Some(Item::Safetensors { epoch, batch })
             }
             Some(dir) => Some(Item::Npy {

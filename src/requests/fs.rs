@@ -487,7 +487,7 @@ impl Fs {
             let i = k / 2;
             let name = layout::batch_name(i);
             return Ok(Some(if k.is_multiple_of(2) {
-                entry(Node::Safetensors(d, i), file, format!("{name}.safetensors"))
+                entry(Node::Safetensors(d, i), file, layout::safetensors_name(i))
             } else {
                 entry(Node::BatchDir(d, i), Kind::Dir, name)
             }));
