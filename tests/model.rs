@@ -5,7 +5,9 @@
 //! values are functions of the row id, and the order comes from the epoch plan, which is
 //! property-tested on its own.
 //!
-//! Needs root and /dev/fuse (as CI has); elsewhere it says so and passes vacuously.
+//! The mount's test needs root and /dev/fuse (as CI has); elsewhere it says so and passes
+//! vacuously. The same model is checked against the filesystem core in process
+//! (`the_core_matches_the_model`), which needs neither.
 
 use arrow::array::{
     ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
@@ -15,13 +17,16 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use tensorfs::mount::Dataset;
+use tensorfs::options::Options;
 use tensorfs::read::dtype::DType;
 use tensorfs::read::format::{self, TensorLayout};
 use tensorfs::read::plan::{OrderOptions, Plan, Shuffle};
+use tensorfs::requests::fs::{Kind, ROOT_INO};
+use tensorfs::requests::{Answer, Registrar, Requests, Served};
 
 /// (rows, row group size) of each file.
 const FILES: [(i64, usize); 3] = [(37, 10), (50, 16), (23, 23)];
@@ -358,6 +363,26 @@ fn config() -> impl Strategy<Value = Config> {
         )
 }
 
+/// What a path is, as the model compares it.
+#[derive(Debug)]
+enum Stat {
+    Dir,
+    File(u64),
+    Symlink,
+}
+
+/// The filesystem the model is checked against: a real mount, or the core in process (the same
+/// requests the FUSE adapter makes, without a kernel).
+trait Under {
+    fn stat(&self, rel: &Path) -> std::io::Result<Stat>;
+    fn read_dir(&self, rel: &Path) -> std::io::Result<BTreeSet<String>>;
+    /// Opens `rel`, reads up to `len` bytes at `offset` (fewer only at its end), closes it.
+    fn read(&self, rel: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+    fn readlink(&self, rel: &Path) -> std::io::Result<PathBuf>;
+    /// `user.tensorfs.path`.
+    fn path_xattr(&self, rel: &Path) -> std::io::Result<PathBuf>;
+}
+
 /// A live mount, unmounted when dropped.
 struct Mounted {
     path: PathBuf,
@@ -374,29 +399,249 @@ impl Drop for Mounted {
     }
 }
 
+impl Under for Mounted {
+    fn stat(&self, rel: &Path) -> std::io::Result<Stat> {
+        let m = std::fs::symlink_metadata(self.path.join(rel))?;
+        Ok(match m.file_type() {
+            t if t.is_dir() => Stat::Dir,
+            t if t.is_symlink() => Stat::Symlink,
+            t if t.is_file() => Stat::File(m.len()),
+            t => panic!("{rel:?}: a {t:?}"),
+        })
+    }
+
+    fn read_dir(&self, rel: &Path) -> std::io::Result<BTreeSet<String>> {
+        Ok(std::fs::read_dir(self.path.join(rel))?
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect())
+    }
+
+    fn read(&self, rel: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(self.path.join(rel))?;
+        let size = f.metadata()?.len();
+        let want = (size.saturating_sub(offset) as usize).min(len);
+        let mut got = vec![0u8; want];
+        let mut filled = 0;
+        while filled < got.len() {
+            let n = f.read_at(&mut got[filled..], offset + filled as u64)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        got.truncate(filled);
+        Ok(got)
+    }
+
+    fn readlink(&self, rel: &Path) -> std::io::Result<PathBuf> {
+        std::fs::read_link(self.path.join(rel))
+    }
+
+    fn path_xattr(&self, rel: &Path) -> std::io::Result<PathBuf> {
+        xattr_path(&self.path.join(rel))
+    }
+}
+
+/// The filesystem core in process: the requests of `tensorfs::requests` over the same
+/// dataset and options, a passthrough read served from the backing file the kernel would have
+/// been handed.
+struct Core {
+    runtime: tokio::runtime::Runtime,
+    requests: Arc<Requests<usize>>,
+    backing: Arc<std::sync::Mutex<Vec<std::fs::File>>>,
+}
+
+/// Registers backing files as the kernel would, keeping each to read it as the kernel does.
+struct Keeping(Arc<std::sync::Mutex<Vec<std::fs::File>>>);
+
+impl Registrar for Keeping {
+    type Id = usize;
+
+    fn register(&self, file: &std::fs::File) -> std::io::Result<usize> {
+        let mut files = self.0.lock().unwrap();
+        files.push(file.try_clone()?);
+        Ok(files.len() - 1)
+    }
+}
+
+fn errno(e: tensorfs::error::Error) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.errno())
+}
+
+impl Core {
+    fn new(data: &Path, options: &str) -> Result<Core, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let opts = Options::parse(&[options]).map_err(|e| e.to_string())?;
+        let fs = runtime.block_on(async {
+            let dataset = Dataset::open(data.to_str().unwrap(), &opts, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            dataset.check().map_err(|e| e.to_string())?;
+            (dataset.filesystem(&opts, tokio::runtime::Handle::current()))
+                .map_err(|e| e.to_string())
+        })?;
+        let requests = Arc::new(Requests::new(Arc::new(fs), true, false));
+        Ok(Core {
+            runtime,
+            requests,
+            backing: Arc::default(),
+        })
+    }
+
+    fn ino(&self, rel: &Path) -> std::io::Result<u64> {
+        let mut ino = ROOT_INO;
+        for name in rel.iter() {
+            ino = (self.requests.fs())
+                .lookup(ino, name.to_str().unwrap())
+                .map_err(errno)?
+                .ino;
+        }
+        Ok(ino)
+    }
+
+    fn answered<T>(&self, answer: Answer<T>) -> T {
+        let (value, then) = match answer {
+            Answer::Now(value, then) => (value, then),
+            Answer::Later(ready) => self.runtime.block_on(ready),
+        };
+        then.run();
+        value
+    }
+}
+
+impl Under for Core {
+    fn stat(&self, rel: &Path) -> std::io::Result<Stat> {
+        let attr = self.requests.fs().getattr(self.ino(rel)?).map_err(errno)?;
+        Ok(match attr.kind {
+            Kind::Dir => Stat::Dir,
+            Kind::File => Stat::File(attr.size),
+            Kind::Symlink => Stat::Symlink,
+        })
+    }
+
+    fn read_dir(&self, rel: &Path) -> std::io::Result<BTreeSet<String>> {
+        let ino = self.ino(rel)?;
+        let entries = self
+            .requests
+            .fs()
+            .readdir(ino, 0, usize::MAX)
+            .map_err(errno)?;
+        Ok((entries.into_iter())
+            .map(|e| e.name)
+            .filter(|n| n != "." && n != "..")
+            .collect())
+    }
+
+    fn read(&self, rel: &Path, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let ino = self.ino(rel)?;
+        let size = self.requests.fs().getattr(ino).map_err(errno)?.size;
+        let registrar = Keeping(self.backing.clone());
+        let (_, opened) = self.answered(self.requests.open(ino, libc::O_RDONLY, registrar));
+        let opened = opened.map_err(errno)?;
+        let want = (size.saturating_sub(offset) as usize).min(len);
+        let mut got = Vec::with_capacity(want);
+        while got.len() < want {
+            let at = offset + got.len() as u64;
+            let chunk = match &opened.served {
+                Served::Passthrough(id) => {
+                    let file = &self.backing.lock().unwrap()[**id];
+                    let mut buf = vec![0u8; (want - got.len()).min(1 << 20)];
+                    let n = file.read_at(&mut buf, at)?;
+                    buf.truncate(n);
+                    buf
+                }
+                _ => {
+                    let size = (want - got.len()).min(1 << 17) as u32;
+                    let read = self.requests.read(ino, opened.fh, at, size);
+                    self.answered(read).map_err(errno)?
+                }
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            got.extend(chunk);
+        }
+        self.requests.release(ino, opened.fh);
+        Ok(got)
+    }
+
+    fn readlink(&self, rel: &Path) -> std::io::Result<PathBuf> {
+        let ino = self.ino(rel)?;
+        let fs = self.requests.fs();
+        let target = self.runtime.block_on(fs.readlink(ino)).map_err(errno)?;
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(target)))
+    }
+
+    fn path_xattr(&self, rel: &Path) -> std::io::Result<PathBuf> {
+        let ino = self.ino(rel)?;
+        let fs = self.requests.fs();
+        let path = (self.runtime)
+            .block_on(fs.getxattr(ino, "user.tensorfs.path"))
+            .map_err(errno)?;
+        Ok(PathBuf::from(std::ffi::OsString::from_vec(path)))
+    }
+}
+
 fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     root && Path::new("/dev/fuse").exists()
 }
 
-fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
-    let tmp = tempfile::tempdir().unwrap();
-    let (data, mnt, cache) = (
-        tmp.path().join("data"),
-        tmp.path().join("mnt"),
-        tmp.path().join("cache"),
-    );
-    std::fs::create_dir_all(&data).unwrap();
+/// Where the model's dataset and cache are, and the model of what every path should be.
+struct Setup {
+    tmp: tempfile::TempDir,
+    model: Model,
+}
+
+impl Setup {
+    fn new(cfg: &Config) -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("data")).unwrap();
+        let rg_rows = write_dataset(&tmp.path().join("data"));
+        let order = OrderOptions {
+            batch_size: cfg.batch_size,
+            drop_last: cfg.drop_last,
+            shuffle: cfg.shuffle,
+            window: 4,
+            seed: cfg.seed,
+            partitions: cfg.partitions,
+        };
+        let model = Model {
+            plan: Plan::new(&rg_rows, order),
+            cfg: cfg.clone(),
+            names: vec!["id", "x", "emb", "flag"],
+        };
+        Setup { tmp, model }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.tmp.path().join("data")
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.tmp.path().join("cache")
+    }
+}
+
+/// The model checked against a real mount.
+fn check_mount(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
+    let setup = Setup::new(cfg);
+    let mnt = setup.tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    let rg_rows = write_dataset(&data);
     let out = Command::new(env!("CARGO_BIN_EXE_tensorfs"))
         .args([
             "mount",
-            data.to_str().unwrap(),
+            setup.data().to_str().unwrap(),
             mnt.to_str().unwrap(),
             "-o",
-            &cfg.options(&cache),
+            &cfg.options(&setup.cache()),
         ])
         .output()
         .unwrap();
@@ -405,46 +650,36 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
         "mount failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _mounted = Mounted { path: mnt.clone() };
-    let order = OrderOptions {
-        batch_size: cfg.batch_size,
-        drop_last: cfg.drop_last,
-        shuffle: cfg.shuffle,
-        window: 4,
-        seed: cfg.seed,
-        partitions: cfg.partitions,
-    };
-    let model = Model {
-        plan: Plan::new(&rg_rows, order),
-        cfg: cfg.clone(),
-        names: vec!["id", "x", "emb", "flag"],
-    };
+    let mounted = Mounted { path: mnt };
+    check(&setup, &mounted, ops)
+}
 
+/// The model checked against the core in process.
+fn check_core(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
+    let setup = Setup::new(cfg);
+    // As `tensorfs mount` makes it.
+    std::fs::create_dir_all(setup.cache()).unwrap();
+    let core = Core::new(&setup.data(), &cfg.options(&setup.cache()));
+    prop_assert!(core.is_ok(), "the core refused: {:?}", core.err());
+    check(&setup, &core.unwrap(), ops)
+}
+
+fn check(setup: &Setup, under: &dyn Under, ops: &[Op]) -> Result<(), TestCaseError> {
+    let (model, cache) = (&setup.model, setup.cache());
     for (step, op) in ops.iter().enumerate() {
-        let at = |t: &Target| mnt.join(t.rel(&model.names));
+        let at = |t: &Target| t.rel(&model.names);
         let ctx = format!("step {step}: {op:?}");
         match op {
-            Op::Stat(t) => {
-                let got = std::fs::symlink_metadata(at(t));
-                match (model.want(t), got) {
-                    (Want::Missing, Err(e)) => {
-                        prop_assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{}", ctx)
-                    }
-                    (Want::Dir(_), Ok(m)) => prop_assert!(m.is_dir(), "{}", ctx),
-                    (Want::File(bytes), Ok(m)) => {
-                        prop_assert!(m.is_file(), "{}", ctx);
-                        prop_assert_eq!(m.len(), bytes.len() as u64, "{}", ctx);
-                    }
-                    (Want::Symlink, Ok(m)) => prop_assert!(m.file_type().is_symlink(), "{}", ctx),
-                    (want, got) => prop_assert!(
-                        false,
-                        "{}: want {:?}, got {:?}",
-                        ctx,
-                        want,
-                        got.map(|m| m.file_type().is_fifo())
-                    ),
+            Op::Stat(t) => match (model.want(t), under.stat(&at(t))) {
+                (Want::Missing, Err(e)) => {
+                    prop_assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{}", ctx)
                 }
-            }
+                (Want::Dir(_), Ok(Stat::Dir)) | (Want::Symlink, Ok(Stat::Symlink)) => {}
+                (Want::File(bytes), Ok(Stat::File(len))) => {
+                    prop_assert_eq!(len, bytes.len() as u64, "{}", ctx);
+                }
+                (want, got) => prop_assert!(false, "{}: want {:?}, got {:?}", ctx, want, got),
+            },
             Op::ReadDir(t) => {
                 let t = Target {
                     file: if matches!(t.file, FileSel::EpochDir) {
@@ -454,13 +689,8 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
                     },
                     ..*t
                 };
-                match (model.want(&t), std::fs::read_dir(at(&t))) {
-                    (Want::Dir(names), Ok(rd)) => {
-                        let got: BTreeSet<String> = rd
-                            .map(|e| e.unwrap().file_name().into_string().unwrap())
-                            .collect();
-                        prop_assert_eq!(got, names, "{}", ctx);
-                    }
+                match (model.want(&t), under.read_dir(&at(&t))) {
+                    (Want::Dir(names), Ok(got)) => prop_assert_eq!(got, names, "{}", ctx),
                     (Want::Missing, Err(e)) => {
                         prop_assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{}", ctx)
                     }
@@ -476,23 +706,11 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
                     Op::Read(_, o, n) => (*o, *n),
                     _ => (0, usize::MAX),
                 };
-                match (model.want(t), std::fs::File::open(at(t))) {
-                    (Want::File(bytes), Ok(f)) => {
-                        use std::os::unix::fs::FileExt;
+                match (model.want(t), under.read(&at(t), offset, len)) {
+                    (Want::File(bytes), Ok(got)) => {
                         let want_end = (offset as usize).saturating_add(len).min(bytes.len());
                         let want = bytes.get(offset as usize..want_end).unwrap_or(&[]);
-                        let mut got = vec![0u8; want.len()];
-                        let mut filled = 0;
-                        while filled < got.len() {
-                            let n = f
-                                .read_at(&mut got[filled..], offset + filled as u64)
-                                .unwrap();
-                            if n == 0 {
-                                break;
-                            }
-                            filled += n;
-                        }
-                        prop_assert_eq!(filled, want.len(), "{}", ctx);
+                        prop_assert_eq!(got.len(), want.len(), "{}", ctx);
                         prop_assert!(got == want, "{}: bytes differ", ctx);
                     }
                     (Want::Missing, Err(e)) => {
@@ -503,7 +721,7 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
                         "{}: want {:?}, got {:?}",
                         ctx,
                         matches!(want, Want::File(_)),
-                        got.is_ok()
+                        got.map(|g| g.len())
                     ),
                 }
             }
@@ -512,9 +730,9 @@ fn check(cfg: &Config, ops: &[Op]) -> Result<(), TestCaseError> {
                 if matches!(t.file, FileSel::Safetensors | FileSel::Npy(_)) =>
             {
                 let plain = Target { gds: false, ..*t };
-                let got: std::io::Result<PathBuf> = match op {
-                    Op::Readlink(_) => std::fs::read_link(at(t)),
-                    _ => xattr_path(&at(t)),
+                let got = match op {
+                    Op::Readlink(_) => under.readlink(&at(t)),
+                    _ => under.path_xattr(&at(t)),
                 };
                 match (model.want(&plain), got) {
                     (Want::File(bytes), Ok(target)) => {
@@ -580,6 +798,18 @@ proptest! {
             eprintln!("the_mount_matches_the_model: needs root and /dev/fuse; skipped");
             return Ok(());
         }
-        check(&cfg, &ops)?;
+        check_mount(&cfg, &ops)?;
+    }
+
+}
+
+proptest! {
+    // In process it costs a few milliseconds a case: four times the mount's cases.
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The same model against the core in process: no root, no kernel.
+    #[test]
+    fn the_core_matches_the_model(cfg in config(), ops in prop::collection::vec(op(), 1..40)) {
+        check_core(&cfg, &ops)?;
     }
 }
