@@ -196,7 +196,6 @@ impl Dataset {
             runtime,
             opts.prefetch,
             opts.epochs,
-            buffers,
         );
         Ok(Fs::new(Tree {
             materializer,
@@ -215,7 +214,7 @@ impl Dataset {
     /// `dataset.json`. Refused where that takes more than half the limit.
     pub fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
         let held = self.source.facts.footer_memory + dataset_json;
-        if held > opts.memory_limit / 2 {
+        let Some(buffers) = crate::read::budget::buffers(opts.memory_limit, held) else {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             bail!(
                 "the footers of the dataset's {} files and dataset.json take {} of memory_limit={}: raise memory_limit to at least {}",
@@ -224,8 +223,8 @@ impl Dataset {
                 mib(opts.memory_limit),
                 mib(2 * held)
             );
-        }
-        Ok(opts.memory_limit - held)
+        };
+        Ok(buffers)
     }
 }
 

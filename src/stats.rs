@@ -88,8 +88,6 @@ counters!(
     cache_capacity: Level,
     /// Batch files scheduled ahead of a reader.
     prefetch_scheduled: Count,
-    /// Work ahead of a reader put off for lack of memory.
-    prefetch_deferred: Count,
     /// Batch files of a reader's next epoch built in idle time, well ahead of it.
     next_epoch_files_built: Count,
     /// Names the kernel looked up one at a time (a listing carries its entries' attributes).

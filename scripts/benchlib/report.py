@@ -82,7 +82,7 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
               f"{100 * s['excess_share']:.2f}% of the epoch; per-batch wait p99 {s['p99_wait_ms']:.2f} ms, max {s['max_wait_ms']:.2f} ms")
         print(f"  daemon: stall_count {d['stall_count']}, stall_ns {d['stall_ns']} ({(d['stall_ns'] or 0) / 1e6:.1f} ms), "
               f"stall_p99_us {d['stall_p99_us']}, prefetch_scheduled {d['prefetch_scheduled']}, "
-              f"prefetch_deferred {d['prefetch_deferred']}, passthrough_opens {d['passthrough_opens']}, "
+              f"passthrough_opens {d['passthrough_opens']}, "
               f"ahead_files_built {d.get('ahead_files_built')}, ahead_opens {d.get('ahead_opens')}")
         print(f"  batches that waited > 2 ms: {s['slow_batches']} ({s['slow_s'] * 1e3:.0f} ms in all); of them "
               f"{s['slow_at_row_group_start']} ({s['slow_at_row_group_start_s'] * 1e3:.0f} ms) are the first batch of a row "

@@ -170,7 +170,7 @@ def stall_experiment(binary, source, options, scratch, caches, cold_mb_s, n_batc
         "worst": [(i, round(1e3 * w, 2)) for w, i in by_wait[:8]],
         "slow": [(i, round(1e3 * w, 2)) for w, i in slow],
         "daemon": {k: stats.get(k) for k in ("stall_count", "stall_ns", "stall_p99_us", "opens",
-                                               "prefetch_scheduled", "prefetch_deferred",
+                                               "prefetch_scheduled",
                                                "passthrough_opens", "batch_file_hits", "batch_file_misses",
                                                "ahead_files_built", "ahead_opens")},
     }

@@ -5,6 +5,7 @@
 
 use crate::cache::DiskCache;
 use crate::cache::eviction::Eviction;
+use crate::read::budget::Budget;
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::plan::{Orders, Plan, Shuffle};
 use crate::read::pool::{Background, Pool, ReaderWaits};
@@ -270,20 +271,10 @@ const MAP_WHEN_TOO_LARGE_FROM: u64 = 16 << 20;
 /// What the builder may use: worker threads, and bytes of memory for what it holds.
 pub struct Limits {
     pub threads: usize,
+    /// The buffers' bytes, split by [`Budget::split`].
     pub memory: u64,
     /// Batches built ahead of each reader.
     pub prefetch: u64,
-}
-
-/// The bytes a memo of built batches (or of single tensors) may hold, of `half` the buffers:
-/// an eighth, or more where its largest value is large (up to three eighths), so that it holds
-/// the value being read and those built ahead of it. A batch file or one-open file read
-/// through the daemon is read in pieces, each served from the value held: one too large to
-/// hold (a batch of 1,024 images of 150 KB, against the eighth of 1 GB) was built again for
-/// every piece.
-fn memo_bytes(half: u64, largest: u64, prefetch: u64) -> usize {
-    let wanted = largest.saturating_mul(prefetch + 2).min(3 * half / 8);
-    (half / 8).max(wanted) as usize
 }
 
 pub struct Builder {
@@ -352,11 +343,16 @@ impl Builder {
             .enumerate()
             .flat_map(|(f, file)| (0..file.rg_rows.len()).map(move |rg| (f, rg)))
             .collect();
-        let half = (limits.memory / 2) as usize;
         let batch_size = orders.plan().options().batch_size;
         let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
         let largest_tensor = row_bytes.clone().max().unwrap_or(0) * batch_size;
         let largest_batch = row_bytes.sum::<u64>() * batch_size;
+        let budget = Budget::split(
+            limits.memory,
+            largest_batch,
+            largest_tensor,
+            limits.prefetch,
+        );
         Ok(Builder {
             source,
             view,
@@ -377,13 +373,13 @@ impl Builder {
             // Mapped columns (see `map_from`) weigh nothing here, as their pages are the page
             // cache's, but each is a mapping: a process past `vm.max_map_count` has its next
             // allocation fail, which aborts it.
-            decoded: Memo::with_max_mappings(half, crate::cache::mappings_allowed()),
+            decoded: Memo::with_max_mappings(budget.decoded, crate::cache::mappings_allowed()),
             // Built batches are held only until their files are written and opened (a few
             // times the prefetch depth): holding more kept the allocator on fresh pages,
             // measured slower than rebuilding from the decoded columns.
-            batches: Memo::new(memo_bytes(half as u64, largest_batch, limits.prefetch)),
-            tensors: Memo::new(memo_bytes(half as u64, largest_tensor, limits.prefetch)),
-            picks: Memo::new(half / 64),
+            batches: Memo::new(budget.batches),
+            tensors: Memo::new(budget.tensors),
+            picks: Memo::new(budget.picks),
             keep_repeated_columns: AtomicBool::new(false),
         })
     }
@@ -707,9 +703,10 @@ impl Builder {
             .with_context(|| format!("file '{name}' row group {rg}"))?
     }
 
-    /// Bytes of row groups and built batches held in the daemon's memory.
+    /// Bytes the memos hold in the daemon's memory: decoded row groups, built batches, single
+    /// tensors and gather picks (within their shares of the [`Budget`]).
     pub fn memory(&self) -> usize {
-        self.decoded.bytes() + self.batches.bytes()
+        self.decoded.bytes() + self.batches.bytes() + self.tensors.bytes() + self.picks.bytes()
     }
 }
 
@@ -776,17 +773,6 @@ mod tests {
             .await
             .unwrap();
         assert!(memo.bytes() <= 100);
-    }
-
-    #[test]
-    fn memos_of_large_batches_hold_those_read_and_built_ahead() {
-        const MIB: u64 = 1 << 20;
-        // Small batches: an eighth of the half.
-        assert_eq!(memo_bytes(1024 * MIB, 278 << 10, 8), 128 << 20);
-        // 154 MB batches at prefetch=8: as many as three eighths hold (two).
-        assert_eq!(memo_bytes(1024 * MIB, 154_000_000, 8), 384 << 20);
-        // 16 MiB batches at prefetch=1: the one read and two ahead.
-        assert_eq!(memo_bytes(128 * MIB, 16 * MIB, 1), 48 << 20);
     }
 
     #[tokio::test]

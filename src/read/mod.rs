@@ -3,11 +3,12 @@
 //! `plan` orders rows into batches; `layout` names the files and says their sizes and where
 //! every byte lies (`format` and `dtype` encode the headers); `transform` turns row groups into
 //! tensor columns and gathers batches; `builder` builds row groups and batches on the worker
-//! `pool`; `materialize` writes batch files into the cache; `readers` records where readers
+//! `pool`, within the memory `budget`; `materialize` writes batch files into the cache; `readers` records where readers
 //! are; `prefetch` follows them, `ahead` builds the next epoch's one-open files, and
 //! `page_cache` stores built files in the kernel's page cache (`opens=kernel`).
 
 pub mod ahead;
+pub mod budget;
 pub mod builder;
 pub mod dtype;
 pub mod format;

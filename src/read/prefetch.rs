@@ -1,7 +1,7 @@
 //! The prefetcher: it follows each reader through the plan and keeps the next `prefetch`
 //! batches ready ahead of it (their files materialised, or, for a reader of the one-open files,
 //! the tensor it reads of them gathered in memory), across epoch boundaries, within the memory
-//! budget.
+//! budget (the builder's memos, [`crate::read::budget`]).
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -53,7 +53,6 @@ pub struct Prefetcher {
     depth: u64,
     /// Epochs the mount lists.
     epochs: u64,
-    memory_limit: u64,
     /// Items being prefetched now.
     scheduled: Arc<Mutex<HashSet<Item>>>,
     next_epoch: Arc<NextEpoch>,
@@ -69,7 +68,6 @@ impl Prefetcher {
         runtime: Handle,
         depth: u64,
         epochs: u64,
-        memory_limit: u64,
     ) -> Prefetcher {
         let filler = Arc::new(Filler::new(materializer.builder().clone(), layout.clone()));
         let next_epoch = Arc::new(NextEpoch {
@@ -77,7 +75,6 @@ impl Prefetcher {
             readers: readers.clone(),
             layout,
             depth,
-            memory_limit,
             walks: Mutex::default(),
             filler: filler.clone(),
         });
@@ -87,7 +84,6 @@ impl Prefetcher {
             runtime,
             depth,
             epochs,
-            memory_limit,
             scheduled: Arc::default(),
             next_epoch,
             filler,
@@ -129,22 +125,13 @@ impl Prefetcher {
         }
     }
 
-    fn over_budget(&self) -> bool {
-        over_budget(&self.materializer, self.memory_limit)
-    }
-
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
     /// want it, or, for a reader of the one-open files, gathers the tensor it reads of each.
-    /// Past the memory budget, readers are served first.
     fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], what: What, last: u64) {
         let to_disk = self.to_disk(kinds);
         for &(d, j) in files {
             let (epoch, batch) = d.global(j);
             if epoch >= last {
-                break;
-            }
-            if self.over_budget() {
-                Stats::add(&self.materializer.stats().c.prefetch_deferred, 1);
                 break;
             }
             if !to_disk {
@@ -248,9 +235,6 @@ impl Prefetcher {
         kinds: &[FileKind],
         last: u64,
     ) {
-        if self.over_budget() {
-            return;
-        }
         // Batches whose files are there already (a warm epoch) need nothing decoded.
         let not_warmed: HashSet<(u64, u64)> = self
             .readers
@@ -330,11 +314,6 @@ fn stored_from(j: u64, every: u64) -> u64 {
 /// next) and now and then (a walk ends where its reader comes near).
 const WALK_TRIPWIRES: u64 = 64;
 
-/// Whether the builder's buffers hold more than the memory budget: work ahead waits.
-fn over_budget(materializer: &Materializer, memory_limit: u64) -> bool {
-    materializer.builder().memory() as u64 > memory_limit
-}
-
 /// How long a walk through a next epoch waits before it looks again where its reader's next
 /// files are not all ready, where it cannot go on for another reason, and how long it keeps
 /// looking before it ends (its reader's next step starts it again).
@@ -367,7 +346,7 @@ fn chain(dir: Batches) -> Chain {
 /// never with `shuffle=none`, whose epochs share their files, past the listed epochs, or with
 /// `prefetch=0`. It builds only a batch whose row groups are decoded (in memory or cached),
 /// only with room in the cache beside everything the plan needs again (it evicts only what is
-/// never needed), and only within the memory budget; else it waits, and ends after
+/// never needed); else it waits, and ends after
 /// [`GIVE_UP`]. It ends where its reader comes within `prefetch` of it: the prefetcher has
 /// the batches from there.
 struct NextEpoch {
@@ -375,7 +354,6 @@ struct NextEpoch {
     readers: Arc<Readers>,
     layout: Arc<Layout>,
     depth: u64,
-    memory_limit: u64,
     /// Each chain's walk: the latest, one at a time.
     walks: Mutex<HashMap<Chain, Walk>>,
     filler: Arc<Filler>,
@@ -617,9 +595,6 @@ impl NextEpoch {
     /// Why batch `g` of `epoch`, whose files `items` are missing, is not built now, if it
     /// is not.
     fn blocked(&self, epoch: u64, g: u64, items: &[Item]) -> Option<&'static str> {
-        if over_budget(&self.materializer, self.memory_limit) {
-            return Some("the memory for buffers is taken");
-        }
         if !self.materializer.builder().row_groups_at_hand(epoch, g) {
             return Some("its row groups are not decoded yet");
         }

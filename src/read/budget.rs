@@ -1,0 +1,102 @@
+//! The memory budget, set, split and bounded here. `memory_limit`, less what a mount holds for
+//! good (its footers and dataset.json, refused past half of it), is the buffers' budget. Half of
+//! it holds decoded row groups; built batches and single tensors (for one-open readers) each
+//! take an eighth of the other half, or up to three eighths where their largest value needs it
+//! (that value and those built ahead of it); gather picks a sixty-fourth of it.
+//!
+//! Each memo evicts past its share, so together they never hold more than 0.89 of the budget;
+//! the rest is room for values still in use after a memo let them go (a batch being written, a
+//! tensor being copied to a reader). Work ahead of a reader goes only into these memos, so it
+//! needs no check of its own: the shares are the bound.
+
+/// What `memory_limit` leaves for the buffers once `held` bytes (footers, dataset.json) are
+/// held for good; `None` where those take more than half of it.
+pub fn buffers(memory_limit: u64, held: u64) -> Option<u64> {
+    (held <= memory_limit / 2).then(|| memory_limit - held)
+}
+
+/// The buffers' budget split among what holds memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Decoded row groups (mapped ones weigh nothing: their pages are the page cache's).
+    pub decoded: usize,
+    /// Built batches.
+    pub batches: usize,
+    /// Single tensors of batches.
+    pub tensors: usize,
+    /// Gather picks (which rows of which row groups a batch takes).
+    pub picks: usize,
+}
+
+impl Budget {
+    /// The split of `buffers` bytes, for batches of at most `largest_batch` bytes and tensors
+    /// of at most `largest_tensor`, `prefetch` of them built ahead of each reader.
+    pub fn split(buffers: u64, largest_batch: u64, largest_tensor: u64, prefetch: u64) -> Budget {
+        let half = buffers / 2;
+        Budget {
+            decoded: half as usize,
+            batches: memo_bytes(half, largest_batch, prefetch),
+            tensors: memo_bytes(half, largest_tensor, prefetch),
+            picks: (half / 64) as usize,
+        }
+    }
+
+    /// The most the memos hold together.
+    pub fn total(&self) -> u64 {
+        (self.decoded + self.batches + self.tensors + self.picks) as u64
+    }
+}
+
+/// The bytes a memo of built batches (or of single tensors) may hold, of `half` the buffers:
+/// an eighth, or more where its largest value is large (up to three eighths), so that it holds
+/// the value being read and those built ahead of it. A batch file or one-open file read
+/// through the daemon is read in pieces, each served from the value held: one too large to
+/// hold (a batch of 1,024 images of 150 KB, against the eighth of 1 GB) was built again for
+/// every piece.
+fn memo_bytes(half: u64, largest: u64, prefetch: u64) -> usize {
+    let wanted = largest.saturating_mul(prefetch + 2).min(3 * half / 8);
+    (half / 8).max(wanted) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shares_stay_within_the_budget_whatever_the_values() {
+        for buffers in [0, 1, 4096, 1 << 30, 48 << 30, u64::MAX / 4] {
+            for largest in [0, 1, 278 << 10, 150 << 20, 1 << 40, u64::MAX] {
+                for prefetch in [0, 1, 8, 1 << 20] {
+                    let b = Budget::split(buffers, largest, largest / 4, prefetch);
+                    assert!(
+                        b.total() as f64 <= buffers as f64 * 0.89,
+                        "{b:?} of {buffers}"
+                    );
+                    assert!(b.batches as u64 >= buffers / 16 && b.decoded as u64 == buffers / 2);
+                }
+            }
+        }
+        // Room for the batch being read and those built ahead, where the budget allows.
+        let b = Budget::split(1 << 30, 10 << 20, 1 << 20, 8);
+        assert_eq!(b.batches, 100 << 20);
+        assert_eq!(b.tensors, 64 << 20);
+    }
+
+    #[test]
+    fn memos_of_large_batches_hold_those_read_and_built_ahead() {
+        const MIB: u64 = 1 << 20;
+        // Small batches: an eighth of the half.
+        assert_eq!(memo_bytes(1024 * MIB, 278 << 10, 8), 128 << 20);
+        // 154 MB batches at prefetch=8: as many as three eighths hold (two).
+        assert_eq!(memo_bytes(1024 * MIB, 154_000_000, 8), 384 << 20);
+        // 16 MiB batches at prefetch=1: the one read and two ahead.
+        assert_eq!(memo_bytes(128 * MIB, 16 * MIB, 1), 48 << 20);
+    }
+
+    #[test]
+    fn footers_and_dataset_json_may_take_half_the_limit() {
+        assert_eq!(buffers(1000, 400), Some(600));
+        assert_eq!(buffers(1000, 500), Some(500));
+        assert_eq!(buffers(1000, 501), None);
+    }
+}
