@@ -33,7 +33,7 @@
 use crate::cache::{DiskCache, Stamp};
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
-use crate::read::plan::Batches;
+use crate::read::plan::{Batches, Chain};
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -432,7 +432,7 @@ impl Ahead {
             FileKind::Safetensors => vec![kind],
             FileKind::Npy(t) => {
                 let mut read = self.npy_read.lock().unwrap();
-                let tensors = read.entry(chain(dir)).or_default();
+                let tensors = read.entry(dir.chain()).or_default();
                 tensors.insert(t);
                 tensors.iter().map(|&t| FileKind::Npy(t)).collect()
             }
@@ -650,20 +650,9 @@ pub enum Opening {
     Daemon,
 }
 
-/// The directories that are one another's next epochs: the epochs' (`None`), or one rank's
-/// (its rank and world size).
-type Chain = Option<(u64, u64)>;
-
-fn chain(dir: Batches) -> Chain {
-    match dir {
-        Batches::Epoch(_) => None,
-        Batches::Rank { rank, world, .. } => Some((rank, world)),
-    }
-}
-
 /// Whether two keys are the same directory's file in different epochs.
 fn same_chain(a: &Key, b: &Key) -> bool {
-    a.kind == b.kind && chain(a.dir) == chain(b.dir)
+    a.kind == b.kind && a.dir.chain() == b.dir.chain()
 }
 
 /// Whether `a`'s epoch is before `b`'s.

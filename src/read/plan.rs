@@ -621,6 +621,10 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The directories that are one another's next epochs, as one reader goes from epoch to
+/// epoch: the epochs' (`None`), or one rank's views (its rank and world size).
+pub type Chain = Option<(u64, u64)>;
+
 /// A directory of batches: an epoch, or a rank's view of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Batches {
@@ -635,6 +639,14 @@ impl Batches {
         match *self {
             Batches::Epoch(e) => (e, j),
             Batches::Rank { epoch, rank, world } => (epoch, rank + j * world),
+        }
+    }
+
+    /// The directories this one is an epoch of.
+    pub fn chain(&self) -> Chain {
+        match *self {
+            Batches::Epoch(_) => None,
+            Batches::Rank { rank, world, .. } => Some((rank, world)),
         }
     }
 

@@ -17,7 +17,7 @@
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
-use crate::read::plan::{Batches, Plan};
+use crate::read::plan::{Batches, Chain, Plan};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -321,17 +321,6 @@ const PAUSE_BUSY: Duration = Duration::from_millis(10);
 const PAUSE: Duration = Duration::from_millis(250);
 const GIVE_UP: Duration = Duration::from_secs(30);
 
-/// A reader's directories from epoch to epoch: its epoch directories (`None`), or one rank's
-/// views (rank, world).
-type Chain = Option<(u64, u64)>;
-
-fn chain(dir: Batches) -> Chain {
-    match dir {
-        Batches::Epoch(_) => None,
-        Batches::Rank { rank, world, .. } => Some((rank, world)),
-    }
-}
-
 /// The batch files of the epoch a reader comes to next, built while the reader is idle in the
 /// epoch before (a pause for an evaluation or a checkpoint, the time a slow training step
 /// leaves between reads): a shuffled epoch's files are built when they are first needed either
@@ -449,7 +438,7 @@ impl NextEpoch {
         if let Some(Walk {
             state: WalkState::Going(pace),
             ..
-        }) = walks.get(&chain(dir))
+        }) = walks.get(&dir.chain())
         {
             pace.step();
         }
@@ -461,7 +450,7 @@ impl NextEpoch {
         if dir.global(0).0 == 0 && i * 2 < plan.count(dir) {
             return;
         }
-        let from = match walks.get(&chain(dir)) {
+        let from = match walks.get(&dir.chain()) {
             Some(w) if w.dir == next => match w.state {
                 WalkState::Stalled { at } => at,
                 WalkState::Going(_) | WalkState::Done => return,
@@ -483,13 +472,13 @@ impl NextEpoch {
         };
         let pace = Arc::new(Pace::new());
         let state = WalkState::Going(pace.clone());
-        walks.insert(chain(dir), Walk { dir: next, state });
+        walks.insert(dir.chain(), Walk { dir: next, state });
         drop(walks);
         let (me, kinds) = (self.clone(), kinds.to_vec());
         runtime.spawn(async move {
             let end = me.walk(dir, next, &kinds, from, &pace).await;
             let mut walks = me.walks.lock().unwrap();
-            if let Some(w) = walks.get_mut(&chain(next))
+            if let Some(w) = walks.get_mut(&next.chain())
                 && w.dir == next
             {
                 w.state = end;

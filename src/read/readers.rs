@@ -9,7 +9,7 @@
 //! last.
 
 use crate::read::layout::FileKind;
-use crate::read::plan::Batches;
+use crate::read::plan::{Batches, Chain};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -140,13 +140,22 @@ impl Readers {
     }
 
     /// Where the readers still reading are, as (epoch, global batch): those that moved in the
-    /// last [`IDLE`] and are not at their directory's last batch (of `count(dir)`); where none
-    /// is, the one that moved last; where nobody has read, the start.
+    /// last [`IDLE`], are not at their directory's last batch (of `count(dir)`), and whose
+    /// chain of directories has nobody in a later epoch (a reader that went on to the next
+    /// epoch left the one before behind, wherever it last read in it: loader workers finish an
+    /// epoch out of order); where none is, the one that moved last; where nobody has read, the
+    /// start.
     pub fn reading(&self, count: impl Fn(Batches) -> u64) -> Vec<(u64, u64)> {
         let state = self.state.lock().unwrap();
         let now = Instant::now();
+        let mut latest: HashMap<Chain, u64> = HashMap::new();
+        for dir in state.dirs.keys() {
+            let e = latest.entry(dir.chain()).or_default();
+            *e = (*e).max(dir.global(0).0);
+        }
         let mut reading: Vec<(u64, u64)> = (state.dirs.iter())
             .filter(|(dir, r)| now - r.moved < IDLE && r.at + 1 < count(**dir))
+            .filter(|(dir, _)| latest[&dir.chain()] == dir.global(0).0)
             .map(|(dir, r)| dir.global(r.at))
             .collect();
         if reading.is_empty() {
@@ -245,26 +254,28 @@ mod tests {
         let count = |_: Batches| 100;
         assert_eq!(readers.reading(count), vec![(0, 0)]);
         let st = FileKind::Safetensors;
-        let (e0, e1) = (Batches::Epoch(0), Batches::Epoch(1));
-        step(&readers, file(e0, 10, st));
-        step(&readers, file(e1, 3, st));
-        assert_eq!(readers.reading(count), vec![(0, 10), (1, 3)]);
-        // Whichever asked last, the same readers.
-        step(&readers, file(e0, 10, st));
-        assert_eq!(readers.reading(count), vec![(0, 10), (1, 3)]);
-        // A reader at its directory's last batch has read it.
-        step(&readers, file(e0, 99, st));
-        assert_eq!(readers.reading(count), vec![(1, 3)]);
-        step(&readers, file(e1, 99, st));
-        assert_eq!(readers.reading(count), vec![(1, 99)]);
-        // A rank view's positions are global batches of its epoch.
-        let rank = Batches::Rank {
-            epoch: 2,
+        // Two readers: of epoch 0's directory, and of rank 1 of 4's view of epoch 1.
+        let e0 = Batches::Epoch(0);
+        let rank = |epoch| Batches::Rank {
+            epoch,
             rank: 1,
             world: 4,
         };
-        step(&readers, file(rank, 0, st));
-        assert_eq!(readers.reading(count), vec![rank.global(0)]);
+        step(&readers, file(e0, 10, st));
+        step(&readers, file(rank(1), 3, st));
+        assert_eq!(readers.reading(count), vec![(0, 10), rank(1).global(3)]);
+        // Whichever asked last, the same readers.
+        step(&readers, file(e0, 10, st));
+        assert_eq!(readers.reading(count), vec![(0, 10), rank(1).global(3)]);
+        // A reader at its directory's last batch has read it.
+        step(&readers, file(rank(1), 99, st));
+        assert_eq!(readers.reading(count), vec![(0, 10)]);
+        // A reader that goes on to its next epoch leaves the one before behind, wherever it
+        // last read there.
+        step(&readers, file(Batches::Epoch(1), 0, st));
+        assert_eq!(readers.reading(count), vec![(1, 0)]);
+        step(&readers, file(rank(2), 0, st));
+        assert_eq!(readers.reading(count), vec![(1, 0), rank(2).global(0)]);
     }
 
     #[test]
