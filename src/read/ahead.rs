@@ -826,8 +826,8 @@ impl Job {
             }
         };
         let header = self.layout.header(kind, rows);
-        let tensors = (self.layout.tensors_of(kind))
-            .map(|t| (t, self.layout.tensor_range(kind, rows, t).start, 0))
+        let tensors = (self.layout.tensor_ranges(kind, rows))
+            .map(|(t, range)| (t, range.start, 0))
             .collect();
         Ok(Some(Building {
             key,

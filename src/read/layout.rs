@@ -313,13 +313,24 @@ impl Layout {
 
     /// Where tensor `t`'s data lies in a file `kind` of `rows` rows (which must hold it).
     pub fn tensor_range(&self, kind: FileKind, rows: u64, t: usize) -> std::ops::Range<u64> {
-        let before: u64 = self
-            .tensors_of(kind)
-            .take_while(|&u| u != t)
-            .map(|u| rows * self.row_bytes(u))
-            .sum();
-        let start = self.header_len(kind, rows) + before;
-        start..start + rows * self.row_bytes(t)
+        (self.tensor_ranges(kind, rows))
+            .find_map(|(u, range)| (u == t).then_some(range))
+            .expect("a tensor of the file")
+    }
+
+    /// Each tensor of a file `kind` of `rows` rows, with where its data lies, in file order
+    /// (the header, which a safetensors file builds to know its length, built once).
+    pub fn tensor_ranges(
+        &self,
+        kind: FileKind,
+        rows: u64,
+    ) -> impl Iterator<Item = (usize, std::ops::Range<u64>)> + '_ {
+        let mut start = self.header_len(kind, rows);
+        self.tensors_of(kind).map(move |t| {
+            let range = start..start + rows * self.row_bytes(t);
+            start = range.end;
+            (t, range)
+        })
     }
 
     /// What a read of `size` bytes at `offset` of one-open file `kind` of `rows` rows (batches
@@ -339,8 +350,7 @@ impl Layout {
         if offset < header {
             out.push(Span::Header(offset..end.min(header)));
         }
-        for t in self.tensors_of(kind) {
-            let range = self.tensor_range(kind, rows, t);
+        for (t, range) in self.tensor_ranges(kind, rows) {
             let per_batch = batch_size * self.row_bytes(t);
             let mut at = offset.max(range.start);
             while at < end.min(range.end) {
