@@ -844,9 +844,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         if let Some(w) = &mut watcher {
             w.watch(mountpoint);
         }
-        if kernel_opens {
-            fs.store_in(PageCache::new(session.notifier(), mountpoint));
-        }
+        fs.store_in(PageCache::new(session.notifier(), mountpoint), kernel_opens);
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }

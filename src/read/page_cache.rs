@@ -1,3 +1,12 @@
+//! The batch files of a shuffled epoch are read once: they are stored in the kernel's page cache
+//! of the files a reader opens (`FUSE_NOTIFY_STORE`), never written to the local SSD (which
+//! keeps the decoded columns they are gathered from). A file read again comes from the page
+//! cache, kept across opens; pages the kernel drops under memory pressure are read from the
+//! daemon again, from the same bytes. With the daemon answering opens, an open stores its file
+//! (by inode, which the kernel knows then) unless it is stored already; the walk through a
+//! reader's next epoch stores files ahead ([`crate::read::prefetch`]). Measured (issue 31): a
+//! batch file written to the SSD cost about 1.1 ms of CPU, against the copy a store is.
+//!
 //! `opens=kernel`: the kernel answers every open of the mount alone, and reads come from the
 //! mount's own page cache, which the prefetcher fills ahead of the reader.
 //!
@@ -15,7 +24,7 @@
 //! (the header's, the data starts at 4096) is left out: the reader's read of it is a round trip
 //! that says where it is, paid once for those few files.
 
-use crate::read::builder::Builder;
+use crate::read::builder::{Batch, Builder};
 use crate::read::layout::{FileKind, Layout, dir_name};
 use crate::read::plan::Batches;
 use crate::stats::Stats;
@@ -50,8 +59,20 @@ impl PageCache {
         // The kernel stores pages only for an inode it knows; looking the name up makes it known
         // (and a reader's lookup of it then costs no round trip either).
         let ino = std::fs::metadata(self.mountpoint.join(name))?.ino();
+        self.store_ino(ino, from, bytes)
+    }
+
+    /// Stores `bytes` at offset `from` of inode `ino`, which the kernel knows (one it is
+    /// opening); the kernel ignores a store to an inode it no longer holds.
+    pub fn store_ino(&self, ino: u64, from: u64, bytes: &[u8]) -> std::io::Result<()> {
         self.notifier.store(INodeNo(ino), from, bytes)
     }
+}
+
+/// Where files are stored, and whether some first pages are left out.
+struct Stores {
+    page_cache: PageCache,
+    tripwires: bool,
 }
 
 /// Files in the page cache by the name a reader opens: a directory's batch `j`, file `kind`.
@@ -61,16 +82,24 @@ type Name = (Batches, u64, FileKind);
 /// reader's prefetch depth, far more than are ever near a reader at once.
 const REMEMBERED: usize = 1 << 16;
 
-/// What the prefetcher stores in the page cache for readers: with `opens=kernel` (a
-/// [`PageCache`] set), each file it builds for a reader is gathered in memory and stored there,
-/// not written to the cache on disk (a shuffled epoch's file is read once: written and read back
-/// it would cost two copies more). A read the page cache misses is answered by the daemon from
-/// the same batch.
+/// The batch files stored in the page cache for readers (where a [`PageCache`] is set): each is
+/// gathered in memory and stored there, not written to the cache on disk (a shuffled epoch's
+/// file is read once: written and read back it would cost two copies more). A read the page
+/// cache misses is answered by the daemon from the same batch.
 pub struct Filler {
-    kernel: OnceLock<PageCache>,
+    kernel: OnceLock<Stores>,
     builder: Arc<Builder>,
     layout: Arc<Layout>,
-    stored: Mutex<LruCache<Name, ()>>,
+    stored: Mutex<LruCache<Name, Stored>>,
+}
+
+/// How far the store of a file is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    /// Claimed, or stored but for a tripwire page.
+    Under,
+    /// Stored whole.
+    Done,
 }
 
 impl Filler {
@@ -85,14 +114,43 @@ impl Filler {
         }
     }
 
-    /// From now on, files are stored in `page_cache`.
-    pub fn set(&self, page_cache: PageCache) {
-        let _ = self.kernel.set(page_cache);
+    /// From now on, files are stored in `page_cache`; with `tripwires` (`opens=kernel`, where
+    /// no open tells where a reader is) the prefetcher leaves some first pages out.
+    pub fn set(&self, page_cache: PageCache, tripwires: bool) {
+        let _ = self.kernel.set(Stores {
+            page_cache,
+            tripwires,
+        });
     }
 
-    /// Whether files are stored in the page cache (`opens=kernel`) rather than written.
+    /// Whether files are stored in the page cache rather than written.
     pub fn on(&self) -> bool {
         self.kernel.get().is_some()
+    }
+
+    /// Whether the prefetcher stores the files it builds for a reader, some with a tripwire
+    /// page left out (`opens=kernel`); else it builds them in memory, for their opens to store.
+    pub fn tripwires(&self) -> bool {
+        self.kernel.get().is_some_and(|k| k.tripwires)
+    }
+
+    /// Stores file `kind` of `batch` (batch `j` of `dir`) whole in the page cache of inode
+    /// `ino`, which a reader is opening, on the calling thread, the reply to the open after it.
+    /// The caller makes sure no read of `ino` is under way: the kernel's store waits for the
+    /// pages such a read holds, whose answer a FUSE thread storing here could not take.
+    pub fn store_opened(&self, ino: u64, dir: Batches, j: u64, kind: FileKind, batch: &Batch) {
+        let Some(kernel) = self.kernel.get() else {
+            return;
+        };
+        let bytes = batch.file_from(&self.layout, kind, 0);
+        match kernel.page_cache.store_ino(ino, 0, &bytes) {
+            Ok(()) => {
+                self.done(dir, j, kind);
+                Stats::add(&self.builder.stats().c.page_cache_stores, 1);
+            }
+            // Its reads are served by the daemon instead.
+            Err(e) => tracing::debug!("storing {} batch {j}: {e}", dir_name(dir)),
+        }
     }
 
     /// Whether file `kind` of batch `j` of `dir` is stored (or being stored).
@@ -100,13 +158,26 @@ impl Filler {
         self.stored.lock().unwrap().contains(&(dir, j, kind))
     }
 
+    /// Whether file `kind` of batch `j` of `dir` is stored, the store ended.
+    pub fn stored(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        self.stored.lock().unwrap().peek(&(dir, j, kind)) == Some(&Stored::Done)
+    }
+
     /// Takes file `kind` of batch `j` of `dir` to store: false if it is stored or being stored.
     pub fn claim(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        let mut stored = self.stored.lock().unwrap();
+        if stored.contains(&(dir, j, kind)) {
+            return false;
+        }
+        stored.put((dir, j, kind), Stored::Under);
+        true
+    }
+
+    fn done(&self, dir: Batches, j: u64, kind: FileKind) {
         self.stored
             .lock()
             .unwrap()
-            .put((dir, j, kind), ())
-            .is_none()
+            .put((dir, j, kind), Stored::Done);
     }
 
     /// Stores the file claimed, from byte `from` on (past a tripwire page, or 0): its batch
@@ -115,7 +186,12 @@ impl Filler {
     pub async fn fill(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Result<()> {
         let done = self.store(dir, j, kind, from).await;
         match &done {
-            Ok(()) => Stats::add(&self.builder.stats().c.page_cache_stores, 1),
+            Ok(()) => {
+                if from == 0 {
+                    self.done(dir, j, kind);
+                }
+                Stats::add(&self.builder.stats().c.page_cache_stores, 1)
+            }
             Err(_) => {
                 self.stored.lock().unwrap().pop(&(dir, j, kind));
             }
@@ -127,12 +203,12 @@ impl Filler {
         let Some(kernel) = self.kernel.get() else {
             return Ok(());
         };
+        let kernel = kernel.page_cache.clone();
         let (epoch, g) = dir.global(j);
         let batch = self.builder.batch(epoch, g).await?;
         let bytes = batch.file_from(&self.layout, kind, from);
         drop(batch);
         let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
-        let kernel = kernel.clone();
         tokio::task::spawn_blocking(move || kernel.store(&name, from, &bytes))
             .await
             .map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))?

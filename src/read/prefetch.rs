@@ -56,7 +56,7 @@ pub struct Prefetcher {
     /// Items being prefetched now.
     scheduled: Arc<Mutex<HashSet<Item>>>,
     next_epoch: Arc<NextEpoch>,
-    /// With `opens=kernel`: the files built for a reader go into the page cache.
+    /// Where epochs are shuffled: the files built for a reader go into the page cache.
     filler: Arc<Filler>,
 }
 
@@ -91,9 +91,15 @@ impl Prefetcher {
     }
 
     /// From now on, the files built for a reader are stored in the kernel's page cache of the
-    /// files it opens, instead of written to the cache (`opens=kernel`).
-    pub fn store_in(&self, page_cache: PageCache) {
-        self.filler.set(page_cache);
+    /// files it opens, instead of written to the cache; with `tripwires` (`opens=kernel`) the
+    /// prefetcher stores them itself, else their opens do.
+    pub fn store_in(&self, page_cache: PageCache, tripwires: bool) {
+        self.filler.set(page_cache, tripwires);
+    }
+
+    /// What stores the files of shuffled epochs in the page cache.
+    pub fn filler(&self) -> &Arc<Filler> {
+        &self.filler
     }
 
     fn plan(&self) -> &Plan {
@@ -140,8 +146,15 @@ impl Prefetcher {
                 }
                 continue;
             }
+            if self.filler.on() && !self.filler.tripwires() {
+                // Its opens store the files from the batch in memory.
+                if !kinds.iter().all(|&k| self.filler.has(d, j, k)) {
+                    self.build_batch(epoch, batch);
+                }
+                continue;
+            }
             for &kind in kinds {
-                if self.filler.on() {
+                if self.filler.tripwires() {
                     self.fill(d, j, kind, stored_from(j, self.depth / 2));
                     continue;
                 }
@@ -197,6 +210,27 @@ impl Prefetcher {
     fn on_disk(&self, epoch: u64, batch: u64) -> bool {
         let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
         self.materializer.contains(item)
+    }
+
+    /// Builds batch `batch` of `epoch` in memory, once however many readers want it.
+    fn build_batch(&self, epoch: u64, batch: u64) {
+        let builder = self.materializer.builder().clone();
+        // The batch's .safetensors item stands for it in the set of what is scheduled.
+        let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
+        if builder.has_batch(epoch, batch) || !self.scheduled.lock().unwrap().insert(item) {
+            return;
+        }
+        let scheduled = self.scheduled.clone();
+        Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
+        self.runtime.spawn(async move {
+            if let Err(e) = builder.batch(epoch, batch).await {
+                tracing::warn!(
+                    "prefetch of epoch {epoch} batch {batch}: {}",
+                    crate::describe(&e)
+                );
+            }
+            scheduled.lock().unwrap().remove(&item);
+        });
     }
 
     /// Gathers tensor `t` of batch `batch` of `epoch` into memory, once however many readers
@@ -270,7 +304,7 @@ impl Prefetcher {
             return self.materializer.builder().holds_any_of(epoch, batch)
                 || self.on_disk(epoch, batch);
         }
-        kinds.iter().all(|&k| self.next_epoch.has(dir, j, k))
+        kinds.iter().all(|&k| self.next_epoch.ready(dir, j, k))
     }
 
     /// Each reader's position and how many of the batches it reads next are materialised.
@@ -412,8 +446,20 @@ impl Pace {
 }
 
 impl NextEpoch {
-    /// Whether file `kind` of batch `j` of `dir` is ready for its reader: in the cache, or, with
-    /// `opens=kernel`, stored in the page cache.
+    /// Whether file `kind` of batch `j` of `dir` is ready for its reader's open: [`Self::has`],
+    /// or, where opens store the files, its batch in memory.
+    fn ready(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        if self.has(dir, j, kind) {
+            return true;
+        }
+        let (epoch, g) = dir.global(j);
+        self.filler.on()
+            && !self.filler.tripwires()
+            && self.materializer.builder().has_batch(epoch, g)
+    }
+
+    /// Whether file `kind` of batch `j` of `dir` is built for its reader: in the cache, or
+    /// stored in the page cache.
     fn has(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         if self.filler.on() {
             return self.filler.has(dir, j, kind);
@@ -541,7 +587,10 @@ impl NextEpoch {
                     if !self.filler.claim(dir, j, kind) {
                         continue;
                     }
-                    let from = stored_from(j, WALK_TRIPWIRES);
+                    let from = match self.filler.tripwires() {
+                        true => stored_from(j, WALK_TRIPWIRES),
+                        false => 0,
+                    };
                     match self.filler.fill(dir, j, kind, from).await {
                         Ok(()) => Stats::add(&stats.c.next_epoch_files_built, 1),
                         Err(e) => {
@@ -578,7 +627,7 @@ impl NextEpoch {
         };
         let plan = self.materializer.plan();
         (ahead(plan, dir, at, self.depth).into_iter())
-            .all(|(d, j)| kinds.iter().all(|&k| self.has(d, j, k)))
+            .all(|(d, j)| kinds.iter().all(|&k| self.ready(d, j, k)))
     }
 
     /// Why batch `g` of `epoch`, whose files `items` are missing, is not built now, if it

@@ -37,7 +37,8 @@ const STATS_JSON_STEP: u64 = 4096;
 pub const PATH_XATTR: &str = "user.tensorfs.path";
 /// The extended attribute `tensorfs warm` asks of a one-open file: its build started (or the
 /// file an earlier mount kept checked) where nothing of it is known yet, and how far it is:
-/// `ready`, `skipped` (no room, failed, or stopped by a reader), or the part done (0 to 1).
+/// `ready`, `skipped` (no room, failed, or stopped by a reader), or the part done (0 to 1). Of a
+/// batch file: materialised on the cache (`ready`) or not (`skipped`: no room), once asked.
 /// Not listed: it is a request, not an attribute.
 pub const WARM_XATTR: &str = "user.tensorfs.warm";
 /// How long a backing file handed out by path stays pinned in the cache.
@@ -617,10 +618,71 @@ impl Fs {
         ino == STATS_JSON_INO || (ino == DATASET_JSON_INO && self.touched_at.is_some())
     }
 
-    /// From now on, batch files built for a reader are stored in the kernel's page cache of
-    /// the files it opens (`opens=kernel`).
-    pub fn store_in(&self, page_cache: crate::read::page_cache::PageCache) {
-        self.prefetcher.store_in(page_cache);
+    /// From now on, the batch files of shuffled epochs (every file, with `opens=kernel`) are
+    /// stored in the kernel's page cache of the files readers open, not written to the local
+    /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
+    /// (`shuffle=none`) they are read every epoch, and written.
+    pub fn store_in(&self, page_cache: crate::read::page_cache::PageCache, kernel_opens: bool) {
+        if kernel_opens || !self.plan().epochs_repeat() {
+            self.prefetcher.store_in(page_cache, kernel_opens);
+        }
+    }
+
+    /// Where batch file `ino` is stored in the page cache by its opens, not written: its
+    /// directory, batch and file. Not a file the cache holds (one `tensorfs warm` or a GPUDirect
+    /// reader asked for), which its open checks and reads by passthrough.
+    pub fn stored_by_opens(&self, ino: u64) -> Option<(Batches, u64, FileKind)> {
+        let filler = self.prefetcher.filler();
+        if !filler.on() || filler.tripwires() {
+            return None;
+        }
+        let node = self.node(ino).ok()?;
+        if self.materializer.contains(self.item(node).ok()?) {
+            return None;
+        }
+        let (d, i, kind) = node.batch_file()?;
+        Some((self.dir(d).ok()?, i, kind))
+    }
+
+    /// For an open of batch file `ino` at `place` ([`Fs::stored_by_opens`]), answered at once:
+    /// true where its file is stored in the page cache already, or its batch is in memory (the
+    /// prefetcher's), whose file is then stored if `store`. False: its batch must be built
+    /// first ([`Fs::store_built`]). The caller follows the reader once it answered.
+    pub fn store_at_hand(&self, ino: u64, place: (Batches, u64, FileKind), store: bool) -> bool {
+        let (dir, i, kind) = place;
+        let filler = self.prefetcher.filler();
+        if filler.stored(dir, i, kind) {
+            return true;
+        }
+        let (epoch, g) = dir.global(i);
+        let Some(batch) = self.materializer.builder().batch_at_hand(epoch, g) else {
+            return false;
+        };
+        if store {
+            filler.store_opened(ino, dir, i, kind, &batch);
+        }
+        true
+    }
+
+    /// As [`Fs::store_at_hand`], its batch built first: for an open that waits.
+    pub async fn store_built(
+        &self,
+        ino: u64,
+        place: (Batches, u64, FileKind),
+        store: impl FnOnce() -> bool,
+    ) -> Result<()> {
+        let (dir, i, kind) = place;
+        self.follow(Event::at(dir, i, What::File(kind)));
+        let filler = self.prefetcher.filler();
+        if filler.stored(dir, i, kind) {
+            return Ok(());
+        }
+        let (epoch, g) = dir.global(i);
+        let batch = self.batch(epoch, g).await?;
+        if store() {
+            filler.store_opened(ino, dir, i, kind, &batch);
+        }
+        Ok(())
     }
 
     /// A read of a file nobody opened through the daemon (`opens=kernel`: the kernel answers
@@ -810,10 +872,18 @@ impl Fs {
                 .map(|path| path.into_os_string().into_encoded_bytes())
                 .ok_or(Error::answer(libc::ENODATA));
         }
-        if name != PATH_XATTR || !self.is_batch_file(ino) {
+        if !self.is_batch_file(ino) {
             return Err(Error::answer(libc::ENODATA));
         }
-        self.handed_out_path(self.node(ino)?).await
+        match name {
+            // `tensorfs warm`: the file kept on the local cache, where its opens find it.
+            WARM_XATTR => Ok(match self.materialize(ino).await? {
+                Some(_) => "ready".into(),
+                None => "skipped".into(),
+            }),
+            PATH_XATTR => self.handed_out_path(self.node(ino)?).await,
+            _ => Err(Error::answer(libc::ENODATA)),
+        }
     }
 
     /// Whether `ino` is a one-open file of the main tree.

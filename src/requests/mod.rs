@@ -18,6 +18,8 @@ pub mod open_files;
 
 use crate::error::{Error, Result};
 use crate::read::ahead::Opening;
+use crate::read::layout::FileKind;
+use crate::read::plan::Batches;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use futures::FutureExt;
@@ -166,6 +168,9 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                 Then::after(move || fs.follow_open(ino)),
             );
         }
+        if let Some(place) = self.fs.stored_by_opens(ino) {
+            return self.open_stored(ino, fh, place, registrar, started, span);
+        }
         let this = self.clone();
         let built = async move {
             let opened = match this.fs.materialize(ino).await {
@@ -173,6 +178,40 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                     let file = f.map(|(file, _)| Arc::new(file));
                     Ok(this.answer_batch(ino, fh, file, &registrar, started))
                 }
+                Err(e) => Err(e),
+            };
+            ((registrar, opened), Then::nothing())
+        };
+        Answer::Later(built.instrument(span).boxed())
+    }
+
+    /// A batch file of a shuffled epoch, read once: stored in the kernel's page cache (its
+    /// batch from memory, else built first) and answered with the pages kept, so its reads never
+    /// reach the daemon. Stored only while nobody else has the inode open: the store waits
+    /// for the pages a read under way holds, and that read's answer needs the thread storing.
+    fn open_stored<R: Registrar<Id = Id>>(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        place: (Batches, u64, FileKind),
+        registrar: R,
+        started: std::time::Instant,
+        span: tracing::Span,
+    ) -> Answer<(R, Result<Opened<Id>>)> {
+        let unopened = self.open_files.unopened(ino);
+        if span.in_scope(|| self.fs.store_at_hand(ino, place, unopened)) {
+            let opened = self.answer_batch(ino, fh, None, &registrar, started);
+            let fs = self.fs.clone();
+            return Answer::Now(
+                (registrar, Ok(opened)),
+                Then::after(move || fs.follow_open(ino)),
+            );
+        }
+        let this = self.clone();
+        let built = async move {
+            let unopened = || this.open_files.unopened(ino);
+            let opened = match this.fs.store_built(ino, place, unopened).await {
+                Ok(()) => Ok(this.answer_batch(ino, fh, None, &registrar, started)),
                 Err(e) => Err(e),
             };
             ((registrar, opened), Then::nothing())

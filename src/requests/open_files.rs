@@ -131,6 +131,13 @@ impl<B> OpenFiles<B> {
         (mode, refused)
     }
 
+    /// Whether inode `ino` is open by no one (so no read of it is under way).
+    pub fn unopened(&self, ino: u64) -> bool {
+        let s = self.state.lock().unwrap();
+        s.cached.get(&ino).copied().unwrap_or(0) == 0
+            && s.backing.get(&ino).and_then(Weak::upgrade).is_none()
+    }
+
     /// What reads of `fh` come from (nothing recorded: the daemon builds them).
     pub fn read_from(&self, fh: u64) -> ReadFrom {
         let s = self.state.lock().unwrap();

@@ -85,6 +85,13 @@ def cache_paths(cache: Path, pattern: str) -> list[Path]:
     return sorted(Path(p) for p in glob.glob(str(cache / "v1" / pattern)))
 
 
+def keep(m: tfs.Mount, epochs: str) -> None:
+    """Has the batch files of EPOCHS (e.g. '0', '0..2') written to the cache: `tensorfs warm`,
+    which asks for what a shuffled epoch's reader does not keep."""
+    proc = tfs.run(["warm", m.path, "--epochs", epochs, "--format", "both"])
+    assert proc.returncode == 0, proc.stderr
+
+
 def backing(m: tfs.Mount, rel: str) -> Path:
     """The cache file behind REL (e.g. 'epoch-0/000001.safetensors'), found by the layout."""
     found = cache_paths(m.cache, f"batches-*/{rel}")
@@ -95,9 +102,6 @@ def backing(m: tfs.Mount, rel: str) -> Path:
 META_XATTR = "user.tensorfs.meta"
 
 
-def meta_size(path: Path) -> int:
-    """Bytes of a batch file's meta (its length and crc32c): the extended attribute it carries."""
-    return len(os.getxattr(path, META_XATTR))
 
 
 def has_meta(path: Path) -> bool:
@@ -202,8 +206,11 @@ def test_stats_json_is_the_size_a_stat_reports(mounter, shuf_ds):
 # --------------------------------------------------------------------------------------------
 
 
-def test_warm_remount_reads_nothing_remote(mounter, main_ds):
-    opts = ("shuffle=window", "batch_size=512", "pad=tokens:8")
+@pytest.mark.parametrize("shuffle", ["window", "none"])
+def test_warm_remount_reads_nothing_remote(mounter, main_ds, shuffle):
+    """Remounted on its cache, a mount fetches and decodes nothing: a shuffled epoch is gathered
+    from the cached columns, and with shuffle=none the batch files themselves are kept."""
+    opts = (f"shuffle={shuffle}", "batch_size=512", "pad=tokens:8")
     a = mounter(main_ds.path, *opts)
     n = a.dataset()["batches_per_epoch"]
     rels = epoch_files(a, [0], n)
@@ -220,7 +227,8 @@ def test_warm_remount_reads_nothing_remote(mounter, main_ds):
     assert s["row_groups_decoded"] == 0, s
     assert s["remote_bytes"] == 0, s
     assert s["remote_requests"] == 0, s
-    assert s["batches_built"] == 0, s
+    if shuffle == "none":
+        assert s["batches_built"] == 0, s
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,8 +364,7 @@ def test_eviction_follows_the_plan(mounter, wide_ds):
     memory_limit is at its minimum (1M, under half the columns) so memory cannot hide the disk."""
     shuffle = "window"
     epochs = 4
-    # prefetch=2: the batch files kept ready ahead (the reader's and two more) fit the room
-    # left beside half the columns; a deeper prefetch would need a larger cache.
+    # A shuffled epoch's batch files are not written: the columns are all the cache holds.
     base = (f"shuffle={shuffle}", "batch_size=200", f"epochs={epochs}", "memory_limit=1M", "prefetch=2")
     probe = mounter(wide_ds.path, *base)
     n = probe.dataset()["batches_per_epoch"]
@@ -366,12 +373,10 @@ def test_eviction_follows_the_plan(mounter, wide_ds):
     cols = cache_paths(probe.cache, "cols-*/*.cols")
     assert cols, "no cols file written"
     cols_size = max(p.stat().st_size for p in cols)
-    st = backing(probe, "epoch-0/000000.safetensors")
-    batch_size = st.stat().st_size + meta_size(st)
     probe.unmount()
 
-    limit_k = math.ceil((rgs * cols_size / 2 + 3 * batch_size) / 1024)
-    print(f"{rgs} row groups, cols file {cols_size} B, batch file {batch_size} B -> cache_size={limit_k}K")
+    limit_k = math.ceil(rgs * cols_size / 2 / 1024)
+    print(f"{rgs} row groups, cols file {cols_size} B -> cache_size={limit_k}K")
     ref = mounter(wide_ds.path, *base)
     m = mounter(wide_ds.path, *base, f"cache_size={limit_k}K")
     decoded, hits = [], []
@@ -409,6 +414,8 @@ def test_faults_while_mounted(mounter, wide_ds):
     rels0 = epoch_files(m, [0], n)
     want0 = digests(ref, rels0)
     assert_same(digests(m, rels0), want0, "first read")
+    # Read once, a shuffled epoch's files are not written: `tensorfs warm` asks to keep them.
+    keep(m, "0")
 
     flipped = backing(m, "epoch-0/000000.safetensors")
     flip_byte(flipped, tfs.DATA_OFFSET + 17)
@@ -447,6 +454,7 @@ def test_faults_between_mounts(mounter, shuf_ds):
     rels0 = epoch_files(a, [0])
     want0 = digests(ref, rels0)
     assert_same(digests(a, rels0), want0, "first read")
+    keep(a, "0")
     paths = {r: backing(a, r) for r in rels0}
     a.unmount()
 
@@ -548,11 +556,12 @@ def test_full_disk_serves_from_memory(mounter, shuf_ds, tmp_path):
     ref = mounter(shuf_ds.path, *base)
     rels = epoch_files(ref, range(3))
     want = digests(ref, rels)
-    assert data_size(ref.cache) > 512 * 1024, "the data must not fit the small disk"
+    # The columns are what the cache keeps of shuffled epochs.
+    assert data_size(ref.cache) > 64 * 1024, "the data must not fit the small disk"
 
     small = tmp_path / "small"
     small.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
     m = None
@@ -578,8 +587,23 @@ def test_full_disk_serves_from_memory(mounter, shuf_ds, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
+def test_a_shuffled_file_read_again_comes_from_the_page_cache(mounter, shuf_ds):
+    """Read once, a shuffled epoch's batch file is not written to the cache; read again, it
+    comes from the kernel's page cache, kept across opens: no read reaches the daemon."""
     m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}")
+    rel = "epoch-0/000004.safetensors"
+    first = tfs.read_exact(m.p(rel))
+    s1 = tfs.stats(m)
+    assert tfs.read_exact(m.p(rel)) == first
+    s2 = tfs.stats(m)
+    assert s2["daemon_reads"] == s1["daemon_reads"] and s2["opens"] > s1["opens"], (s1, s2)
+    assert s2["batch_files_written"] == 0 and not cache_paths(m.cache, "batches-*/**/*.safetensors"), s2
+
+
+def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
+    """shuffle=none: every epoch reads the same files, so they are written to the cache, and
+    opened by passthrough."""
+    m = mounter(shuf_ds.path, "shuffle=none", f"batch_size={BS}")
     rel = "epoch-0/000004.safetensors"
     first = tfs.read_exact(m.p(rel))
     s1 = tfs.stats(m)
@@ -591,7 +615,7 @@ def test_passthrough_bypasses_the_daemon(mounter, shuf_ds):
     assert s2["passthrough_opens"] > s1["passthrough_opens"], (s1, s2)
     assert s2["daemon_reads"] == s1["daemon_reads"], f"a passthrough read reached the daemon: {s1} -> {s2}"
 
-    off = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "passthrough=off")
+    off = mounter(shuf_ds.path, "shuffle=none", f"batch_size={BS}", "passthrough=off")
     assert tfs.read_exact(off.p(rel)) == first
     so = tfs.stats(off)
     assert so["daemon_reads"] > 0 and so["daemon_read_bytes"] >= len(first), so
@@ -676,6 +700,7 @@ def test_cache_is_private(mounter, shuf_ds):
     finally:
         os.umask(old)
     digests(m, epoch_files(m, [0, 1]))
+    keep(m, "0..2")
     mode = stat.S_IMODE(os.stat(m.cache).st_mode)
     assert mode == 0o700, f"cache dir mode {oct(mode)}"
     seen, bad = 0, []

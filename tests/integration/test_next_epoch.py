@@ -1,8 +1,10 @@
 """The batch files of a reader's next epoch built in idle time (src/read/prefetch.rs, NextEpoch): a
-reader of a shuffled epoch's batch files has the same directory's next epoch built on the local
-cache while it reads, so that it reads the next epoch as a warm one, however fast it comes. The
-bytes are those any mount builds; nothing is built past the listed epochs, with shuffle=none
-(whose epochs share their files) or with prefetch=0."""
+reader of a shuffled epoch's batch files has the same directory's next epoch stored in the
+kernel's page cache while it reads, so that it reads the next epoch as a warm one, however fast
+it comes. A shuffled epoch's batch files are read once: none is written to the local cache
+(src/read/page_cache.rs), unless `tensorfs warm` asks for it. The bytes are those any mount
+builds; nothing is built past the listed epochs, with shuffle=none (whose epochs share their
+files) or with prefetch=0."""
 
 import glob
 import os
@@ -25,16 +27,21 @@ def cached(m: tfs.Mount, epoch: int, pattern: str = "*.safetensors") -> list[str
     return glob.glob(str(m.cache / "v1" / "batches-*" / f"epoch-{epoch}" / "**" / pattern), recursive=True)
 
 
-def inodes(m: tfs.Mount, epoch: int, pattern: str = "*.safetensors") -> dict[str, int]:
-    return {p: os.stat(p).st_ino for p in cached(m, epoch, pattern)}
-
-
-def wait_cached(m: tfs.Mount, epoch: int, n: int, pattern: str = "*.safetensors") -> dict:
-    """The counters once the cache holds N files PATTERN of EPOCH (or after a minute)."""
+def wait_built(m: tfs.Mount, n: int) -> dict:
+    """The counters once N files have been built ahead (or after a minute)."""
     deadline = time.monotonic() + 60
-    while len(cached(m, epoch, pattern)) < n and time.monotonic() < deadline:
+    while tfs.stats(m)["next_epoch_files_built"] < n and time.monotonic() < deadline:
         time.sleep(0.05)
     return tfs.stats(m)
+
+
+def read_warm(m: tfs.Mount, rel_dir: str, n: int, name: str = "{}.safetensors") -> dict[str, str]:
+    """READ_BATCHES, asserting that every read came from the page cache (none reached the daemon)."""
+    before = tfs.stats(m)
+    got = read_batches(m, rel_dir, n, name)
+    after = tfs.stats(m)
+    assert after["daemon_reads"] == before["daemon_reads"], (before, after)
+    return got
 
 
 # prefetch=2: the prefetcher builds the next epoch's first two batches as the reader comes to
@@ -49,19 +56,19 @@ def test_the_next_epochs_batch_files_are_built_ahead_and_read_warm(mounter, shuf
     ref = mounter(shuf_ds.path, *opts, "prefetch=0")
     got = read_batches(m, "epoch-0", N)
     # Epoch 1's files, built while epoch 0 was read (from its middle on) and after.
-    s = wait_cached(m, 1, N)
-    assert len(cached(m, 1)) == N, s
+    s = wait_built(m, N - DEPTH)
     assert s["next_epoch_files_built"] >= N - DEPTH, s
-    # Read now, every one of them is the file the cache holds: none is built for its open.
-    before = inodes(m, 1)
-    got.update(read_batches(m, "epoch-1", N))
-    assert inodes(m, 1) == before
+    # Read now, every one of them comes from the page cache.
+    got.update(read_warm(m, "epoch-1", N))
     # Reading epoch 1 has epoch 2's built; nothing past the listed epochs.
-    s = wait_cached(m, 2, N)
-    assert len(cached(m, 2)) == N and s["next_epoch_files_built"] >= 2 * (N - DEPTH), s
-    got.update(read_batches(m, "epoch-2", N))
+    s = wait_built(m, 2 * (N - DEPTH))
+    assert s["next_epoch_files_built"] >= 2 * (N - DEPTH), s
+    got.update(read_warm(m, "epoch-2", N))
     time.sleep(0.5)
-    assert not cached(m, 3), cached(m, 3)
+    s = tfs.stats(m)
+    assert s["next_epoch_files_built"] <= 2 * N, s
+    # Read once, none was written to the local cache.
+    assert s["batch_files_written"] == 0 and not any(cached(m, e) for e in range(4)), s
     # The same bytes as a mount that builds each file only when it is opened.
     want = {rel: tfs.sha256(ref.p(rel)) for rel in got}
     assert got == want
@@ -77,15 +84,11 @@ def test_a_rank_view_has_its_own_batches_of_the_next_epoch_built(mounter, shuf_d
     rank, n = "rank-1-of-3", m.dataset()["batches_per_epoch"] // 3
     assert n == 7
     read_batches(m, f"epoch-0/{rank}", n)
-    s = wait_cached(m, 1, n)
+    s = wait_built(m, n - DEPTH)
     time.sleep(0.3)
     s = tfs.stats(m)
-    assert s["next_epoch_files_built"] >= n - DEPTH, s
-    names = sorted(p.rsplit("/", 1)[1] for p in cached(m, 1))
-    assert names == [batch_name(1 + 3 * j) + ".safetensors" for j in range(n)], names
-    before = inodes(m, 1)
-    got = read_batches(m, f"epoch-1/{rank}", n)
-    assert inodes(m, 1) == before
+    assert n - DEPTH <= s["next_epoch_files_built"] <= n, s
+    got = read_warm(m, f"epoch-1/{rank}", n)
     assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
 
 
@@ -95,12 +98,11 @@ def test_only_the_files_a_reader_opens_are_built_ahead(mounter, shuf_ds):
     m = mounter(shuf_ds.path, *opts)
     ref = mounter(shuf_ds.path, *opts, "prefetch=0")
     read_batches(m, "epoch-0", N, "{}/x.npy")
-    s = wait_cached(m, 1, N, "x.npy")
-    assert s["next_epoch_files_built"] >= N - DEPTH, s
-    assert len(cached(m, 1, "x.npy")) == N and not cached(m, 1, "id.npy") and not cached(m, 1), s
-    before = inodes(m, 1, "x.npy")
-    got = read_batches(m, "epoch-1", N, "{}/x.npy")
-    assert inodes(m, 1, "x.npy") == before
+    s = wait_built(m, N - DEPTH)
+    time.sleep(0.3)
+    s = tfs.stats(m)
+    assert N - DEPTH <= s["next_epoch_files_built"] <= N, s
+    got = read_warm(m, "epoch-1", N, "{}/x.npy")
     assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
 
 
@@ -126,24 +128,38 @@ def test_nothing_is_built_ahead_where_epochs_share_their_files_or_prefetch_is_of
     assert not cached(m, 1), cached(m, 1)
 
 
-def test_the_next_epoch_takes_only_room_nothing_needs(mounter, shuf_ds):
-    """A cache that holds the columns and about half an epoch of batch files beside them: the
-    next epoch's files are built only into room that nothing the plan needs again takes, so
-    some are, no row group is decoded twice, and the cache stays within cache_size."""
+def test_shuffled_epochs_write_no_batch_file_unless_warm_asks(mounter, shuf_ds):
+    """Every file kind of three shuffled epochs read from a small cache: no batch file is written
+    to the local cache (each is read once), every row group is decoded once (the columns are
+    what the cache keeps), and the cache stays within cache_size. `tensorfs warm` is a reader
+    that asks to keep: its files are written, and read from there."""
     opts = ("shuffle=window", f"batch_size={BS}", "memory_limit=1M", f"prefetch={DEPTH}")
     probe = mounter(shuf_ds.path, *opts, "epochs=1")
     read_batches(probe, "epoch-0", N)
     probe.unmount()
-    size = lambda paths: sum(os.path.getsize(p) for p in paths)
-    cols = size(glob.glob(str(probe.cache / "v1" / "cols-*" / "*")))
-    epoch = size(cached(probe, 0))
-    limit = cols + epoch * 6 // 10
+    cols = sum(os.path.getsize(p) for p in glob.glob(str(probe.cache / "v1" / "cols-*" / "*")))
+    limit = cols + (64 << 10)
     m = mounter(shuf_ds.path, *opts, "epochs=3", f"cache_size={limit}")
+    ref = mounter(shuf_ds.path, *opts, "epochs=3", "prefetch=0")
     for e in range(3):
-        read_batches(m, f"epoch-{e}", N)
+        for name in ("{}.safetensors", "{}/x.npy", "{}/id.npy"):
+            got = read_batches(m, f"epoch-{e}", N, name)
+            assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
         settled(m)
     s = tfs.stats(m)
-    print(f"cache_size={limit}: {s['next_epoch_files_built']} built ahead, {s['cache_evictions']} evicted")
-    assert 0 < s["next_epoch_files_built"] < 2 * (N - DEPTH), s
+    assert s["batch_files_written"] == 0 and not any(cached(m, e, "*") for e in range(3)), s
     assert s["row_groups_decoded"] == 13, s
     assert s["cache_bytes"] <= limit, s
+
+    w = mounter(shuf_ds.path, *opts, "epochs=3")
+    proc = tfs.run(["warm", w.path, "--epochs", "1..2"])
+    assert proc.returncode == 0, proc.stderr
+    assert tfs.stats(w)["batch_files_written"] == N and len(cached(w, 1)) == N, tfs.stats(w)
+    before = tfs.stats(w)
+    got = read_batches(w, "epoch-1", N)
+    assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
+    after = tfs.stats(w)
+    assert after["batch_files_written"] == before["batch_files_written"], (before, after)
+    if after["passthrough_opens"] == 0:
+        pytest.skip(f"the kernel did not take FUSE passthrough ({after})")
+    assert after["passthrough_opens"] - before["passthrough_opens"] == N, (before, after)
