@@ -223,24 +223,40 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         let mut s = self.state.lock().unwrap();
         if s.flights.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
             s.flights.remove(&key);
-            let w = value.weight();
-            if w <= self.capacity {
-                s.bytes += w;
-                s.mappings += usize::from(value.is_mapping());
-                if let Some(old) = s.cache.put(key, value.clone()) {
-                    s.bytes -= old.weight();
-                    s.mappings -= usize::from(old.is_mapping());
-                }
-                while s.bytes > self.capacity || s.mappings > self.max_mappings {
-                    let Some((_, old)) = s.cache.pop_lru() else {
-                        break;
-                    };
-                    s.bytes -= old.weight();
-                    s.mappings -= usize::from(old.is_mapping());
-                }
-            }
+            self.keep(&mut s, key, value.clone());
         }
         Ok(value)
+    }
+
+    /// Holds `value`, built without a flight (on the calling thread), unless a value of `key`
+    /// is held already; the value held.
+    pub fn insert(&self, key: K, value: Arc<V>) -> Arc<V> {
+        let mut s = self.state.lock().unwrap();
+        if let Some(held) = s.cache.get(&key) {
+            return held.clone();
+        }
+        self.keep(&mut s, key, value.clone());
+        value
+    }
+
+    fn keep(&self, s: &mut MemoState<K, V>, key: K, value: Arc<V>) {
+        let w = value.weight();
+        if w > self.capacity {
+            return;
+        }
+        s.bytes += w;
+        s.mappings += usize::from(value.is_mapping());
+        if let Some(old) = s.cache.put(key, value) {
+            s.bytes -= old.weight();
+            s.mappings -= usize::from(old.is_mapping());
+        }
+        while s.bytes > self.capacity || s.mappings > self.max_mappings {
+            let Some((_, old)) = s.cache.pop_lru() else {
+                break;
+            };
+            s.bytes -= old.weight();
+            s.mappings -= usize::from(old.is_mapping());
+        }
     }
 
     /// The value of `key` if it is held now, without building it.
@@ -461,16 +477,44 @@ impl Builder {
         (0..self.view.tensors.len()).any(|t| self.has_tensor(epoch, i, t))
     }
 
-    #[tracing::instrument(name = "build", level = "debug", skip(self))]
-    async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
-        let tensors = self.gather(epoch, i, None).await?;
+    /// Batch `i` of `epoch` built on the calling thread (a worker's), where every row group it
+    /// draws from is decoded in memory: no hand-off between threads, each of which costs more
+    /// than gathering a small batch. `None` where a row group is not in memory (the caller
+    /// builds it through [`Builder::batch`]).
+    pub fn batch_here(&self, epoch: u64, i: u64) -> Option<Arc<Batch>> {
+        let epoch = self.plan().same_as(epoch);
+        if let Some(b) = self.batches.get(&(epoch, i)) {
+            return Some(b);
+        }
+        let picks = match self.picks.get(&(epoch, i)) {
+            Some(p) => p,
+            None => self
+                .picks
+                .insert((epoch, i), Arc::new(self.picks_of(epoch, i))),
+        };
+        let decoded = (picks.row_groups.iter())
+            .map(|g| self.decoded.get(g))
+            .collect::<Option<Vec<_>>>()?;
+        let all: Vec<usize> = (0..self.view.tensors.len()).collect();
+        let tensors = picks.gather(&self.view, &decoded, &all, &self.stats);
+        Some(self.batches.insert((epoch, i), self.batch_of(i, tensors)))
+    }
+
+    /// A batch of `i`'s rows of every tensor, counted.
+    fn batch_of(&self, i: u64, tensors: Vec<Vec<u8>>) -> Arc<Batch> {
         let n = self.plan().batch_len(i);
         Stats::add(&self.stats.c.batches_built, 1);
-        Ok(Arc::new(Batch {
+        Arc::new(Batch {
             rows: n,
             tensors,
             safetensors_header: self.layout.header(FileKind::Safetensors, n),
-        }))
+        })
+    }
+
+    #[tracing::instrument(name = "build", level = "debug", skip(self))]
+    async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
+        let tensors = self.gather(epoch, i, None).await?;
+        Ok(self.batch_of(i, tensors))
     }
 
     /// The rows of batch `i` of `epoch`, gathered from their row groups: every tensor, or
@@ -521,18 +565,21 @@ impl Builder {
     async fn located(&self, epoch: u64, i: u64) -> Result<(Arc<Picks>, Vec<Arc<Columns>>)> {
         let picks = self
             .picks
-            .get_or_build((epoch, i), async {
-                let order = self.orders.epoch(epoch);
-                let plan = self.plan();
-                let rows = plan.batch_rows(&order, i).into_iter();
-                Ok(Arc::new(Picks::new(rows.map(|r| plan.locate(r)))))
-            })
+            .get_or_build((epoch, i), async { Ok(Arc::new(self.picks_of(epoch, i))) })
             .await?;
         let decoded = futures::future::try_join_all(
             picks.row_groups.iter().map(|&g| self.row_group(g, false)),
         )
         .await?;
         Ok((picks, decoded))
+    }
+
+    /// Where the rows of batch `i` of `epoch` (its canonical epoch) are.
+    fn picks_of(&self, epoch: u64, i: u64) -> Picks {
+        let order = self.orders.epoch(epoch);
+        let plan = self.plan();
+        let rows = plan.batch_rows(&order, i).into_iter();
+        Picks::new(rows.map(|r| plan.locate(r)))
     }
 
     /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of

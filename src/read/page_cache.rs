@@ -183,15 +183,16 @@ impl Filler {
     /// Stores the file claimed, from byte `from` on (past a tripwire page, or 0): its batch
     /// built (or taken from memory), then its bytes handed to the kernel off the async workers.
     /// On a failure it is no longer claimed, and its reader reads it from the daemon.
-    pub async fn fill(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Result<()> {
+    pub async fn fill(
+        self: &Arc<Self>,
+        dir: Batches,
+        j: u64,
+        kind: FileKind,
+        from: u64,
+    ) -> Result<()> {
         let done = self.store(dir, j, kind, from).await;
         match &done {
-            Ok(()) => {
-                if from == 0 {
-                    self.done(dir, j, kind);
-                }
-                Stats::add(&self.builder.stats().c.page_cache_stores, 1)
-            }
+            Ok(()) => self.stored_one(dir, j, kind, from),
             Err(_) => {
                 self.stored.lock().unwrap().pop(&(dir, j, kind));
             }
@@ -199,19 +200,115 @@ impl Filler {
         done
     }
 
-    async fn store(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Result<()> {
-        let Some(kernel) = self.kernel.get() else {
+    /// Stores the files claimed `files` (batch, file, from byte) of `dir` as [`Filler::fill`]
+    /// does: those whose batches' row groups are in memory in one job of a worker, the rest as
+    /// `fill` does; how many. After a failure the files left are no longer claimed.
+    pub async fn fill_all(
+        self: &Arc<Self>,
+        dir: Batches,
+        files: Vec<(u64, FileKind, u64)>,
+    ) -> Result<u64> {
+        if files.is_empty() {
+            return Ok(0);
+        }
+        let me = self.clone();
+        let pool = self.builder.clone();
+        let (mut done, left) = pool.pool().run(move || me.fill_here(dir, files)).await?;
+        let mut left = left.into_iter();
+        while let Some((j, kind, from)) = left.next() {
+            if let Err(e) = self.fill(dir, j, kind, from).await {
+                let mut stored = self.stored.lock().unwrap();
+                for (j, kind, _) in left {
+                    stored.pop(&(dir, j, kind));
+                }
+                return Err(e);
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Stores `files` in order on the calling thread while their batches can be built there:
+    /// how many, and the files left from the first that could not.
+    fn fill_here(
+        &self,
+        dir: Batches,
+        files: Vec<(u64, FileKind, u64)>,
+    ) -> (u64, Vec<(u64, FileKind, u64)>) {
+        let mut done = 0;
+        for (n, &(j, kind, from)) in files.iter().enumerate() {
+            match self.store_here(dir, j, kind, from) {
+                Some(Ok(())) => {
+                    self.stored_one(dir, j, kind, from);
+                    done += 1;
+                }
+                _ => return (done, files[n..].to_vec()),
+            }
+        }
+        (done, Vec::new())
+    }
+
+    /// A file stored from byte `from` on: counted, and whole unless a tripwire is left out.
+    fn stored_one(&self, dir: Batches, j: u64, kind: FileKind, from: u64) {
+        if from == 0 {
+            self.done(dir, j, kind);
+        }
+        Stats::add(&self.builder.stats().c.page_cache_stores, 1);
+    }
+
+    async fn store(
+        self: &Arc<Self>,
+        dir: Batches,
+        j: u64,
+        kind: FileKind,
+        from: u64,
+    ) -> Result<()> {
+        if self.kernel.get().is_none() {
             return Ok(());
-        };
-        let kernel = kernel.page_cache.clone();
+        }
+        // Built and stored by one worker where the batch's row groups are in memory (a
+        // shuffled epoch from cached columns): measured, the trips through the async workers
+        // and the blocking pool cost more CPU than the gather.
+        let me = self.clone();
+        let pool = self.builder.clone();
+        if let Some(stored) = pool
+            .pool()
+            .run(move || me.store_here(dir, j, kind, from))
+            .await?
+        {
+            return stored;
+        }
         let (epoch, g) = dir.global(j);
         let batch = self.builder.batch(epoch, g).await?;
-        let bytes = batch.file_from(&self.layout, kind, from);
-        drop(batch);
-        let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
-        tokio::task::spawn_blocking(move || kernel.store(&name, from, &bytes))
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.store_batch(&batch, dir, j, kind, from))
             .await
             .map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))?
+    }
+
+    /// [`Filler::store`] on the calling thread, its batch built there; `None` where a row group
+    /// of the batch is not in memory.
+    fn store_here(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Option<Result<()>> {
+        let (epoch, g) = dir.global(j);
+        let batch = self.builder.batch_here(epoch, g)?;
+        Some(self.store_batch(&batch, dir, j, kind, from))
+    }
+
+    /// Stores file `kind` of `batch` (batch `j` of `dir`) from byte `from` on. Blocking: it
+    /// looks the file up through the mount.
+    fn store_batch(
+        &self,
+        batch: &Batch,
+        dir: Batches,
+        j: u64,
+        kind: FileKind,
+        from: u64,
+    ) -> Result<()> {
+        let kernel = &self.kernel.get().expect("stores set").page_cache;
+        let bytes = batch.file_from(&self.layout, kind, from);
+        let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
+        kernel
+            .store(&name, from, &bytes)
             .map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
     }
 }

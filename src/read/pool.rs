@@ -120,6 +120,17 @@ impl Pool {
         })
     }
 
+    /// Runs `f` on a worker, nobody waiting for it; a panic in it is logged, not a lost worker.
+    pub fn spawn(&self, f: impl FnOnce() + Send + 'static) {
+        let job: Job = Box::new(move || {
+            if let Err(panic) = crate::catch_panic(f) {
+                tracing::error!("work ahead of the readers failed: {panic}");
+            }
+        });
+        // Sent only while the pool is alive: its workers stop with it.
+        let _ = self.jobs.lock().unwrap().send(job);
+    }
+
     /// Runs `f` on a worker; a panic in it is an error for the caller, not a lost worker.
     pub async fn run<T: Send + 'static>(
         &self,
