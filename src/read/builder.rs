@@ -176,6 +176,9 @@ struct MemoState<K, V> {
     bytes: usize,
     mappings: usize,
     flights: HashMap<K, Arc<OnceCell<Arc<V>>>>,
+    /// Keys being built on a thread that does not wait ([`Memo::build_here`]): a caller of
+    /// [`Memo::get_or_build`] waits for that build rather than making its own.
+    here: HashMap<K, Arc<tokio::sync::Notify>>,
 }
 
 /// A byte-bounded LRU cache in front of single-flight builds: concurrent callers for one key
@@ -204,6 +207,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
                 bytes: 0,
                 mappings: 0,
                 flights: HashMap::new(),
+                here: HashMap::new(),
             }),
         }
     }
@@ -212,12 +216,24 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     where
         F: Future<Output = Result<Arc<V>>>,
     {
-        let cell = {
-            let mut s = self.state.lock().unwrap();
-            if let Some(v) = s.cache.get(&key) {
-                return Ok(v.clone());
+        let cell = loop {
+            let building_here = {
+                let mut s = self.state.lock().unwrap();
+                if let Some(v) = s.cache.get(&key) {
+                    return Ok(v.clone());
+                }
+                match s.here.get(&key) {
+                    Some(done) => done.clone(),
+                    None => break s.flights.entry(key.clone()).or_default().clone(),
+                }
+            };
+            // Registered before looking again, so the build's end is not missed.
+            let done = building_here.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.state.lock().unwrap().here.contains_key(&key) {
+                done.await;
             }
-            s.flights.entry(key.clone()).or_default().clone()
         };
         let value = cell.get_or_try_init(|| build).await?.clone();
         let mut s = self.state.lock().unwrap();
@@ -236,6 +252,33 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
             return held.clone();
         }
         self.keep(&mut s, key, value.clone());
+        value
+    }
+
+    /// The value of `key`, held, or built by `build` on the calling thread (which does not
+    /// wait: a worker's) and held; callers of [`Memo::get_or_build`] meanwhile wait for it.
+    /// `None` where `build` gives nothing, or another build of `key` is under way.
+    pub fn build_here(&self, key: K, build: impl FnOnce() -> Option<Arc<V>>) -> Option<Arc<V>> {
+        {
+            let mut s = self.state.lock().unwrap();
+            if let Some(v) = s.cache.get(&key) {
+                return Some(v.clone());
+            }
+            if s.flights.contains_key(&key) || s.here.contains_key(&key) {
+                return None;
+            }
+            s.here.insert(key.clone(), Arc::default());
+        }
+        let value = build();
+        let mut s = self.state.lock().unwrap();
+        let done = s.here.remove(&key);
+        if let Some(v) = &value {
+            self.keep(&mut s, key, v.clone());
+        }
+        drop(s);
+        if let Some(done) = done {
+            done.notify_waiters();
+        }
         value
     }
 
@@ -492,12 +535,14 @@ impl Builder {
                 .picks
                 .insert((epoch, i), Arc::new(self.picks_of(epoch, i))),
         };
-        let decoded = (picks.row_groups.iter())
-            .map(|g| self.decoded.get(g))
-            .collect::<Option<Vec<_>>>()?;
-        let all: Vec<usize> = (0..self.view.tensors.len()).collect();
-        let tensors = picks.gather(&self.view, &decoded, &all, &self.stats);
-        Some(self.batches.insert((epoch, i), self.batch_of(i, tensors)))
+        self.batches.build_here((epoch, i), || {
+            let decoded = (picks.row_groups.iter())
+                .map(|g| self.decoded.get(g))
+                .collect::<Option<Vec<_>>>()?;
+            let all: Vec<usize> = (0..self.view.tensors.len()).collect();
+            let tensors = picks.gather(&self.view, &decoded, &all, &self.stats);
+            Some(self.batch_of(i, tensors))
+        })
     }
 
     /// A batch of `i`'s rows of every tensor, counted.
@@ -803,6 +848,46 @@ mod tests {
             assert_eq!(t.await.unwrap().0, 10);
         }
         assert_eq!(builds.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn callers_wait_for_a_build_on_a_worker_thread() {
+        let memo: Arc<Memo<u32, Blob>> = Arc::new(Memo::new(1000));
+        let builds = Arc::new(AtomicUsize::new(0));
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let worker = {
+            let (memo, builds) = (memo.clone(), builds.clone());
+            std::thread::spawn(move || {
+                memo.build_here(7, || {
+                    builds.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    Some(Arc::new(Blob(10)))
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (memo, builds) = (memo.clone(), builds.clone());
+                tokio::spawn(async move {
+                    memo.get_or_build(7, async {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        Ok(Arc::new(Blob(20)))
+                    })
+                    .await
+                    .unwrap()
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().0, 10);
+        }
+        assert_eq!(worker.join().unwrap().unwrap().0, 10);
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        // A build under way elsewhere is not made again here.
+        assert!(memo.build_here(8, || Some(Arc::new(Blob(1)))).is_some());
+        assert_eq!(memo.build_here(9, || None).map(|b| b.0), None);
     }
 
     #[tokio::test]

@@ -2,9 +2,10 @@
 //! of the files a reader opens (`FUSE_NOTIFY_STORE`), never written to the local SSD (which
 //! keeps the decoded columns they are gathered from). A file read again comes from the page
 //! cache, kept across opens; pages the kernel drops under memory pressure are read from the
-//! daemon again, from the same bytes. With the daemon answering opens, an open stores its file
-//! (by inode, which the kernel knows then) unless it is stored already; the walk through a
-//! reader's next epoch stores files ahead ([`crate::read::prefetch`]). Measured (issue 31): a
+//! daemon again, from the same bytes. The prefetcher stores the files a reader opens next, and
+//! the walk through its next epoch those of that epoch ([`crate::read::prefetch`]); an open of
+//! a file not stored yet waits for its store, or stores it itself (by inode, which the kernel
+//! knows then) and answers after. Measured (issue 31): a
 //! batch file written to the SSD cost about 1.1 ms of CPU, against the copy a store is.
 //!
 //! `opens=kernel`: the kernel answers every open of the mount alone, and reads come from the
@@ -69,6 +70,9 @@ impl PageCache {
     }
 }
 
+/// A file to store: its directory, batch and kind, and the byte it is stored from.
+pub type ToStore = (Batches, u64, FileKind, u64);
+
 /// Where files are stored, and whether some first pages are left out.
 struct Stores {
     page_cache: PageCache,
@@ -91,6 +95,8 @@ pub struct Filler {
     builder: Arc<Builder>,
     layout: Arc<Layout>,
     stored: Mutex<LruCache<Name, Stored>>,
+    /// Woken whenever a claimed file's store ends, stored or not.
+    ended: tokio::sync::Notify,
 }
 
 /// How far the store of a file is.
@@ -111,6 +117,7 @@ impl Filler {
             stored: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(REMEMBERED).expect("not zero"),
             )),
+            ended: tokio::sync::Notify::new(),
         }
     }
 
@@ -134,23 +141,51 @@ impl Filler {
         self.kernel.get().is_some_and(|k| k.tripwires)
     }
 
-    /// Stores file `kind` of `batch` (batch `j` of `dir`) whole in the page cache of inode
-    /// `ino`, which a reader is opening, on the calling thread, the reply to the open after it.
-    /// The caller makes sure no read of `ino` is under way: the kernel's store waits for the
-    /// pages such a read holds, whose answer a FUSE thread storing here could not take.
+    /// Stores file `kind` of `batch` (batch `j` of `dir`), claimed, whole in the page cache of
+    /// inode `ino`, which a reader is opening, on the calling thread, the reply to the open
+    /// after it. The caller makes sure no read of `ino` is under way: the kernel's store waits
+    /// for the pages such a read holds, whose answer a thread storing here may be needed for.
     pub fn store_opened(&self, ino: u64, dir: Batches, j: u64, kind: FileKind, batch: &Batch) {
         let Some(kernel) = self.kernel.get() else {
             return;
         };
         let bytes = batch.file_from(&self.layout, kind, 0);
         match kernel.page_cache.store_ino(ino, 0, &bytes) {
-            Ok(()) => {
-                self.done(dir, j, kind);
-                Stats::add(&self.builder.stats().c.page_cache_stores, 1);
+            Ok(()) => self.stored_one(dir, j, kind, 0),
+            Err(e) => {
+                // Its reads are served by the daemon instead.
+                tracing::debug!("storing {} batch {j}: {e}", dir_name(dir));
+                self.unclaim(dir, j, kind);
             }
-            // Its reads are served by the daemon instead.
-            Err(e) => tracing::debug!("storing {} batch {j}: {e}", dir_name(dir)),
         }
+    }
+
+    /// Waits until file `kind` of batch `j` of `dir` is no longer being stored (its store
+    /// claimed by the prefetcher or a walk, a worker's job away): whether it is stored.
+    pub async fn store_ended(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        loop {
+            // Registered before looking, so that the end is not missed.
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            match self.stored.lock().unwrap().peek(&(dir, j, kind)) {
+                Some(Stored::Done) => return true,
+                None => return false,
+                Some(Stored::Under) => {}
+            }
+            ended.await;
+        }
+    }
+
+    /// Whether file `kind` of batch `j` of `dir` is claimed and its store not ended.
+    pub fn under_way(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        self.stored.lock().unwrap().peek(&(dir, j, kind)) == Some(&Stored::Under)
+    }
+
+    /// A claimed file that was not stored: no longer claimed.
+    fn unclaim(&self, dir: Batches, j: u64, kind: FileKind) {
+        self.stored.lock().unwrap().pop(&(dir, j, kind));
+        self.ended.notify_waiters();
     }
 
     /// Whether file `kind` of batch `j` of `dir` is stored (or being stored).
@@ -178,6 +213,7 @@ impl Filler {
             .lock()
             .unwrap()
             .put((dir, j, kind), Stored::Done);
+        self.ended.notify_waiters();
     }
 
     /// Stores the file claimed, from byte `from` on (past a tripwire page, or 0): its batch
@@ -193,33 +229,33 @@ impl Filler {
         let done = self.store(dir, j, kind, from).await;
         match &done {
             Ok(()) => self.stored_one(dir, j, kind, from),
-            Err(_) => {
-                self.stored.lock().unwrap().pop(&(dir, j, kind));
-            }
+            Err(_) => self.unclaim(dir, j, kind),
         }
         done
     }
 
-    /// Stores the files claimed `files` (batch, file, from byte) of `dir` as [`Filler::fill`]
+    /// Stores the files claimed `files` (directory, batch, file, from byte) as [`Filler::fill`]
     /// does: those whose batches' row groups are in memory in one job of a worker, the rest as
     /// `fill` does; how many. After a failure the files left are no longer claimed.
-    pub async fn fill_all(
-        self: &Arc<Self>,
-        dir: Batches,
-        files: Vec<(u64, FileKind, u64)>,
-    ) -> Result<u64> {
+    pub async fn fill_all(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
         if files.is_empty() {
             return Ok(0);
         }
         let me = self.clone();
         let pool = self.builder.clone();
-        let (mut done, left) = pool.pool().run(move || me.fill_here(dir, files)).await?;
-        let mut left = left.into_iter();
-        while let Some((j, kind, from)) = left.next() {
+        let (done, left) = pool.pool().run(move || me.fill_here(files)).await?;
+        Ok(done + self.fill_left(left).await?)
+    }
+
+    /// Stores `files`, claimed, one by one as [`Filler::fill`] does; how many. After a failure
+    /// the files left are no longer claimed.
+    pub async fn fill_left(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
+        let mut done = 0;
+        let mut left = files.into_iter();
+        while let Some((dir, j, kind, from)) = left.next() {
             if let Err(e) = self.fill(dir, j, kind, from).await {
-                let mut stored = self.stored.lock().unwrap();
-                for (j, kind, _) in left {
-                    stored.pop(&(dir, j, kind));
+                for (dir, j, kind, _) in left {
+                    self.unclaim(dir, j, kind);
                 }
                 return Err(e);
             }
@@ -228,15 +264,11 @@ impl Filler {
         Ok(done)
     }
 
-    /// Stores `files` in order on the calling thread while their batches can be built there:
-    /// how many, and the files left from the first that could not.
-    fn fill_here(
-        &self,
-        dir: Batches,
-        files: Vec<(u64, FileKind, u64)>,
-    ) -> (u64, Vec<(u64, FileKind, u64)>) {
+    /// Stores `files`, claimed, in order on the calling thread (a worker's) while their batches
+    /// can be built there: how many, and the files left from the first that could not.
+    pub fn fill_here(&self, files: Vec<ToStore>) -> (u64, Vec<ToStore>) {
         let mut done = 0;
-        for (n, &(j, kind, from)) in files.iter().enumerate() {
+        for (n, &(dir, j, kind, from)) in files.iter().enumerate() {
             match self.store_here(dir, j, kind, from) {
                 Some(Ok(())) => {
                     self.stored_one(dir, j, kind, from);

@@ -1,7 +1,8 @@
 //! The prefetcher: it follows each reader through the plan and keeps the next `prefetch`
-//! batches ready ahead of it (their files materialised, or, for a reader of the one-open files,
-//! the tensor it reads of them gathered in memory), across epoch boundaries, within the memory
-//! budget (the builder's memos, [`crate::read::budget`]).
+//! batches ready ahead of it (a shuffled epoch's files stored in the kernel's page cache, files
+//! the cache keeps materialised, or, for a reader of the one-open files, the tensor it reads of
+//! them gathered in memory), across epoch boundaries, within the memory budget (the builder's
+//! memos, [`crate::read::budget`]).
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -10,13 +11,14 @@
 //! however many readers and prefetches want it.
 //!
 //! Beyond those `prefetch` files, a reader of batch files in a shuffled epoch has the batch
-//! files of the same directory's next epoch built in idle time ([`NextEpoch`]), so that a reader
+//! files of the same directory's next epoch stored in idle time ([`NextEpoch`]), up to an
+//! eighth of the host's memory, so that a reader
 //! that comes to it faster than it can be built (a trainer's data loader at the start of an
 //! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
-use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE};
+use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE, ToStore};
 use crate::read::plan::{Batches, Chain, Plan};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
@@ -77,6 +79,7 @@ impl Prefetcher {
             depth,
             walks: Mutex::default(),
             filler: filler.clone(),
+            stored_ahead: memory_total().map_or(1 << 30, |m| m / 8),
         });
         Prefetcher {
             materializer,
@@ -136,7 +139,7 @@ impl Prefetcher {
     fn build_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], what: What, last: u64) {
         let to_disk = self.to_disk(kinds);
         if to_disk && self.filler.on() && !self.filler.tripwires() {
-            return self.build_batches(files, kinds, last);
+            return self.store_files(files, kinds, last);
         }
         for &(d, j) in files {
             let (epoch, batch) = d.global(j);
@@ -208,31 +211,26 @@ impl Prefetcher {
         self.materializer.contains(item)
     }
 
-    /// Builds in memory the batches of `files` (up to the listed epoch `last`) whose files
-    /// `kinds` their opens will store, once however many readers want them: by one worker's job
-    /// where their row groups are in memory (a shuffled epoch from cached columns), and only
-    /// once half the depth is missing or the nearest batch is, so that one hand-off to a worker
-    /// serves several batches (measured: each costs more CPU than a small batch's gather).
-    fn build_batches(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
-        let builder = self.materializer.builder().clone();
-        let missing: Vec<(u64, u64)> = (files.iter())
-            .filter(|&&(d, j)| !kinds.iter().all(|&k| self.filler.has(d, j, k)))
-            .map(|&(d, j)| d.global(j))
-            .take_while(|&(epoch, _)| epoch < last)
-            .filter(|&(epoch, g)| !builder.has_batch(epoch, g))
+    /// Stores in the page cache the files `kinds` of the batches `files` (up to the listed
+    /// epoch `last`), each once however many readers want it, so that their opens find them
+    /// stored: by one worker's job where the batches' row groups are in memory (a shuffled
+    /// epoch from cached columns), and only once half the depth is missing or the nearest
+    /// batch is, so that one hand-off to a worker serves several files (measured: each costs
+    /// more CPU than a small batch's gather). Stored ahead, not by the open: a store on the
+    /// open's path made a reader at half the cold rate wait 300-400 us an open.
+    fn store_files(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
+        let missing: Vec<(Batches, u64)> = (files.iter().copied())
+            .take_while(|&(d, j)| d.global(j).0 < last)
+            .filter(|&(d, j)| !kinds.iter().all(|&k| self.filler.has(d, j, k)))
             .collect();
-        let nearest = files.first().map(|&(d, j)| d.global(j));
         let wanted = (self.depth / 2).max(1) as usize;
-        if missing.is_empty() || (missing.len() < wanted && missing.first() != nearest.as_ref()) {
+        if missing.is_empty() || (missing.len() < wanted && missing.first() != files.first()) {
             return;
         }
-        let todo: Vec<(u64, u64, Item)> = {
-            let mut scheduled = self.scheduled.lock().unwrap();
-            (missing.into_iter())
-                .map(|(e, g)| (e, g, self.materializer.item(FileKind::Safetensors, e, g)))
-                .filter(|&(_, _, item)| scheduled.insert(item))
-                .collect()
-        };
+        let todo: Vec<ToStore> = (missing.into_iter())
+            .flat_map(|(d, j)| kinds.iter().map(move |&k| (d, j, k, 0)))
+            .filter(|&(d, j, k, _)| self.filler.claim(d, j, k))
+            .collect();
         if todo.is_empty() {
             return;
         }
@@ -240,25 +238,19 @@ impl Prefetcher {
             &self.materializer.stats().c.prefetch_scheduled,
             todo.len() as u64,
         );
-        let (scheduled, runtime) = (self.scheduled.clone(), self.runtime.clone());
-        let pool = builder.clone();
+        let (filler, runtime) = (self.filler.clone(), self.runtime.clone());
+        let pool = self.materializer.builder().clone();
         pool.pool().spawn(move || {
-            for (epoch, batch, item) in todo {
-                if builder.batch_here(epoch, batch).is_some() {
-                    scheduled.lock().unwrap().remove(&item);
-                    continue;
-                }
-                let (builder, scheduled) = (builder.clone(), scheduled.clone());
-                runtime.spawn(async move {
-                    if let Err(e) = builder.batch(epoch, batch).await {
-                        tracing::warn!(
-                            "prefetch of epoch {epoch} batch {batch}: {}",
-                            crate::describe(&e)
-                        );
-                    }
-                    scheduled.lock().unwrap().remove(&item);
-                });
+            let (_, left) = filler.fill_here(todo);
+            if left.is_empty() {
+                return;
             }
+            runtime.spawn(async move {
+                if let Err(e) = filler.fill_left(left).await {
+                    // Its reader builds it on its open, and meets the error there.
+                    tracing::debug!("prefetch: {}", crate::describe(&e));
+                }
+            });
         });
     }
 
@@ -390,20 +382,21 @@ const GIVE_UP: Duration = Duration::from_secs(30);
 /// The batch files of the epoch a reader comes to next, built while the reader is idle in the
 /// epoch before (a pause for an evaluation or a checkpoint, the time a slow training step
 /// leaves between reads): a shuffled epoch's files are built when they are first needed either
-/// way (its rows gathered from the cached columns, the files written to the cache), and built
+/// way (its rows gathered from the cached columns, the files stored in the page cache), and built
 /// ahead they are there when the reader comes, however fast it then comes.
 ///
 /// A walk builds, in reading order, the files the reader opens of each batch of the next
-/// epoch (the same rank's view, for a rank view), one batch at a time through the single
-/// flight readers use, on the workers, only while the reader is idle ([`Pace`]) and its next
-/// `prefetch` files are all ready. It starts from the reader's first step in an epoch from
-/// epoch 1 on, from the middle of epoch 0 (whose row groups are decoded as it is read); and
-/// never with `shuffle=none`, whose epochs share their files, past the listed epochs, or with
-/// `prefetch=0`. It builds only a batch whose row groups are decoded (in memory or cached),
-/// only with room in the cache beside everything the plan needs again (it evicts only what is
-/// never needed); else it waits, and ends after
-/// [`GIVE_UP`]. It ends where its reader comes within `prefetch` of it: the prefetcher has
-/// the batches from there.
+/// epoch (the same rank's view, for a rank view), a few batches at a time on the workers, only
+/// while the reader is idle ([`Pace`]) and its next `prefetch` files are all ready, and stores
+/// them in the page cache ([`crate::read::page_cache`]; files the cache keeps are written to
+/// it). It starts from the reader's first step in an epoch from epoch 1 on, from the middle of
+/// epoch 0 (whose row groups are decoded as it is read); and never with `shuffle=none`, whose
+/// epochs share their files, past the listed epochs, or with `prefetch=0`. It builds only a
+/// batch whose row groups are decoded (in memory or cached), stores at most
+/// [`NextEpoch::stored_ahead`] bytes ahead of its reader, and writes only into room in the cache
+/// beside everything the plan needs again (it evicts only what is never needed); else it
+/// waits, and ends after [`GIVE_UP`]. It ends where its reader comes within `prefetch` of it:
+/// the prefetcher has the batches from there.
 struct NextEpoch {
     materializer: Arc<Materializer>,
     readers: Arc<Readers>,
@@ -412,6 +405,18 @@ struct NextEpoch {
     /// Each chain's walk: the latest, one at a time.
     walks: Mutex<HashMap<Chain, Walk>>,
     filler: Arc<Filler>,
+    /// The most bytes of a next epoch's files a walk stores in the page cache: an eighth of the
+    /// host's memory. A larger epoch stored whole would have its first files reclaimed before
+    /// its reader came to them, each then gathered twice.
+    stored_ahead: u64,
+}
+
+/// The host's memory, from `/proc/meminfo`.
+fn memory_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 struct Walk {
@@ -598,7 +603,9 @@ impl NextEpoch {
             }
             let reading = if reader.is_some() { dir } else { behind };
             let wait = match self.served(reading, kinds) {
-                true => self.blocked(epoch, g, &items).map(|why| (PAUSE, why)),
+                true => (self.blocked(epoch, g, &items))
+                    .or_else(|| self.enough_stored(j, kinds, reader))
+                    .map(|why| (PAUSE, why)),
                 false => Some((PAUSE_BUSY, "its reader's next files are not all ready")),
             };
             if let Some((pause, why)) = wait {
@@ -633,11 +640,11 @@ impl NextEpoch {
                     files.extend(
                         (kinds.iter().copied())
                             .filter(|&kind| self.filler.claim(dir, k, kind))
-                            .map(|kind| (k, kind, from)),
+                            .map(|kind| (dir, k, kind, from)),
                     );
                     k += 1;
                 }
-                match self.filler.fill_all(dir, files).await {
+                match self.filler.fill_all(files).await {
                     Ok(n) => Stats::add(&stats.c.next_epoch_files_built, n),
                     Err(e) => {
                         tracing::debug!("storing {dir:?} from batch {j} ahead: {e:#}");
@@ -662,6 +669,26 @@ impl NextEpoch {
             j += 1;
         }
         WalkState::Done
+    }
+
+    /// Why a walk storing files `kinds` in the page cache stops before batch `j` of its
+    /// directory, if it does: the files from its reader's place there (`reader`, else the
+    /// directory's start) to `j` take as much as a walk may store ahead
+    /// ([`NextEpoch::stored_ahead`]).
+    fn enough_stored(
+        &self,
+        j: u64,
+        kinds: &[FileKind],
+        reader: Option<u64>,
+    ) -> Option<&'static str> {
+        if !self.filler.on() {
+            return None;
+        }
+        let rows = self.materializer.plan().options().batch_size;
+        let per_batch: u64 = kinds.iter().map(|&k| self.layout.size(k, rows)).sum();
+        let ahead = j.saturating_sub(reader.unwrap_or(0)) * per_batch;
+        (ahead > self.stored_ahead)
+            .then_some("as much of it as the page cache should hold is stored")
     }
 
     /// Whether the reader of `dir` has the files `kinds` of its next `prefetch` batches in

@@ -645,26 +645,31 @@ impl Fs {
     }
 
     /// For an open of batch file `ino` at `place` ([`Fs::stored_by_opens`]), answered at once:
-    /// true where its file is stored in the page cache already, or its batch is in memory (the
-    /// prefetcher's), whose file is then stored if `store`. False: its batch must be built
-    /// first ([`Fs::store_built`]). The caller follows the reader once it answered.
+    /// true where its file is stored in the page cache already (the prefetcher's), or its
+    /// batch is in memory and nobody is storing it, the file then stored if `store`. False:
+    /// its store is under way, or its batch must be built first ([`Fs::store_built`]). The
+    /// caller follows the reader once it answered.
     pub fn store_at_hand(&self, ino: u64, place: (Batches, u64, FileKind), store: bool) -> bool {
         let (dir, i, kind) = place;
         let filler = self.prefetcher.filler();
         if filler.stored(dir, i, kind) {
             return true;
         }
+        if filler.under_way(dir, i, kind) {
+            return false;
+        }
         let (epoch, g) = dir.global(i);
         let Some(batch) = self.materializer.builder().batch_at_hand(epoch, g) else {
             return false;
         };
-        if store {
+        if store && filler.claim(dir, i, kind) {
             filler.store_opened(ino, dir, i, kind, &batch);
         }
         true
     }
 
-    /// As [`Fs::store_at_hand`], its batch built first: for an open that waits.
+    /// As [`Fs::store_at_hand`], for an open that waits: for the store under way to end, else
+    /// for its batch to be built.
     pub async fn store_built(
         &self,
         ino: u64,
@@ -674,12 +679,12 @@ impl Fs {
         let (dir, i, kind) = place;
         self.follow(Event::at(dir, i, What::File(kind)));
         let filler = self.prefetcher.filler();
-        if filler.stored(dir, i, kind) {
+        if filler.store_ended(dir, i, kind).await {
             return Ok(());
         }
         let (epoch, g) = dir.global(i);
         let batch = self.batch(epoch, g).await?;
-        if store() {
+        if store() && filler.claim(dir, i, kind) {
             filler.store_opened(ino, dir, i, kind, &batch);
         }
         Ok(())
