@@ -29,13 +29,15 @@
 //! caller builds the item. Stores answer `Result<_, NotStored>`: the reason the cache did not
 //! take an item, which the caller then serves from memory.
 //!
-//! This folder: this module (the index, space, writing and checking items, one-open files
-//! kept), `format` (the columns file's header and a batch file's meta, and where the meta
-//! lives), `eviction` (what goes first), `kept` (small checked files kept between mounts).
+//! This folder: this module (the index, space, writing and checking items), `one_open` (the
+//! one-open files built ahead and kept), `format` (the columns file's header and a batch file's
+//! meta, and where the meta lives), `eviction` (what goes first), `kept` (small checked files
+//! kept between mounts).
 
 pub mod eviction;
 mod format;
 pub mod kept;
+mod one_open;
 
 use crate::cache::kept::private_dir;
 use crate::read::layout::{Item, Layout};
@@ -352,36 +354,6 @@ impl DiskCache {
         self.used.store(used, Ordering::Relaxed);
     }
 
-    /// Indexes the one-open files kept from earlier mounts ([`crate::read::ahead`]): their bytes.
-    /// Those without their meta are removed; the others are checked on first use.
-    fn scan_kept(&self, entries: &mut HashMap<Item, Entry>) -> u64 {
-        let mut used = 0;
-        let dir = self.batches.join(crate::read::layout::KEPT_ALL);
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
-            let path = e.path();
-            match (
-                self.layout.parse_all_name(&name),
-                e.metadata(),
-                meta_len(&path),
-            ) {
-                (Some(item), Ok(md), Some(m)) if md.is_file() => {
-                    let bytes = md.len() + m;
-                    used += bytes;
-                    entries.insert(item, Entry::found(bytes));
-                }
-                _ => {
-                    let _ = std::fs::remove_file(&path);
-                    let _ = std::fs::remove_file(meta_path(&path));
-                }
-            }
-        }
-        used
-    }
-
     /// The item a batch file path names, if any (meta sidecars name none).
     fn item_of(&self, epoch: u64, path: &Path) -> Option<Item> {
         let name = path.file_name()?.to_str()?;
@@ -599,20 +571,6 @@ impl DiskCache {
         Ok((file, self.path(item)))
     }
 
-    /// Reserves `bytes` of the capacity for a file kept outside the index (a one-open file
-    /// built ahead, [`crate::read::ahead`]), evicting for it only items that `distance` says are never
-    /// needed again: `false` where that leaves too little room. Given back with
-    /// [`DiskCache::unreserve`].
-    pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
-        let _one_at_a_time = self.reserving.lock().unwrap();
-        if !self.spare_room(bytes, distance, stats) {
-            return false;
-        }
-        self.used.fetch_add(bytes, Ordering::Relaxed);
-        Stats::set(&stats.c.cache_bytes, self.used());
-        true
-    }
-
     /// Whether `bytes` more fit once the items that `distance` says are never needed again are
     /// evicted (they are): room for work done well ahead of its readers, which must not push
     /// out anything they need ([`crate::read::prefetch`]'s next epoch).
@@ -629,69 +587,6 @@ impl DiskCache {
     fn spare_room(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
         self.make_room_from(bytes, distance, u64::MAX, stats);
         self.used() + bytes <= self.capacity
-    }
-
-    /// Gives back what [`DiskCache::reserve_spare`] reserved.
-    pub fn unreserve(&self, bytes: u64, stats: &Stats) {
-        self.used.fetch_sub(bytes, Ordering::Relaxed);
-        Stats::set(&stats.c.cache_bytes, self.used());
-    }
-
-    /// Indexes a one-open file built whole at `tmp` (its bytes of the capacity reserved by
-    /// [`DiskCache::reserve_spare`], `reserved` of them) as `item`: its meta (length and
-    /// crc32c of its bytes, `crc`) set on it, renamed into place. The stamp it is kept with. Not
-    /// fsynced, as no cache file is: its checksum is checked on first use after a restart.
-    pub fn keep(
-        &self,
-        item: Item,
-        file: &File,
-        tmp: &Path,
-        crc: u32,
-        reserved: u64,
-        stats: &Stats,
-    ) -> Result<Stamp> {
-        let len = file.metadata()?.len();
-        let meta = meta_bytes(len, crc, &self.identity(item));
-        let dest = self.path(item);
-        let sidecar = self.settle(file, tmp, Some(&meta), &dest)?;
-        if sidecar && let Err(e) = self.place(&[meta.as_slice()], None, &meta_path(&dest)) {
-            let _ = std::fs::remove_file(&dest);
-            return Err(e);
-        }
-        let stamp = Stamp::of(&file.metadata()?);
-        let bytes = len + meta.len() as u64;
-        self.used.fetch_add(bytes, Ordering::Relaxed);
-        self.used.fetch_sub(reserved, Ordering::Relaxed);
-        self.index(item, bytes, Some(stamp));
-        Stats::set(&stats.c.cache_bytes, self.used());
-        Ok(stamp)
-    }
-
-    /// Takes kept one-open file `item`, as kept with `stamp`, out of the index to be written
-    /// over: moved to a new temp path, its bytes of the capacity held as a reservation
-    /// ([`DiskCache::unreserve`]). That path and those bytes; `None` where it is not indexed
-    /// as kept with that stamp any more (evicted, or replaced).
-    pub fn unkeep(&self, item: Item, stamp: Stamp) -> Option<(PathBuf, u64)> {
-        let mut entries = self.entries.lock().unwrap();
-        if entries.get(&item)?.checked != Some(stamp) {
-            return None;
-        }
-        let path = self.path(item);
-        let tmp = self.tmp_path();
-        std::fs::rename(&path, &tmp).ok()?;
-        let bytes = entries.remove(&item)?.bytes;
-        drop(entries);
-        let _ = std::fs::remove_file(meta_path(&path));
-        self.remove_empty_dirs(&path);
-        Some((tmp, bytes))
-    }
-
-    /// Removes kept one-open file `item`, if it is still indexed as kept with `stamp`.
-    pub fn let_go(&self, item: Item, stamp: Stamp, stats: &Stats) {
-        let same = self.entries.lock().unwrap().get(&item).map(|e| e.checked) == Some(Some(stamp));
-        if same {
-            self.remove(item, stats);
-        }
     }
 
     /// A batch file or kept one-open file, checked against its meta's length and crc32c unless
@@ -749,12 +644,6 @@ impl DiskCache {
                 None
             }
         }
-    }
-
-    /// A new file in the cache's temp directory, for reading and writing, that the caller
-    /// removes (or a later start does, once this process is gone).
-    pub fn scratch_file(&self) -> Result<(File, PathBuf)> {
-        self.tmp_file()
     }
 
     /// A new temp file, open for reading too: once renamed into place it is the handle a

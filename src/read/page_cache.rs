@@ -99,6 +99,10 @@ pub struct Filler {
     ended: tokio::sync::Notify,
 }
 
+/// The longest an open waits for a store under way: one a failed job left claimed is then
+/// served by the daemon instead, from the same bytes.
+const STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How far the store of a file is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stored {
@@ -161,8 +165,10 @@ impl Filler {
     }
 
     /// Waits until file `kind` of batch `j` of `dir` is no longer being stored (its store
-    /// claimed by the prefetcher or a walk, a worker's job away): whether it is stored.
+    /// claimed by the prefetcher or a walk, a worker's job away), for at most
+    /// [`STORE_WAIT`]: whether it is stored.
     pub async fn store_ended(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        let deadline = tokio::time::Instant::now() + STORE_WAIT;
         loop {
             // Registered before looking, so that the end is not missed.
             let ended = self.ended.notified();
@@ -173,7 +179,9 @@ impl Filler {
                 None => return false,
                 Some(Stored::Under) => {}
             }
-            ended.await;
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return false;
+            }
         }
     }
 

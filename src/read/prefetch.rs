@@ -16,6 +16,7 @@
 //! that comes to it faster than it can be built (a trainer's data loader at the start of an
 //! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
+use crate::read::builder::Builder;
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE, ToStore};
@@ -50,6 +51,7 @@ pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64
 
 pub struct Prefetcher {
     materializer: Arc<Materializer>,
+    builder: Arc<Builder>,
     readers: Arc<Readers>,
     runtime: Handle,
     depth: u64,
@@ -82,6 +84,7 @@ impl Prefetcher {
             stored_ahead: memory_total().map_or(1 << 30, |m| m / 8),
         });
         Prefetcher {
+            builder: materializer.builder().clone(),
             materializer,
             readers,
             runtime,
@@ -124,7 +127,7 @@ impl Prefetcher {
         let last = self.epochs.max(dir.global(i).0 + 1);
         // The batches whose files are built next, then those whose row groups are decoded
         // further ahead (the lead): one walk of the plan.
-        let lead = self.materializer.builder().row_group_lead();
+        let lead = self.builder.row_group_lead();
         let walk = ahead(self.plan(), dir, i, self.depth + lead);
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
         self.build_files(files, &step.kinds, event.what, last);
@@ -239,7 +242,7 @@ impl Prefetcher {
             todo.len() as u64,
         );
         let (filler, runtime) = (self.filler.clone(), self.runtime.clone());
-        let pool = self.materializer.builder().clone();
+        let pool = self.builder.clone();
         pool.pool().spawn(move || {
             let (_, left) = filler.fill_here(todo);
             if left.is_empty() {
@@ -257,7 +260,7 @@ impl Prefetcher {
     /// Gathers tensor `t` of batch `batch` of `epoch` into memory, once however many readers
     /// want it.
     fn build_tensor(&self, epoch: u64, batch: u64, t: usize) {
-        let builder = self.materializer.builder().clone();
+        let builder = self.builder.clone();
         // The tensor's .npy item stands for it in the set of what is scheduled.
         let item = self.materializer.item(FileKind::Npy(t), epoch, batch);
         // A batch whose file is materialised is read from it: nothing to gather.
@@ -304,7 +307,7 @@ impl Prefetcher {
         if fresh.is_empty() {
             return;
         }
-        let builder = self.materializer.builder().clone();
+        let builder = self.builder.clone();
         self.runtime.spawn(async move {
             if let Err(e) = builder.warm_row_groups(&fresh).await {
                 tracing::warn!(
@@ -322,8 +325,7 @@ impl Prefetcher {
     fn ready(&self, kinds: &[FileKind], dir: Batches, j: u64) -> bool {
         let (epoch, batch) = dir.global(j);
         if !self.to_disk(kinds) {
-            return self.materializer.builder().holds_any_of(epoch, batch)
-                || self.on_disk(epoch, batch);
+            return self.builder.holds_any_of(epoch, batch) || self.on_disk(epoch, batch);
         }
         kinds.iter().all(|&k| self.next_epoch.ready(dir, j, k))
     }

@@ -189,6 +189,7 @@ pub struct Tree {
 
 pub struct Fs {
     materializer: Arc<Materializer>,
+    builder: Arc<crate::read::builder::Builder>,
     prefetcher: Prefetcher,
     ahead: Ahead,
     layout: Arc<Layout>,
@@ -233,6 +234,7 @@ impl Fs {
             .position(|w| w == placeholder.as_bytes())
             .map(|at| at + key.len());
         Fs {
+            builder: materializer.builder().clone(),
             materializer,
             prefetcher,
             ahead,
@@ -307,7 +309,7 @@ impl Fs {
 
     fn stats_json(&self) -> Vec<u8> {
         let mut v = self.stats().to_json();
-        v["memory_bytes"] = serde_json::json!(self.materializer.builder().memory());
+        v["memory_bytes"] = serde_json::json!(self.builder.memory());
         v["readers"] = serde_json::json!(self.prefetcher.depths());
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
         // Padded with spaces (whitespace a JSON document may end with) to a size that only
@@ -322,7 +324,7 @@ impl Fs {
 
     /// The counters in Prometheus's text exposition format (`metrics=`).
     pub fn metrics_text(&self) -> String {
-        let memory = self.materializer.builder().memory() as u64;
+        let memory = self.builder.memory() as u64;
         self.stats().prometheus(memory)
     }
 
@@ -659,7 +661,7 @@ impl Fs {
             return false;
         }
         let (epoch, g) = dir.global(i);
-        let Some(batch) = self.materializer.builder().batch_at_hand(epoch, g) else {
+        let Some(batch) = self.builder.batch_at_hand(epoch, g) else {
             return false;
         };
         if store && filler.claim(dir, i, kind) {
@@ -939,7 +941,7 @@ impl Fs {
         let node = self.node(ino).ok()?;
         let (d, i, kind) = node.batch_file()?;
         let (epoch, g) = self.dir(d).ok()?.global(i);
-        let batch = self.materializer.builder().batch_at_hand(epoch, g)?;
+        let batch = self.builder.batch_at_hand(epoch, g)?;
         let data = batch.file_bytes(&self.layout, kind, offset, size);
         self.served_by_daemon(started.elapsed(), data.len());
         Some(data)
@@ -969,7 +971,7 @@ impl Fs {
 
     /// Batch `g` of `epoch`, which a reader waits for.
     async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::read::builder::Batch>> {
-        let builder = self.materializer.builder();
+        let builder = &self.builder;
         let _waits = builder.reader_waits();
         builder
             .batch(epoch, g)
@@ -981,7 +983,7 @@ impl Fs {
     /// Taken from memory, else from the batch's file where it is materialised (a warm remount
     /// decodes nothing for it), else gathered.
     async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::read::builder::TensorOf> {
-        let builder = self.materializer.builder();
+        let builder = &self.builder;
         if !builder.has_tensor(epoch, g, t)
             && let Some(rows) = self.tensor_from_file(epoch, g, t).await
         {
