@@ -181,9 +181,16 @@ impl Dataset {
                 prefetch: opts.prefetch,
             },
         )?);
-        let materializer = Arc::new(Materializer::new(builder, layout.clone(), cache, eviction));
+        let materializer = Arc::new(Materializer::new(
+            builder.clone(),
+            layout.clone(),
+            cache.clone(),
+            eviction,
+        ));
         let ahead = Ahead::new(
             materializer.clone(),
+            builder.clone(),
+            cache,
             layout.clone(),
             runtime.clone(),
             opts.epochs,
@@ -191,6 +198,7 @@ impl Dataset {
         );
         let prefetcher = Prefetcher::new(
             materializer.clone(),
+            builder.clone(),
             readers,
             layout.clone(),
             runtime,
@@ -199,6 +207,7 @@ impl Dataset {
         );
         Ok(Fs::new(Tree {
             materializer,
+            builder,
             prefetcher,
             ahead,
             layout,

@@ -4,7 +4,7 @@
 
 use crate::cache::DiskCache;
 use crate::read::layout::Item;
-use crate::read::plan::{Orders, Stride};
+use crate::read::plan::{BatchRef, Orders, Stride};
 use crate::read::readers::Readers;
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ impl Eviction {
         let plan = self.orders.plan();
         let reading = self.readers.reading(|dir| plan.count(dir));
         let cache = self.cache.clone();
-        distance(&self.orders, &reading, move |e, b| cache.has_batch(e, b))
+        distance(&self.orders, &reading, move |b| cache.has_batch(b))
     }
 }
 
@@ -38,7 +38,7 @@ impl Eviction {
 fn distance(
     orders: &Arc<Orders>,
     reading: &[(u64, u64)],
-    has_batch: impl Fn(u64, u64) -> bool + Clone + Send + Sync + 'static,
+    has_batch: impl Fn(BatchRef) -> bool + Clone + Send + Sync + 'static,
 ) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
     let from: Vec<_> = (reading.iter())
         .map(|&(epoch, batch)| from_reader(orders.clone(), epoch, batch, has_batch.clone()))
@@ -51,7 +51,7 @@ fn from_reader(
     orders: Arc<Orders>,
     epoch: u64,
     batch: u64,
-    has_batch: impl Fn(u64, u64) -> bool + Send + Sync + 'static,
+    has_batch: impl Fn(BatchRef) -> bool + Send + Sync + 'static,
 ) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
     let plan = orders.plan();
     let per_epoch = plan.epoch_rows().max(1);
@@ -63,6 +63,10 @@ fn from_reader(
     let repeat = plan.epochs_repeat();
     // A row group is needed again by the first batch that may draw from it, from here on,
     // that is not in the cache yet; after that, by the next epoch.
+    let of_epoch = {
+        let orders = orders.clone();
+        move |b| orders.plan().batch(epoch, b)
+    };
     let needed_in = move |strides: Vec<Stride>, from: u64| -> Option<u64> {
         strides
             .iter()
@@ -72,7 +76,7 @@ fn from_reader(
                     // A set that large (shuffle=global) is needed by every batch alike.
                     return members.next();
                 }
-                members.find(|&b| !has_batch(epoch, b))
+                members.find(|&b| !has_batch(of_epoch(b)))
             })
             .min()
             .map(|b| (b - from) * bs)
@@ -99,7 +103,8 @@ fn from_reader(
             }
         }
         _ => {
-            let (e, i) = item.batch().expect("a batch item");
+            let b = item.batch().expect("a batch item");
+            let (e, i) = (b.epoch(), b.index());
             if repeat {
                 // Every epoch reads it again: it is needed when the readers come round.
                 (i * bs + per_epoch - batch * bs % per_epoch) % per_epoch
@@ -113,6 +118,7 @@ fn from_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::read::layout::FileKind;
     use crate::read::plan::{OrderOptions, Plan, Shuffle};
 
     #[test]
@@ -130,8 +136,8 @@ mod tests {
             },
         );
         let orders = Arc::new(Orders::new(plan));
-        let batch = |e, i| Item::of(crate::read::layout::FileKind::Safetensors, e, i);
-        let nothing_cached = |_: u64, _: u64| false;
+        let batch = |e, i| Item::of(FileKind::Safetensors, orders.plan().batch(e, i));
+        let nothing_cached = |_: BatchRef| false;
         // One reader in epoch 0 at batch 2, another in epoch 1 at batch 5.
         let two = distance(&orders, &[(0, 2), (1, 5)], nothing_cached);
         // Batch 6 of epoch 0: 4 batches ahead of the first (behind the second).
@@ -151,5 +157,30 @@ mod tests {
         // batches would all go first.
         let one = distance(&orders, &[(1, 5)], nothing_cached);
         assert_eq!(one(batch(0, 6)), u64::MAX);
+    }
+
+    #[test]
+    fn a_repeated_epoch_finds_the_batch_files_of_the_epoch_it_repeats() {
+        // shuffle=none: 40 rows in 4 row groups of 10, batches of 5; row group 0 feeds batches
+        // 0 and 1 of every epoch, whose files are epoch 0's.
+        let plan = Plan::new(
+            &[10, 10, 10, 10],
+            OrderOptions {
+                batch_size: 5,
+                drop_last: false,
+                shuffle: Shuffle::None,
+                window: 1,
+                seed: 0,
+                partitions: 1,
+            },
+        );
+        let orders = Arc::new(Orders::new(plan));
+        let cached = [orders.plan().batch(0, 0), orders.plan().batch(0, 1)];
+        // A reader at the start of epoch 2: batches 0 and 1 are served from their files, so
+        // row group 0 is next needed by the next epoch, an epoch (40 rows) away.
+        let d = distance(&orders, &[(2, 0)], move |b| cached.contains(&b));
+        assert_eq!(d(Item::Columns { rg: 0 }), 40);
+        // Row group 1 feeds batches 2 and 3, not cached: needed 2 batches ahead.
+        assert_eq!(d(Item::Columns { rg: 1 }), 10);
     }
 }

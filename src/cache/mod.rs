@@ -41,6 +41,7 @@ mod one_open;
 
 use crate::cache::kept::private_dir;
 use crate::read::layout::{Item, Layout};
+use crate::read::plan::BatchRef;
 use crate::stats::Stats;
 use anyhow::{Result, bail};
 use format::{
@@ -184,7 +185,7 @@ pub struct DiskCache {
     capacity: u64,
     entries: Mutex<HashMap<Item, Entry>>,
     /// How many files of each (epoch, batch) the cache holds.
-    built: Mutex<HashMap<(u64, u64), u32>>,
+    built: Mutex<HashMap<BatchRef, u32>>,
     /// Bytes of the entries, plus space reserved by writes in progress.
     used: AtomicU64,
     reserving: Mutex<()>,
@@ -386,10 +387,10 @@ impl DiskCache {
         ])
     }
 
-    /// Whether a file of batch `batch` of `epoch` is in the cache: its row groups are then not
-    /// needed to serve it.
-    pub fn has_batch(&self, epoch: u64, batch: u64) -> bool {
-        self.built.lock().unwrap().contains_key(&(epoch, batch))
+    /// Whether a file of batch `b` is in the cache: its row groups are then not needed to serve
+    /// it.
+    pub fn has_batch(&self, b: BatchRef) -> bool {
+        self.built.lock().unwrap().contains_key(&b)
     }
 
     fn count_batch(&self, item: Item, delta: i32) {

@@ -31,9 +31,10 @@
 //! ctime), the rule of batch files.
 
 use crate::cache::{DiskCache, Stamp};
+use crate::read::builder::Builder;
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
-use crate::read::plan::{Batches, Chain};
+use crate::read::plan::{Batches, Chain, Plan};
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -212,6 +213,9 @@ enum State {
 
 pub struct Ahead {
     materializer: Arc<Materializer>,
+    builder: Arc<Builder>,
+    cache: Arc<DiskCache>,
+    stats: Arc<Stats>,
     layout: Arc<Layout>,
     runtime: Handle,
     /// Epochs the mount lists: nothing is built past them.
@@ -228,6 +232,8 @@ pub struct Ahead {
 impl Ahead {
     pub fn new(
         materializer: Arc<Materializer>,
+        builder: Arc<Builder>,
+        cache: Arc<DiskCache>,
         layout: Arc<Layout>,
         runtime: Handle,
         epochs: u64,
@@ -235,6 +241,9 @@ impl Ahead {
     ) -> Ahead {
         Ahead {
             materializer,
+            stats: builder.stats().clone(),
+            builder,
+            cache,
             layout,
             runtime,
             epochs,
@@ -244,16 +253,12 @@ impl Ahead {
         }
     }
 
+    fn plan(&self) -> &Plan {
+        self.builder.plan()
+    }
+
     fn key(&self, dir: Batches, kind: FileKind) -> Key {
-        let plan = self.materializer.plan();
-        let dir = match dir {
-            Batches::Epoch(e) => Batches::Epoch(plan.same_as(e)),
-            Batches::Rank { epoch, rank, world } => Batches::Rank {
-                epoch: plan.same_as(epoch),
-                rank,
-                world,
-            },
-        };
+        let dir = self.plan().shared_dir(dir);
         Key { dir, kind }
     }
 
@@ -263,7 +268,7 @@ impl Ahead {
     /// twice).
     pub fn for_open(&self, dir: Batches, kind: FileKind) -> Opening {
         let key = self.key(dir, kind);
-        let stats = self.materializer.stats();
+        let stats = &self.stats;
         let files = self.files.lock().unwrap();
         match files.get(&key) {
             Some(State::Building(p)) if p.worth_waiting() => {
@@ -299,13 +304,9 @@ impl Ahead {
         }
     }
 
-    fn cache(&self) -> &Arc<DiskCache> {
-        self.materializer.cache()
-    }
-
     /// Whether an earlier mount kept `key`'s file, for this one to check and use.
     fn kept(&self, key: &Key) -> bool {
-        self.enabled && self.cache().contains(key.item())
+        self.enabled && self.cache.contains(key.item())
     }
 
     /// After [`Opening::Soon`]: the file once its build has ended, if it was built. A build
@@ -317,11 +318,11 @@ impl Ahead {
         progress: Arc<Progress>,
     ) -> Option<Arc<File>> {
         if !progress.end_within(LONGEST_WAIT).await {
-            progress.stop(self.materializer.stats());
+            progress.stop(&self.stats);
             return None;
         }
         let (file, _) = self.built(self.key(dir, kind), false)?;
-        Stats::add(&self.materializer.stats().c.ahead_opens, 1);
+        Stats::add(&self.stats.c.ahead_opens, 1);
         Some(file)
     }
 
@@ -354,7 +355,7 @@ impl Ahead {
     pub fn warm(&self, dir: Batches, kind: FileKind) -> Warming {
         let key = self.key(dir, kind);
         if !self.files.lock().unwrap().contains_key(&key) {
-            self.start(match self.cache().contains(key.item()) {
+            self.start(match self.cache.contains(key.item()) {
                 true => Work::Check(key),
                 false => Work::Build(vec![(key, None)]),
             });
@@ -398,7 +399,7 @@ impl Ahead {
         };
         let now = built.file.metadata().ok().map(|md| Stamp::of(&md));
         if now != Some(built.stamp) {
-            if self.cache().contains(key.item()) {
+            if self.cache.contains(key.item()) {
                 tracing::warn!(
                     "{} changed since it was built: removed, its reads are served by the daemon",
                     built.path().display()
@@ -424,7 +425,7 @@ impl Ahead {
             return;
         }
         let next = dir.next_epoch();
-        let plan = self.materializer.plan();
+        let plan = self.builder.plan();
         if next.global(0).0 >= self.epochs || plan.count(next) == 0 {
             return;
         }
@@ -482,7 +483,7 @@ impl Ahead {
     /// Starts `work` unless it is under way or done (for each of a build's files): its
     /// progress. The files of one build are of one directory.
     fn start(&self, work: Work) -> Option<Arc<Progress>> {
-        let plan = self.materializer.plan();
+        let plan = self.builder.plan();
         let (check, total) = match &work {
             Work::Check(key) => (true, self.layout.size(key.kind, plan.dir_rows(key.dir))),
             Work::Build(files) => (false, plan.count(files.first()?.0.dir)),
@@ -521,6 +522,9 @@ impl Ahead {
         let keys = work.keys();
         let job = Job {
             materializer: self.materializer.clone(),
+            builder: self.builder.clone(),
+            cache: self.cache.clone(),
+            stats: self.stats.clone(),
             layout: self.layout.clone(),
             runtime: self.runtime.clone(),
             progress: progress.clone(),
@@ -663,6 +667,9 @@ fn older(a: &Key, b: &Key) -> bool {
 /// Building files of one directory (or checking one), on a blocking thread.
 struct Job {
     materializer: Arc<Materializer>,
+    builder: Arc<Builder>,
+    cache: Arc<DiskCache>,
+    stats: Arc<Stats>,
     layout: Arc<Layout>,
     runtime: Handle,
     progress: Arc<Progress>,
@@ -688,8 +695,8 @@ impl Job {
     /// (dropped) or was evicted.
     fn check(self, key: Key) -> Option<Built> {
         let item = key.item();
-        let cache = self.materializer.cache().clone();
-        let stats = self.materializer.stats().clone();
+        let cache = self.cache.clone();
+        let stats = self.stats.clone();
         let written = |n| self.progress.written.store(n, Ordering::Relaxed);
         let (file, stamp) = cache.check_file(item, &written, &stats)?;
         Stats::add(&stats.c.ahead_kept_checked, 1);
@@ -724,14 +731,14 @@ impl Job {
             return out;
         }
         let dir = building[0].key.dir;
-        let rows = self.materializer.plan().dir_rows(dir);
+        let rows = self.builder.plan().dir_rows(dir);
         let written = match self.write(&mut building) {
             Ok(()) => Ok(()),
             Err(_) if self.progress.stop.load(Ordering::Relaxed) => Err(None),
             Err(e) => Err(Some(e)),
         };
-        let stats = self.materializer.stats().clone();
-        let cache = self.materializer.cache().clone();
+        let stats = self.stats.clone();
+        let cache = self.cache.clone();
         for b in building {
             let Building {
                 key,
@@ -787,9 +794,9 @@ impl Job {
     /// (its spare, else a new one): `None` where the cache has no room for it.
     fn prepare(&self, key: Key, spare: Option<Spare>) -> Result<Option<Building>> {
         let Key { dir, kind } = key;
-        let stats = self.materializer.stats().clone();
-        let cache = self.materializer.cache().clone();
-        let rows = self.materializer.plan().dir_rows(dir);
+        let stats = self.stats.clone();
+        let cache = self.cache.clone();
+        let rows = self.builder.plan().dir_rows(dir);
         let bytes = self.layout.size(kind, rows);
         let distance = self.materializer.distance_fn();
         // A spare's bytes of the cache are reserved already: only more than those are asked for.
@@ -846,7 +853,7 @@ impl Job {
     /// runs as its rows are written in order.
     fn write(&self, files: &mut [Building]) -> Result<()> {
         let dir = files[0].key.dir;
-        let plan = self.materializer.plan();
+        let plan = self.builder.plan();
         let bs = plan.options().batch_size;
         // The tensors gathered for every file, and where each file's tensor is among them.
         let mut wanted: Vec<usize> = Vec::new();
@@ -873,8 +880,8 @@ impl Job {
             if self.progress.stop.load(Ordering::Relaxed) {
                 anyhow::bail!("stopped: its reader came first");
             }
-            let (epoch, g) = dir.global(j);
-            let gathered = (self.materializer).batch_tensors(&self.runtime, epoch, g, &wanted)?;
+            let b = plan.batch_in(dir, j);
+            let gathered = (self.materializer).batch_tensors(&self.runtime, b, &wanted)?;
             for (b, slots) in files.iter_mut().zip(&slots) {
                 for ((t, base, crc), &k) in b.tensors.iter_mut().zip(slots) {
                     let data = &gathered[k];

@@ -7,7 +7,7 @@ use crate::cache::DiskCache;
 use crate::cache::eviction::Eviction;
 use crate::read::budget::Budget;
 use crate::read::layout::{FileKind, Item, Layout};
-use crate::read::plan::{Orders, Plan, Shuffle};
+use crate::read::plan::{BatchRef, Orders, Plan, Shuffle};
 use crate::read::pool::{Background, Pool, ReaderWaits};
 use crate::read::transform::{self, Columns};
 use crate::source::Source;
@@ -362,10 +362,10 @@ pub struct Builder {
     /// Global row-group index → (file, row group in file).
     row_groups: Vec<(usize, usize)>,
     decoded: Memo<usize, Columns>,
-    batches: Memo<(u64, u64), Batch>,
-    tensors: Memo<(u64, u64, usize), TensorRows>,
+    batches: Memo<BatchRef, Batch>,
+    tensors: Memo<(BatchRef, usize), TensorRows>,
     /// Each batch's rows, computed once for the gathers of its tensors one by one.
-    picks: Memo<(u64, u64), Picks>,
+    picks: Memo<BatchRef, Picks>,
     /// Whether decoded row groups are kept in the local cache where epochs repeat
     /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
     /// for the one-open files on, for which no batch file is written, so that the columns are
@@ -462,25 +462,21 @@ impl Builder {
         self.pool.reader_waits()
     }
 
-    /// Batch `i` of `epoch`, built on first use.
-    pub async fn batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
-        let epoch = self.plan().same_as(epoch);
-        self.batches
-            .get_or_build((epoch, i), self.build_batch(epoch, i))
-            .await
+    /// Batch `b`, built on first use.
+    pub async fn batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
+        self.batches.get_or_build(b, self.build_batch(b)).await
     }
-    /// Tensor `t` of batch `i` of `epoch`: from the batch where it is in memory, else its rows
-    /// alone, gathered on first use.
-    pub async fn tensor(&self, epoch: u64, i: u64, t: usize) -> Result<TensorOf> {
+    /// Tensor `t` of batch `b`: from the batch where it is in memory, else its rows alone,
+    /// gathered on first use.
+    pub async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
-        let epoch = self.plan().same_as(epoch);
-        if let Some(b) = self.batches.get(&(epoch, i)) {
-            return Ok(TensorOf::Batch(b, t));
+        if let Some(batch) = self.batches.get(&b) {
+            return Ok(TensorOf::Batch(batch, t));
         }
         let rows = self
             .tensors
-            .get_or_build((epoch, i, t), async {
-                let tensors = self.gather(epoch, i, Some(t)).await?;
+            .get_or_build((b, t), async {
+                let tensors = self.gather(b, Some(t)).await?;
                 Stats::add(&self.stats.c.tensors_gathered, 1);
                 Stats::add(&self.stats.c.batches_built, 1);
                 Ok(Arc::new(TensorRows(
@@ -491,63 +487,59 @@ impl Builder {
         Ok(TensorOf::Alone(rows))
     }
 
-    /// Whether batch `i` of `epoch` is in memory whole ([`Builder::gather_here`] takes it).
-    /// Batch `i` of `epoch` if it is in memory now.
-    pub fn batch_at_hand(&self, epoch: u64, i: u64) -> Option<Arc<Batch>> {
-        self.batches.get(&(self.plan().same_as(epoch), i))
+    /// Batch `b` if it is in memory now.
+    pub fn batch_at_hand(&self, b: BatchRef) -> Option<Arc<Batch>> {
+        self.batches.get(&b)
     }
 
-    pub fn has_batch(&self, epoch: u64, i: u64) -> bool {
-        self.batches.contains(&(self.plan().same_as(epoch), i))
+    /// Whether batch `b` is in memory whole ([`Builder::gather_here`] takes it).
+    pub fn has_batch(&self, b: BatchRef) -> bool {
+        self.batches.contains(&b)
     }
 
-    /// Whether tensor `t` of batch `i` of `epoch` is in memory, alone or in its batch.
-    pub fn has_tensor(&self, epoch: u64, i: u64, t: usize) -> bool {
-        let epoch = self.plan().same_as(epoch);
-        self.batches.contains(&(epoch, i)) || self.tensors.contains(&(epoch, i, t))
+    /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
+    pub fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
+        self.batches.contains(&b) || self.tensors.contains(&(b, t))
     }
 
-    /// Whether every row group batch `i` of `epoch` draws from is decoded in memory or in the
-    /// local cache: the batch is then gathered without fetching or decoding anything.
-    pub fn row_groups_at_hand(&self, epoch: u64, i: u64) -> bool {
-        let order = self.orders.epoch(self.plan().same_as(epoch));
-        (self.plan().batch_row_groups(&order, i).into_iter())
+    /// Whether every row group batch `b` draws from is decoded in memory or in the local cache:
+    /// the batch is then gathered without fetching or decoding anything.
+    pub fn row_groups_at_hand(&self, b: BatchRef) -> bool {
+        let order = self.orders.epoch(b.epoch());
+        (self.plan().batch_row_groups(&order, b.index()).into_iter())
             .all(|g| self.decoded.contains(&g) || self.cache.contains(Item::Columns { rg: g }))
     }
 
-    /// Whether batch `i` of `epoch`, or any of its tensors alone, is held in memory.
-    pub fn holds_any_of(&self, epoch: u64, i: u64) -> bool {
-        (0..self.view.tensors.len()).any(|t| self.has_tensor(epoch, i, t))
+    /// Whether batch `b`, or any of its tensors alone, is held in memory.
+    pub fn holds_any_of(&self, b: BatchRef) -> bool {
+        (0..self.view.tensors.len()).any(|t| self.has_tensor(b, t))
     }
 
-    /// Batch `i` of `epoch` built on the calling thread (a worker's), where every row group it
-    /// draws from is decoded in memory: no hand-off between threads, each of which costs more
-    /// than gathering a small batch. `None` where a row group is not in memory (the caller
-    /// builds it through [`Builder::batch`]).
-    pub fn batch_here(&self, epoch: u64, i: u64) -> Option<Arc<Batch>> {
-        let epoch = self.plan().same_as(epoch);
-        if let Some(b) = self.batches.get(&(epoch, i)) {
-            return Some(b);
+    /// Batch `b` built on the calling thread (a worker's), where every row group it draws from
+    /// is decoded in memory: no hand-off between threads, each of which costs more than
+    /// gathering a small batch. `None` where a row group is not in memory (the caller builds it
+    /// through [`Builder::batch`]).
+    pub fn batch_here(&self, b: BatchRef) -> Option<Arc<Batch>> {
+        if let Some(batch) = self.batches.get(&b) {
+            return Some(batch);
         }
-        let picks = match self.picks.get(&(epoch, i)) {
+        let picks = match self.picks.get(&b) {
             Some(p) => p,
-            None => self
-                .picks
-                .insert((epoch, i), Arc::new(self.picks_of(epoch, i))),
+            None => self.picks.insert(b, Arc::new(self.picks_of(b))),
         };
-        self.batches.build_here((epoch, i), || {
+        self.batches.build_here(b, || {
             let decoded = (picks.row_groups.iter())
                 .map(|g| self.decoded.get(g))
                 .collect::<Option<Vec<_>>>()?;
             let all: Vec<usize> = (0..self.view.tensors.len()).collect();
             let tensors = picks.gather(&self.view, &decoded, &all, &self.stats);
-            Some(self.batch_of(i, tensors))
+            Some(self.batch_of(b, tensors))
         })
     }
 
-    /// A batch of `i`'s rows of every tensor, counted.
-    fn batch_of(&self, i: u64, tensors: Vec<Vec<u8>>) -> Arc<Batch> {
-        let n = self.plan().batch_len(i);
+    /// A batch of `b`'s rows of every tensor, counted.
+    fn batch_of(&self, b: BatchRef, tensors: Vec<Vec<u8>>) -> Arc<Batch> {
+        let n = self.plan().batch_len(b.index());
         Stats::add(&self.stats.c.batches_built, 1);
         Arc::new(Batch {
             rows: n,
@@ -557,14 +549,13 @@ impl Builder {
     }
 
     #[tracing::instrument(name = "build", level = "debug", skip(self))]
-    async fn build_batch(&self, epoch: u64, i: u64) -> Result<Arc<Batch>> {
-        let tensors = self.gather(epoch, i, None).await?;
-        Ok(self.batch_of(i, tensors))
+    async fn build_batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
+        let tensors = self.gather(b, None).await?;
+        Ok(self.batch_of(b, tensors))
     }
 
-    /// The rows of batch `i` of `epoch`, gathered from their row groups: every tensor, or
-    /// tensor `only`.
-    async fn gather(&self, epoch: u64, i: u64, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
+    /// The rows of batch `b`, gathered from their row groups: every tensor, or tensor `only`.
+    async fn gather(&self, b: BatchRef, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
         let wanted: Vec<usize> = match only {
             Some(t) => vec![t],
             None => (0..self.view.tensors.len()).collect(),
@@ -572,45 +563,42 @@ impl Builder {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;
-        let (picks, decoded) = self.located(epoch, i).await?;
+        let (picks, decoded) = self.located(b).await?;
         let _permit = self.workers.acquire().await?;
         let view = self.view.clone();
         let stats = self.stats.clone();
         self.pool
             .run(move || picks.gather(&view, &decoded, &wanted, &stats))
             .await
-            .with_context(|| format!("gathering the rows of epoch {epoch} batch {i}"))
+            .with_context(|| format!("gathering the rows of {b}"))
     }
 
-    /// Batch `i` of `epoch`'s rows of tensors `wanted` (in that order), gathered on the calling
+    /// Batch `b`'s rows of tensors `wanted` (in that order), gathered on the calling
     /// thread (a thread that builds ahead in `SCHED_IDLE`, whose gathers must not take the
     /// workers from readers), where each row is located once for all of them. Its row groups
     /// are loaded as for any build; the rows are not kept.
     pub fn gather_here(
         &self,
         runtime: &Handle,
-        epoch: u64,
-        i: u64,
+        b: BatchRef,
         wanted: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
-        let epoch = self.plan().same_as(epoch);
-        if let Some(b) = self.batches.get(&(epoch, i)) {
-            return Ok(wanted.iter().map(|&t| b.tensors[t].clone()).collect());
+        if let Some(batch) = self.batches.get(&b) {
+            return Ok(wanted.iter().map(|&t| batch.tensors[t].clone()).collect());
         }
         let (_build, (picks, decoded)) = runtime.block_on(async {
-            anyhow::Ok((self.builds.acquire().await?, self.located(epoch, i).await?))
+            anyhow::Ok((self.builds.acquire().await?, self.located(b).await?))
         })?;
         let rows = picks.gather(&self.view, &decoded, wanted, &self.stats);
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(rows)
     }
 
-    /// Where the rows of batch `i` of `epoch` are, and their row groups, decoded or loaded.
-    async fn located(&self, epoch: u64, i: u64) -> Result<(Arc<Picks>, Vec<Arc<Columns>>)> {
-        let picks = self
-            .picks
-            .get_or_build((epoch, i), async { Ok(Arc::new(self.picks_of(epoch, i))) })
+    /// Where the rows of batch `b` are, and their row groups, decoded or loaded.
+    async fn located(&self, b: BatchRef) -> Result<(Arc<Picks>, Vec<Arc<Columns>>)> {
+        let picks = (self.picks)
+            .get_or_build(b, async { Ok(Arc::new(self.picks_of(b))) })
             .await?;
         let decoded = futures::future::try_join_all(
             picks.row_groups.iter().map(|&g| self.row_group(g, false)),
@@ -619,11 +607,11 @@ impl Builder {
         Ok((picks, decoded))
     }
 
-    /// Where the rows of batch `i` of `epoch` (its canonical epoch) are.
-    fn picks_of(&self, epoch: u64, i: u64) -> Picks {
-        let order = self.orders.epoch(epoch);
+    /// Where the rows of batch `b` are.
+    fn picks_of(&self, b: BatchRef) -> Picks {
+        let order = self.orders.epoch(b.epoch());
         let plan = self.plan();
-        let rows = plan.batch_rows(&order, i).into_iter();
+        let rows = plan.batch_rows(&order, b.index()).into_iter();
         Picks::new(rows.map(|r| plan.locate(r)))
     }
 

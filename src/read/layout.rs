@@ -4,7 +4,7 @@
 //! kernel can pass reads through to them.
 
 use crate::read::format::{self, TensorLayout};
-use crate::read::plan::Batches;
+use crate::read::plan::{BatchRef, Batches};
 use crate::source::view::Tensor;
 use std::path::PathBuf;
 
@@ -47,9 +47,9 @@ pub enum Item {
 }
 
 impl Item {
-    /// The item of file `kind` of batch `batch` of `epoch`, as is (the engine maps an epoch to
-    /// the one it repeats first).
-    pub fn of(kind: FileKind, epoch: u64, batch: u64) -> Item {
+    /// The item of file `kind` of batch `b`.
+    pub fn of(kind: FileKind, b: BatchRef) -> Item {
+        let (epoch, batch) = (b.epoch(), b.index());
         match kind {
             FileKind::Safetensors => Item::Safetensors { epoch, batch },
             FileKind::Npy(tensor) => Item::Npy {
@@ -60,12 +60,12 @@ impl Item {
         }
     }
 
-    /// The (epoch, batch) of a batch file.
-    pub fn batch(&self) -> Option<(u64, u64)> {
+    /// The batch of a batch file.
+    pub fn batch(&self) -> Option<BatchRef> {
         match *self {
             Item::Columns { .. } | Item::All { .. } => None,
             Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
-                Some((epoch, batch))
+                Some(BatchRef::of_item(epoch, batch))
             }
         }
     }

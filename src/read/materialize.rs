@@ -6,7 +6,7 @@ use crate::cache::DiskCache;
 use crate::cache::eviction::Eviction;
 use crate::read::builder::{Builder, Memo, Weighted};
 use crate::read::layout::{FileKind, Item, Layout};
-use crate::read::plan::Plan;
+use crate::read::plan::{BatchRef, Plan};
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;
@@ -60,20 +60,12 @@ impl Materializer {
         }
     }
 
-    pub fn builder(&self) -> &Arc<Builder> {
-        &self.builder
-    }
-
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         self.builder.plan()
     }
 
-    pub fn stats(&self) -> &Arc<Stats> {
+    fn stats(&self) -> &Arc<Stats> {
         self.builder.stats()
-    }
-
-    pub fn cache(&self) -> &Arc<DiskCache> {
-        &self.cache
     }
 
     /// How far ahead of the readers each cache item is needed ([`Eviction::distance_fn`]).
@@ -81,26 +73,36 @@ impl Materializer {
         self.eviction.distance_fn()
     }
 
-    /// The cache item of file `kind` of batch `batch` of `epoch`. Where epochs repeat
-    /// (`shuffle=none`), every epoch's is epoch 0's: one file, built once, for all of them.
-    pub fn item(&self, kind: FileKind, epoch: u64, batch: u64) -> Item {
-        Item::of(kind, self.plan().same_as(epoch), batch)
+    /// Whether the cache has room for `bytes` more beside everything the plan needs again
+    /// ([`DiskCache::has_spare_room`]): a file built far ahead takes no room a nearer one needs.
+    pub fn has_spare_room(&self, bytes: u64) -> bool {
+        (self.cache).has_spare_room(bytes, &*self.distance_fn(), self.stats())
+    }
+
+    /// Where the batch file `item` is (or would be) in the cache.
+    pub fn path(&self, item: Item) -> PathBuf {
+        self.cache.path(item)
+    }
+
+    /// Keeps the batch file `item` from eviction for `grace` (a reader was given its path).
+    pub fn pin(&self, item: Item, grace: std::time::Duration) {
+        self.cache.pin(item, grace)
     }
 
     pub fn contains(&self, item: Item) -> bool {
         self.cache.contains(item)
     }
 
-    /// Tensor `t`'s rows of batch `g` of `epoch` read from a materialised file of the batch (its
+    /// Tensor `t`'s rows of batch `b` read from a materialised file of the batch (its
     /// `.npy` file of the tensor, else its `.safetensors` file), checked: a warm remount, or a
     /// build of a one-open file, decodes nothing the batch files hold. `None` where neither is
     /// in the cache or the read fails (the caller then gathers the rows). Blocking; it moves no
     /// reader (a build ahead reads batches no reader is at).
-    pub fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
-        let rows = self.plan().batch_len(g);
+    pub fn tensor_from_file(&self, b: BatchRef, t: usize) -> Option<Vec<u8>> {
+        let rows = self.plan().batch_len(b.index());
         let (item, kind) = [FileKind::Npy(t), FileKind::Safetensors]
             .into_iter()
-            .map(|kind| (self.item(kind, epoch, g), kind))
+            .map(|kind| (Item::of(kind, b), kind))
             .find(|&(item, _)| self.cache.contains(item))?;
         let range = self.layout.tensor_range(kind, rows, t);
         let (file, _) = self.cache.open_batch_file(item, self.stats())?;
@@ -111,24 +113,23 @@ impl Materializer {
         Some(rows)
     }
 
-    /// Batch `g` of `epoch`'s rows of tensors `wanted` (in that order), for one-open files
+    /// Batch `b`'s rows of tensors `wanted` (in that order), for one-open files
     /// built on the calling thread: from memory, else from the batch's materialised files, else
     /// gathered (decoding what is not at hand).
     pub fn batch_tensors(
         &self,
         runtime: &tokio::runtime::Handle,
-        epoch: u64,
-        g: u64,
+        b: BatchRef,
         wanted: &[usize],
     ) -> Result<Vec<Vec<u8>>> {
-        if !self.builder.has_batch(epoch, g)
+        if !self.builder.has_batch(b)
             && let Some(rows) = (wanted.iter())
-                .map(|&t| self.tensor_from_file(epoch, g, t))
+                .map(|&t| self.tensor_from_file(b, t))
                 .collect::<Option<Vec<_>>>()
         {
             return Ok(rows);
         }
-        self.builder.gather_here(runtime, epoch, g, wanted)
+        self.builder.gather_here(runtime, b, wanted)
     }
 
     /// The fast path of an open, answered on the FUSE thread: the batch file `item` kept ready
@@ -200,12 +201,12 @@ impl Materializer {
     #[tracing::instrument(name = "materialize", level = "debug", skip(self))]
     async fn build(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         let cache = self.cache.clone();
-        let (epoch, batch) = item.batch().expect("a batch item");
+        let b = item.batch().expect("a batch item");
         let made = self
             .materializing
             .get_or_build(item, async {
                 Stats::add(&self.stats().c.batch_file_misses, 1);
-                let b = self.builder.batch(epoch, batch).await?;
+                let batch = self.builder.batch(b).await?;
                 let cache = cache.clone();
                 let stats = self.stats().clone();
                 let distance = self.eviction.distance_fn();
@@ -216,8 +217,8 @@ impl Materializer {
                     .run(move || {
                         let cpu_started = crate::read::pool::thread_cpu_ns();
                         let kind = item.kind().expect("a batch file");
-                        let header = b.header(&layout, kind);
-                        let parts = layout.parts(kind, header.as_ref(), &b.tensors);
+                        let header = batch.header(&layout, kind);
+                        let parts = layout.parts(kind, header.as_ref(), &batch.tensors);
                         let placed = match cache.store_batch_file(item, &parts, &*distance, &stats)
                         {
                             Ok(placed) => Some(placed),

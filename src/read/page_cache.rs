@@ -318,8 +318,10 @@ impl Filler {
         {
             return stored;
         }
-        let (epoch, g) = dir.global(j);
-        let batch = self.builder.batch(epoch, g).await?;
+        let batch = self
+            .builder
+            .batch(self.builder.plan().batch_in(dir, j))
+            .await?;
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.store_batch(&batch, dir, j, kind, from))
             .await
@@ -329,8 +331,9 @@ impl Filler {
     /// [`Filler::store`] on the calling thread, its batch built there; `None` where a row group
     /// of the batch is not in memory.
     fn store_here(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Option<Result<()>> {
-        let (epoch, g) = dir.global(j);
-        let batch = self.builder.batch_here(epoch, g)?;
+        let batch = self
+            .builder
+            .batch_here(self.builder.plan().batch_in(dir, j))?;
         Some(self.store_batch(&batch, dir, j, kind, from))
     }
 

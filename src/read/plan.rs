@@ -156,8 +156,36 @@ impl Plan {
     }
 
     /// The epoch whose batches epoch `epoch`'s are, byte for byte: 0 where epochs repeat.
-    pub fn same_as(&self, epoch: u64) -> u64 {
+    fn same_as(&self, epoch: u64) -> u64 {
         if self.epochs_repeat() { 0 } else { epoch }
+    }
+
+    /// Batch `g` (global) of `epoch` as the engine builds, keeps and names it.
+    pub fn batch(&self, epoch: u64, g: u64) -> BatchRef {
+        BatchRef {
+            epoch: self.same_as(epoch),
+            index: g,
+        }
+    }
+
+    /// The directory whose files `dir`'s are, byte for byte: the same directory of the epoch it
+    /// shares ([`Plan::same_as`]).
+    pub fn shared_dir(&self, dir: Batches) -> Batches {
+        match dir {
+            Batches::Epoch(e) => Batches::Epoch(self.same_as(e)),
+            Batches::Rank { epoch, rank, world } => Batches::Rank {
+                epoch: self.same_as(epoch),
+                rank,
+                world,
+            },
+        }
+    }
+
+    /// Batch `j` of directory `dir` ([`Batches::global`]) as the engine builds, keeps and names
+    /// it.
+    pub fn batch_in(&self, dir: Batches, j: u64) -> BatchRef {
+        let (epoch, g) = dir.global(j);
+        self.batch(epoch, g)
     }
 
     /// Rows in the dataset.
@@ -624,6 +652,40 @@ fn mix(mut z: u64) -> u64 {
 /// The directories that are one another's next epochs, as one reader goes from epoch to
 /// epoch: the epochs' (`None`), or one rank's views (its rank and world size).
 pub type Chain = Option<(u64, u64)>;
+
+/// One batch of the plan as the engine builds, keeps and names it: global batch `index` of the
+/// epoch whose batches it shares ([`Plan::same_as`]: epoch 0's where epochs repeat). Made from
+/// a request's epoch by [`Plan::batch`] or [`Plan::batch_in`], once, so that every memo, cache
+/// item and file of an epoch that repeats another is the other's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchRef {
+    epoch: u64,
+    index: u64,
+}
+
+impl BatchRef {
+    /// The batch named by a cache item, whose epoch is already the one it shares (items are
+    /// made from a `BatchRef`).
+    pub(crate) fn of_item(epoch: u64, index: u64) -> BatchRef {
+        BatchRef { epoch, index }
+    }
+
+    /// The epoch whose batch this is (the one it shares).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The batch's global index in its epoch.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+}
+
+impl std::fmt::Display for BatchRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "epoch {} batch {}", self.epoch, self.index)
+    }
+}
 
 /// A directory of batches: an epoch, or a rank's view of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -20,7 +20,7 @@ use crate::read::builder::Builder;
 use crate::read::layout::{FileKind, Item, Layout};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE, ToStore};
-use crate::read::plan::{Batches, Chain, Plan};
+use crate::read::plan::{BatchRef, Batches, Chain, Plan};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -52,6 +52,7 @@ pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64
 pub struct Prefetcher {
     materializer: Arc<Materializer>,
     builder: Arc<Builder>,
+    stats: Arc<Stats>,
     readers: Arc<Readers>,
     runtime: Handle,
     depth: u64,
@@ -67,15 +68,19 @@ pub struct Prefetcher {
 impl Prefetcher {
     pub fn new(
         materializer: Arc<Materializer>,
+        builder: Arc<Builder>,
         readers: Arc<Readers>,
         layout: Arc<Layout>,
         runtime: Handle,
         depth: u64,
         epochs: u64,
     ) -> Prefetcher {
-        let filler = Arc::new(Filler::new(materializer.builder().clone(), layout.clone()));
+        let filler = Arc::new(Filler::new(builder.clone(), layout.clone()));
+        let stats = builder.stats().clone();
         let next_epoch = Arc::new(NextEpoch {
             materializer: materializer.clone(),
+            builder: builder.clone(),
+            stats: stats.clone(),
             readers: readers.clone(),
             layout,
             depth,
@@ -84,8 +89,9 @@ impl Prefetcher {
             stored_ahead: memory_total().map_or(1 << 30, |m| m / 8),
         });
         Prefetcher {
-            builder: materializer.builder().clone(),
             materializer,
+            builder,
+            stats,
             readers,
             runtime,
             depth,
@@ -109,7 +115,7 @@ impl Prefetcher {
     }
 
     fn plan(&self) -> &Plan {
-        self.materializer.plan()
+        self.builder.plan()
     }
 
     /// A reader read what `event` says: move its position, and where it reads in order,
@@ -145,13 +151,13 @@ impl Prefetcher {
             return self.store_files(files, kinds, last);
         }
         for &(d, j) in files {
-            let (epoch, batch) = d.global(j);
-            if epoch >= last {
+            if d.global(j).0 >= last {
                 break;
             }
+            let b = self.plan().batch_in(d, j);
             if !to_disk {
                 if let What::Rows { t, .. } = what {
-                    self.build_tensor(epoch, batch, t);
+                    self.build_tensor(b, t);
                 }
                 continue;
             }
@@ -160,7 +166,7 @@ impl Prefetcher {
                     self.fill(d, j, kind, stored_from(j, self.depth / 2));
                     continue;
                 }
-                let item = self.materializer.item(kind, epoch, batch);
+                let item = Item::of(kind, b);
                 if self.materializer.checked_already(item)
                     || !self.scheduled.lock().unwrap().insert(item)
                 {
@@ -168,7 +174,7 @@ impl Prefetcher {
                 }
                 let materializer = self.materializer.clone();
                 let scheduled = self.scheduled.clone();
-                Stats::add(&materializer.stats().c.prefetch_scheduled, 1);
+                Stats::add(&self.stats.c.prefetch_scheduled, 1);
                 self.runtime.spawn(async move {
                     if let Err(e) = materializer.prefetch(item).await {
                         tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
@@ -186,7 +192,7 @@ impl Prefetcher {
             return;
         }
         let filler = self.filler.clone();
-        Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
+        Stats::add(&self.stats.c.prefetch_scheduled, 1);
         self.runtime.spawn(async move {
             // Its reader reads it from the daemon instead (the same bytes), and meets any
             // error of the build there; a store fails as a mount goes away.
@@ -207,11 +213,11 @@ impl Prefetcher {
         !kinds.is_empty()
     }
 
-    /// Whether batch `batch` of `epoch` has its `.safetensors` file materialised (where the
-    /// one-open files read it from).
-    fn on_disk(&self, epoch: u64, batch: u64) -> bool {
-        let item = self.materializer.item(FileKind::Safetensors, epoch, batch);
-        self.materializer.contains(item)
+    /// Whether batch `b` has its `.safetensors` file materialised (where the one-open files
+    /// read it from).
+    fn on_disk(&self, b: BatchRef) -> bool {
+        self.materializer
+            .contains(Item::of(FileKind::Safetensors, b))
     }
 
     /// Stores in the page cache the files `kinds` of the batches `files` (up to the listed
@@ -237,10 +243,7 @@ impl Prefetcher {
         if todo.is_empty() {
             return;
         }
-        Stats::add(
-            &self.materializer.stats().c.prefetch_scheduled,
-            todo.len() as u64,
-        );
+        Stats::add(&self.stats.c.prefetch_scheduled, todo.len() as u64);
         let (filler, runtime) = (self.filler.clone(), self.runtime.clone());
         let pool = self.builder.clone();
         pool.pool().spawn(move || {
@@ -257,27 +260,23 @@ impl Prefetcher {
         });
     }
 
-    /// Gathers tensor `t` of batch `batch` of `epoch` into memory, once however many readers
-    /// want it.
-    fn build_tensor(&self, epoch: u64, batch: u64, t: usize) {
+    /// Gathers tensor `t` of batch `b` into memory, once however many readers want it.
+    fn build_tensor(&self, b: BatchRef, t: usize) {
         let builder = self.builder.clone();
         // The tensor's .npy item stands for it in the set of what is scheduled.
-        let item = self.materializer.item(FileKind::Npy(t), epoch, batch);
+        let item = Item::of(FileKind::Npy(t), b);
         // A batch whose file is materialised is read from it: nothing to gather.
-        if builder.has_tensor(epoch, batch, t)
-            || self.on_disk(epoch, batch)
+        if builder.has_tensor(b, t)
+            || self.on_disk(b)
             || !self.scheduled.lock().unwrap().insert(item)
         {
             return;
         }
         let scheduled = self.scheduled.clone();
-        Stats::add(&self.materializer.stats().c.prefetch_scheduled, 1);
+        Stats::add(&self.stats.c.prefetch_scheduled, 1);
         self.runtime.spawn(async move {
-            if let Err(e) = builder.tensor(epoch, batch, t).await {
-                tracing::warn!(
-                    "prefetch of epoch {epoch} batch {batch} tensor {t}: {}",
-                    crate::describe(&e)
-                );
+            if let Err(e) = builder.tensor(b, t).await {
+                tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e));
             }
             scheduled.lock().unwrap().remove(&item);
         });
@@ -323,9 +322,9 @@ impl Prefetcher {
     /// cache, or stored in the page cache with `opens=kernel` (or, for a reader of the one-open
     /// files, some of the batch is in memory or its file is materialised).
     fn ready(&self, kinds: &[FileKind], dir: Batches, j: u64) -> bool {
-        let (epoch, batch) = dir.global(j);
         if !self.to_disk(kinds) {
-            return self.builder.holds_any_of(epoch, batch) || self.on_disk(epoch, batch);
+            let b = self.plan().batch_in(dir, j);
+            return self.builder.holds_any_of(b) || self.on_disk(b);
         }
         kinds.iter().all(|&k| self.next_epoch.ready(dir, j, k))
     }
@@ -401,6 +400,8 @@ const GIVE_UP: Duration = Duration::from_secs(30);
 /// the prefetcher has the batches from there.
 struct NextEpoch {
     materializer: Arc<Materializer>,
+    builder: Arc<Builder>,
+    stats: Arc<Stats>,
     readers: Arc<Readers>,
     layout: Arc<Layout>,
     depth: u64,
@@ -491,10 +492,9 @@ impl NextEpoch {
         if self.has(dir, j, kind) {
             return true;
         }
-        let (epoch, g) = dir.global(j);
         self.filler.on()
             && !self.filler.tripwires()
-            && self.materializer.builder().has_batch(epoch, g)
+            && self.builder.has_batch(self.plan().batch_in(dir, j))
     }
 
     /// Whether file `kind` of batch `j` of `dir` is built for its reader: in the cache, or
@@ -503,9 +503,12 @@ impl NextEpoch {
         if self.filler.on() {
             return self.filler.has(dir, j, kind);
         }
-        let (epoch, g) = dir.global(j);
         self.materializer
-            .contains(self.materializer.item(kind, epoch, g))
+            .contains(Item::of(kind, self.plan().batch_in(dir, j)))
+    }
+
+    fn plan(&self) -> &Plan {
+        self.builder.plan()
     }
 
     /// The reader of `dir`, which opens the files `kinds` of each batch, is at batch `i`:
@@ -527,7 +530,7 @@ impl NextEpoch {
         {
             pace.step();
         }
-        let plan = self.materializer.plan();
+        let plan = self.plan();
         let next = dir.next_epoch();
         if plan.epochs_repeat() || next.global(0).0 >= listed || plan.count(next) == 0 {
             return;
@@ -581,8 +584,8 @@ impl NextEpoch {
         from: u64,
         pace: &Pace,
     ) -> WalkState {
-        let plan = self.materializer.plan();
-        let stats = self.materializer.stats();
+        let plan = self.plan();
+        let stats = &self.stats;
         let mut waiting_since: Option<Instant> = None;
         let mut j = from;
         while j < plan.count(dir) {
@@ -592,20 +595,18 @@ impl NextEpoch {
             if pace.stop.load(Ordering::Relaxed) || reader.is_some_and(|at| at + self.depth >= j) {
                 return WalkState::Done;
             }
-            let (epoch, g) = dir.global(j);
+            let b = plan.batch_in(dir, j);
             let missing: Vec<FileKind> = (kinds.iter().copied())
                 .filter(|&k| !self.has(dir, j, k))
                 .collect();
-            let items: Vec<Item> = (missing.iter())
-                .map(|&k| self.materializer.item(k, epoch, g))
-                .collect();
+            let items: Vec<Item> = missing.iter().map(|&k| Item::of(k, b)).collect();
             if items.is_empty() {
                 j += 1;
                 continue;
             }
             let reading = if reader.is_some() { dir } else { behind };
             let wait = match self.served(reading, kinds) {
-                true => (self.blocked(epoch, g, &items))
+                true => (self.blocked(b, &items))
                     .or_else(|| self.enough_stored(j, kinds, reader))
                     .map(|why| (PAUSE, why)),
                 false => Some((PAUSE_BUSY, "its reader's next files are not all ready")),
@@ -629,10 +630,8 @@ impl NextEpoch {
                 let mut files = Vec::new();
                 let mut k = j;
                 while k < plan.count(dir) && k < j + WALK_CHUNK {
-                    let (epoch, g) = dir.global(k);
                     let near = reader.is_some_and(|at| at + self.depth >= k);
-                    if k > j && (near || !self.materializer.builder().row_groups_at_hand(epoch, g))
-                    {
+                    if k > j && (near || !self.builder.row_groups_at_hand(plan.batch_in(dir, k))) {
                         break;
                     }
                     let from = match self.filler.tripwires() {
@@ -686,7 +685,7 @@ impl NextEpoch {
         if !self.filler.on() {
             return None;
         }
-        let rows = self.materializer.plan().options().batch_size;
+        let rows = self.plan().options().batch_size;
         let per_batch: u64 = kinds.iter().map(|&k| self.layout.size(k, rows)).sum();
         let ahead = j.saturating_sub(reader.unwrap_or(0)) * per_batch;
         (ahead > self.stored_ahead)
@@ -699,29 +698,25 @@ impl NextEpoch {
         let Some(at) = self.readers.position(dir) else {
             return true;
         };
-        let plan = self.materializer.plan();
-        (ahead(plan, dir, at, self.depth).into_iter())
+        (ahead(self.plan(), dir, at, self.depth).into_iter())
             .all(|(d, j)| kinds.iter().all(|&k| self.ready(d, j, k)))
     }
 
-    /// Why batch `g` of `epoch`, whose files `items` are missing, is not built now, if it
-    /// is not.
-    fn blocked(&self, epoch: u64, g: u64, items: &[Item]) -> Option<&'static str> {
-        if !self.materializer.builder().row_groups_at_hand(epoch, g) {
+    /// Why batch `b`, whose files `items` are missing, is not built now, if it is not.
+    fn blocked(&self, b: BatchRef, items: &[Item]) -> Option<&'static str> {
+        if !self.builder.row_groups_at_hand(b) {
             return Some("its row groups are not decoded yet");
         }
         // Stored in the page cache, nothing takes room in the cache.
         if self.filler.on() {
             return None;
         }
-        let rows = self.materializer.plan().batch_len(g);
+        let rows = self.plan().batch_len(b.index());
         let bytes: u64 = (items.iter())
             .filter_map(|item| item.kind())
             .map(|kind| self.layout.size(kind, rows))
             .sum();
-        let distance = self.materializer.distance_fn();
-        let cache = self.materializer.cache();
-        if !cache.has_spare_room(bytes, &*distance, self.materializer.stats()) {
+        if !self.materializer.has_spare_room(bytes) {
             return Some("no room in the cache beside what the plan needs again");
         }
         None

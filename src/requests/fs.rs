@@ -9,9 +9,10 @@
 
 use crate::error::{Error, Result, enoent};
 use crate::read::ahead::{Ahead, Opening, Progress, Warming};
+use crate::read::builder::{Batch, Builder, TensorOf, TensorRows};
 use crate::read::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
 use crate::read::materialize::Materializer;
-use crate::read::plan::{Batches, Plan};
+use crate::read::plan::{BatchRef, Batches, Plan};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::{Event, What};
 use crate::stats::Stats;
@@ -179,6 +180,7 @@ struct Dirs {
 /// What the tree is made from.
 pub struct Tree {
     pub materializer: Arc<Materializer>,
+    pub builder: Arc<Builder>,
     pub prefetcher: Prefetcher,
     pub ahead: Ahead,
     pub layout: Arc<Layout>,
@@ -189,7 +191,8 @@ pub struct Tree {
 
 pub struct Fs {
     materializer: Arc<Materializer>,
-    builder: Arc<crate::read::builder::Builder>,
+    builder: Arc<Builder>,
+    stats: Arc<Stats>,
     prefetcher: Prefetcher,
     ahead: Ahead,
     layout: Arc<Layout>,
@@ -211,6 +214,7 @@ impl Fs {
     pub fn new(tree: Tree) -> Fs {
         let Tree {
             materializer,
+            builder,
             prefetcher,
             ahead,
             layout,
@@ -218,7 +222,7 @@ impl Fs {
             world_size,
             dataset_json,
         } = tree;
-        let plan = materializer.plan();
+        let plan = builder.plan();
         let mut sizes = HashMap::new();
         for rows in [plan.options().batch_size, plan.last_batch_len()] {
             let kinds = std::iter::once(FileKind::Safetensors)
@@ -234,7 +238,8 @@ impl Fs {
             .position(|w| w == placeholder.as_bytes())
             .map(|at| at + key.len());
         Fs {
-            builder: materializer.builder().clone(),
+            stats: builder.stats().clone(),
+            builder,
             materializer,
             prefetcher,
             ahead,
@@ -250,11 +255,11 @@ impl Fs {
     }
 
     pub fn stats(&self) -> &Stats {
-        self.materializer.stats()
+        &self.stats
     }
 
     fn plan(&self) -> &Plan {
-        self.materializer.plan()
+        self.builder.plan()
     }
 
     fn node(&self, ino: u64) -> Result<Node> {
@@ -303,8 +308,7 @@ impl Fs {
     /// epoch it repeats, so epochs with one order share it).
     fn item(&self, node: Node) -> Result<Item> {
         let (d, i, kind) = node.batch_file().ok_or(Error::answer(libc::EINVAL))?;
-        let (epoch, batch) = self.dir(d)?.global(i);
-        Ok(self.materializer.item(kind, epoch, batch))
+        Ok(Item::of(kind, self.plan().batch_in(self.dir(d)?, i)))
     }
 
     fn stats_json(&self) -> Vec<u8> {
@@ -660,8 +664,7 @@ impl Fs {
         if filler.under_way(dir, i, kind) {
             return false;
         }
-        let (epoch, g) = dir.global(i);
-        let Some(batch) = self.builder.batch_at_hand(epoch, g) else {
+        let Some(batch) = self.builder.batch_at_hand(self.plan().batch_in(dir, i)) else {
             return false;
         };
         if store && filler.claim(dir, i, kind) {
@@ -684,8 +687,7 @@ impl Fs {
         if filler.store_ended(dir, i, kind).await {
             return Ok(());
         }
-        let (epoch, g) = dir.global(i);
-        let batch = self.batch(epoch, g).await?;
+        let batch = self.batch(self.plan().batch_in(dir, i)).await?;
         if store() && filler.claim(dir, i, kind) {
             filler.store_opened(ino, dir, i, kind, &batch);
         }
@@ -782,14 +784,14 @@ impl Fs {
         let item = self.item(node)?;
         self.follow_open(ino);
         self.materializer.materialize(item).await.map_err(|e| {
-            let path = self.materializer.cache().path(item);
+            let path = self.materializer.path(item);
             Error::failed(format!("materialising {}", path.display()), e)
         })
     }
 
     /// Where a batch file's backing file is (or will be) in the local cache.
     fn backing_path(&self, node: Node) -> Result<PathBuf> {
-        Ok(self.materializer.cache().path(self.item(node)?))
+        Ok(self.materializer.path(self.item(node)?))
     }
 
     /// The backing file's path, once materialised, pinned for GPUDirect readers.
@@ -798,7 +800,7 @@ impl Fs {
             .materialize(encode(node))
             .await?
             .ok_or_else(|| Error::limit(libc::EIO, "the cache cannot hold the file now"))?;
-        self.materializer.cache().pin(self.item(node)?, PIN_GRACE);
+        self.materializer.pin(self.item(node)?, PIN_GRACE);
         Ok(path.into_os_string().into_encoded_bytes())
     }
 
@@ -940,8 +942,8 @@ impl Fs {
         let started = std::time::Instant::now();
         let node = self.node(ino).ok()?;
         let (d, i, kind) = node.batch_file()?;
-        let (epoch, g) = self.dir(d).ok()?.global(i);
-        let batch = self.builder.batch_at_hand(epoch, g)?;
+        let b = self.plan().batch_in(self.dir(d).ok()?, i);
+        let batch = self.builder.batch_at_hand(b)?;
         let data = batch.file_bytes(&self.layout, kind, offset, size);
         self.served_by_daemon(started.elapsed(), data.len());
         Some(data)
@@ -955,10 +957,9 @@ impl Fs {
             Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
             Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
                 let (_, _, kind) = node.batch_file().expect("a batch file");
-                let b = self.dir(d)?;
-                let (epoch, g) = b.global(i);
-                self.follow(Event::at(b, i, What::File(kind)));
-                let batch = self.batch(epoch, g).await?;
+                let dir = self.dir(d)?;
+                self.follow(Event::at(dir, i, What::File(kind)));
+                let batch = self.batch(self.plan().batch_in(dir, i)).await?;
                 Ok(batch.file_bytes(&self.layout, kind, offset, size))
             }
             Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
@@ -969,39 +970,32 @@ impl Fs {
         }
     }
 
-    /// Batch `g` of `epoch`, which a reader waits for.
-    async fn batch(&self, epoch: u64, g: u64) -> Result<Arc<crate::read::builder::Batch>> {
+    /// Batch `b`, which a reader waits for.
+    async fn batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
         let builder = &self.builder;
         let _waits = builder.reader_waits();
-        builder
-            .batch(epoch, g)
-            .await
-            .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
+        (builder.batch(b).await).map_err(|e| Error::failed(b.to_string(), e))
     }
 
-    /// Tensor `t` of batch `g` of `epoch`, which a reader waits for.
-    /// Taken from memory, else from the batch's file where it is materialised (a warm remount
-    /// decodes nothing for it), else gathered.
-    async fn tensor(&self, epoch: u64, g: u64, t: usize) -> Result<crate::read::builder::TensorOf> {
+    /// Tensor `t` of batch `b`, which a reader waits for. Taken from memory, else from the
+    /// batch's file where it is materialised (a warm remount decodes nothing for it), else
+    /// gathered.
+    async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
         let builder = &self.builder;
-        if !builder.has_tensor(epoch, g, t)
-            && let Some(rows) = self.tensor_from_file(epoch, g, t).await
+        if !builder.has_tensor(b, t)
+            && let Some(rows) = self.tensor_from_file(b, t).await
         {
-            let rows = Arc::new(crate::read::builder::TensorRows(rows));
-            return Ok(crate::read::builder::TensorOf::Alone(rows));
+            return Ok(TensorOf::Alone(Arc::new(TensorRows(rows))));
         }
         let _waits = builder.reader_waits();
-        builder
-            .tensor(epoch, g, t)
-            .await
-            .map_err(|e| Error::failed(format!("epoch {epoch} batch {g}"), e))
+        (builder.tensor(b, t).await).map_err(|e| Error::failed(b.to_string(), e))
     }
 
-    /// Tensor `t`'s rows of batch `g` of `epoch` from a materialised file of the batch, off
-    /// the async workers ([`Materializer::tensor_from_file`]).
-    async fn tensor_from_file(&self, epoch: u64, g: u64, t: usize) -> Option<Vec<u8>> {
+    /// Tensor `t`'s rows of batch `b` from a materialised file of the batch, off the async
+    /// workers ([`Materializer::tensor_from_file`]).
+    async fn tensor_from_file(&self, b: BatchRef, t: usize) -> Option<Vec<u8>> {
         let materializer = self.materializer.clone();
-        tokio::task::spawn_blocking(move || materializer.tensor_from_file(epoch, g, t))
+        tokio::task::spawn_blocking(move || materializer.tensor_from_file(b, t))
             .await
             .ok()
             .flatten()
@@ -1047,12 +1041,12 @@ impl Fs {
                     out.extend_from_slice(&header[range.start as usize..range.end as usize]);
                 }
                 Span::Rows { t, batch, within } => {
-                    let (epoch, g) = b.global(batch);
-                    let tensor = self.tensor(epoch, g, t).await?;
+                    let batch = self.plan().batch_in(b, batch);
+                    let tensor = self.tensor(batch, t).await?;
                     let data = tensor.bytes();
                     if (data.len() as u64) < within.end {
                         return Err(Error::failed(
-                            format!("epoch {epoch} batch {g}"),
+                            batch.to_string(),
                             anyhow::anyhow!("shorter than the plan says"),
                         ));
                     }
