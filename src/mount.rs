@@ -111,8 +111,11 @@ impl Dataset {
         };
         // Each partition's share of a row group split between two counts as a whole one.
         let groups = (plan.row_groups() as u64 * rows).div_ceil(plan.rows().max(1)) + parts;
-        let columns = rows * row + groups * 4096;
-        let batches = (opts.prefetch + 2) * (opts.batch_size * row + 4096);
+        // Each file (a row group's columns, a batch file) takes up to one aligned page more: its
+        // header, or its last page's rest.
+        let page = crate::read::format::DATA_ALIGN as u64;
+        let columns = rows * row + groups * page;
+        let batches = (opts.prefetch + 2) * (opts.batch_size * row + page);
         let need = columns + batches;
         if need > capacity {
             bail!(

@@ -234,7 +234,13 @@ impl Filler {
         kind: FileKind,
         from: u64,
     ) -> Result<()> {
-        let done = self.store(dir, j, kind, from).await;
+        self.fill_by((dir, j, kind, from), true).await
+    }
+
+    /// [`Filler::fill`] of `file`, first on a worker where `try_here` ([`Filler::store`]).
+    async fn fill_by(self: &Arc<Self>, file: ToStore, try_here: bool) -> Result<()> {
+        let (dir, j, kind, from) = file;
+        let done = self.store(file, try_here).await;
         match &done {
             Ok(()) => self.stored_one(dir, j, kind, from),
             Err(_) => self.unclaim(dir, j, kind),
@@ -255,13 +261,14 @@ impl Filler {
         Ok(done + self.fill_left(left).await?)
     }
 
-    /// Stores `files`, claimed, one by one as [`Filler::fill`] does; how many. After a failure
-    /// the files left are no longer claimed.
+    /// Stores `files`, claimed, one by one as [`Filler::fill`] does, the first (the one
+    /// [`Filler::fill_here`] stopped at: its batch cannot be built on a worker) without trying
+    /// a worker again; how many. After a failure the files left are no longer claimed.
     pub async fn fill_left(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
         let mut done = 0;
         let mut left = files.into_iter();
-        while let Some((dir, j, kind, from)) = left.next() {
-            if let Err(e) = self.fill(dir, j, kind, from).await {
+        while let Some(file) = left.next() {
+            if let Err(e) = self.fill_by(file, done > 0).await {
                 for (dir, j, kind, _) in left {
                     self.unclaim(dir, j, kind);
                 }
@@ -296,27 +303,22 @@ impl Filler {
         Stats::add(&self.builder.stats().c.page_cache_stores, 1);
     }
 
-    async fn store(
-        self: &Arc<Self>,
-        dir: Batches,
-        j: u64,
-        kind: FileKind,
-        from: u64,
-    ) -> Result<()> {
+    /// Stores `file`; where `try_here`, first by one worker's job ([`Filler::store_here`]).
+    async fn store(self: &Arc<Self>, file: ToStore, try_here: bool) -> Result<()> {
+        let (dir, j, kind, from) = file;
         if self.kernel.get().is_none() {
             return Ok(());
         }
         // Built and stored by one worker where the batch's row groups are in memory (a
         // shuffled epoch from cached columns): measured, the trips through the async workers
         // and the blocking pool cost more CPU than the gather.
-        let me = self.clone();
-        let pool = self.builder.clone();
-        if let Some(stored) = pool
-            .pool()
-            .run(move || me.store_here(dir, j, kind, from))
-            .await?
-        {
-            return stored;
+        if try_here {
+            let me = self.clone();
+            let pool = self.builder.clone();
+            let here = pool.pool().run(move || me.store_here(dir, j, kind, from));
+            if let Some(stored) = here.await? {
+                return stored;
+            }
         }
         let batch = self
             .builder
