@@ -34,7 +34,9 @@ to NumPy arrays, in these ways:
   daemon CPU                (own table) shuffle=global, each file kind (all/NAME.npy maps,
                             .safetensors, NNNNNN/NAME.npy): the daemon's core-seconds per GB of
                             epochs 1 and 2 (from cached columns, in steady state), beside np.take
-                            gathering the same kind of batches from RAM (cpu.py)
+                            gathering the same kind of batches from RAM (cpu.py); beside it,
+                            MosaicML Streaming reading the first --streaming-rows rows as MDS
+                            shards on local disk, shuffled, one process (streaming_side.py)
   many hosts                (own table) --hosts W simulated hosts, each its own mount and cache_dir
                             of the S3 prefix, reading its rank view's epochs 0 and 1 with
                             partitions=1 and partitions=W: bytes fetched and decode CPU per host
@@ -63,6 +65,7 @@ from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, wri
                               write_small_rows_dataset)
 from benchlib.cpu import print_rows as print_cpu
 from benchlib.cpu import run_rows as cpu_rows
+from benchlib.streaming_side import streaming_row
 from benchlib.hosts import print_rows as print_hosts
 from benchlib.hosts import run_rows as hosts_rows
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
@@ -128,7 +131,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu"}
+             "hosts", "cpu", "streaming"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -411,6 +414,8 @@ def run(a) -> int:
             cpu = cpu_rows(binary, data, parquet_files(data), scratch, a.rows, B, mounts,
                            a.tensorfs_options.split(",") if a.tensorfs_options else [])
             meta["cpu"] = cpu
+            if "streaming" not in skip and a.streaming_rows > 0:
+                cpu["streaming"] = streaming_row(data, scratch, a.streaming_rows)
 
         # ---- 6d. a dataset written by Petastorm: make_reader against tensorfs ----------------
         if "petastorm-ds" not in skip:
@@ -559,8 +564,10 @@ def main() -> int:
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "small,stall,hosts,cpu,streaming (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
                     "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3)")
+    ap.add_argument("--streaming-rows", type=int, default=20_000,
+                    help="rows MosaicML Streaming reads beside the daemon CPU table (default 20000; 0: none)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
     ap.add_argument("--stall-prefetch", type=int, default=8, help="prefetch= of the stall experiment's mounts (default 8)")
     ap.add_argument("--tensorfs-options", default="", help="extra -o options for every mount")

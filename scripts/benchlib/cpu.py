@@ -147,4 +147,10 @@ def print_rows(cpu: dict) -> list[str]:
         lines.append(f"{'tensorfs ' + k['label']:<42}{k['core_s_gb']:>10.2f}{k['core_s_gb'] / g['core_s_gb']:>9.2f}"
                      f"{k['ready_mb_s']:>9.0f}{k['next_mb_s']:>9.0f}{k['next_mb_s'] / g['mb_s']:>12.2f}"
                      f"{k['ready_mb_s'] / k['local_mb_s']:>11.2f}")
+    st = cpu.get("streaming")
+    if st and "skipped" in st:
+        lines.append(f"MosaicML Streaming: left out ({st['skipped']})")
+    elif st:
+        lines.append(f"{'MosaicML Streaming, MDS, shuffle=True':<42}{'':>10}{'':>9}{st['mb_s']:>9.2f}{'':>9}"
+                     f"{'':>12}{'':>11}   ({st['rows']} rows, {st['samples_s']:.0f} samples/s, one process)")
     return lines

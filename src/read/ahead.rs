@@ -668,6 +668,11 @@ fn older(a: &Key, b: &Key) -> bool {
 /// of each file's tensors, in file and tensor order.
 type RunCrcs = (u64, Vec<(u32, usize)>);
 
+/// The most threads one build gathers and writes on: every write to a file takes its inode's
+/// lock (ext4's), which two threads here already met (3% of a build's CPU spent spinning on
+/// it); more threads than this would mostly wait there. (Measured only up to two cores.)
+const MOST_BUILD_THREADS: usize = 4;
+
 /// Batches a build thread takes at a time: each tensor's crc32c runs through them, and only
 /// runs are combined (a combine cost 15 µs here: once a batch, it was 18% of a build's CPU).
 const RUN: u64 = 16;
@@ -889,7 +894,9 @@ impl Job {
         }
         let next = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
-        let threads = self.builder.threads().min(count.max(1) as usize);
+        let threads = (self.builder.threads())
+            .min(MOST_BUILD_THREADS)
+            .min(count.div_ceil(RUN).max(1) as usize);
         let (files_now, wanted, slots) = (&*files, &wanted, &slots);
         let written: Vec<Result<Vec<RunCrcs>>> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)

@@ -243,6 +243,29 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     assert not os.path.isabs(os.readlink(c.p("gds", "epoch-2", "all.safetensors")))
 
 
+def test_a_file_built_on_several_threads_holds_every_batch_and_its_checksum(mounter, shuf_ds):
+    """With small batches a build spans many runs of batches, gathered and written by several
+    threads at once: the file still holds every batch in order, and the crc32c it is kept with
+    (combined from the runs') is the one a later mount checks it against."""
+    bs, n = 24, -(-2600 // 24)  # 109 batches: seven runs of 16
+    opts = (f"batch_size={bs}", "shuffle=global", "epochs=2", "threads=2")
+    a = mounter(shuf_ds.path, *opts)
+    tfs.read_exact(a.p("epoch-0", "all.safetensors"))
+    tfs.read_exact(a.p("epoch-0", "all", "x.npy"))
+    assert wait_built(a, 2)["ahead_files_built"] == 2
+    built = tfs.read_exact(a.p("epoch-1", "all.safetensors"))
+    assert built[tfs.DATA_OFFSET :] == concatenated(a, "epoch-1", n)
+    x = tfs.read_exact(a.p("epoch-1", "all", "x.npy"))
+    assert x[tfs.DATA_OFFSET :] == concatenated(a, "epoch-1", n, ("x",))
+    assert tfs.stats(a)["ahead_opens"] == 2
+    a.unmount()
+    b = mounter(shuf_ds.path, *opts, cache=a.cache)
+    assert tfs.read_exact(b.p("epoch-1", "all.safetensors")) == built
+    assert tfs.read_exact(b.p("epoch-1", "all", "x.npy")) == x
+    s = tfs.stats(b)
+    assert s["ahead_kept_checked"] == 2 and s["cache_corrupt_dropped"] == 0 and s["ahead_opens"] == 2, s
+
+
 def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
     """With shuffle=none every epoch shares its files: where a next epoch is listed, a reader's
     one-open file is built whole, for its re-reads and later mounts of the cache."""
