@@ -103,6 +103,20 @@ def small_rows(res: Results, a, binary: Path, scratch: Path, caches: Caches, mou
     caches.drop()
     res.add("small_pyarrow", "small rows: pyarrow iter_batches+to_numpy", *read_pyarrow(parquet_files(data), B))
     cache = scratch / "cache-small"
+    # Cold through the other file kinds first, each on a fresh cache (PRODUCT.md §6: cold faster
+    # than PyArrow whichever file kind is read).
+    for key, label, read in (
+        ("small_tfs_cold_npy", "small rows: tensorfs cold, .npy files", lambda r: read_npy_dirs(r, n, SMALL_TENSORS)),
+        ("small_tfs_cold_all", "small rows: tensorfs cold, all/*.npy slices",
+         lambda r: read_npy_slices(r / "all", rows, B, SMALL_TENSORS)),
+    ):
+        shutil.rmtree(cache, ignore_errors=True)
+        caches.drop()
+        m = Mount(binary, f"file://{data}", scratch / "mnt-small", [f"batch_size={B}", "shuffle=none", f"cache_dir={cache}"])
+        mounts.append(m)
+        res.add(key, label, *read(m.mnt / "epoch-0"))
+        m.unmount()
+        mounts.remove(m)
     shutil.rmtree(cache, ignore_errors=True)
     caches.drop()
     m = Mount(binary, f"file://{data}", scratch / "mnt-small", [f"batch_size={B}", "shuffle=none", f"cache_dir={cache}"])

@@ -432,6 +432,32 @@ async fn one_open_files_gather_only_the_tensors_and_batches_they_span() {
     );
 }
 
+/// A reader of several `all/NAME.npy` files reads each batch's tensors one file after another:
+/// the tensors the reader reads are gathered together, one job a batch, not one a tensor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tensors_read_through_all_npy_files_are_gathered_together() {
+    let m = mount(store().await, "batch_size=100,shuffle=global,prefetch=0").await;
+    let stat = |k: &str| m.dataset.stats.to_json()[k].as_u64().unwrap();
+    let (id, x) = (
+        ino(&m.fs, "epoch-0/all/id.npy"),
+        ino(&m.fs, "epoch-0/all/x.npy"),
+    );
+    for i in 0..6u64 {
+        let want = planned(&m.dataset, 0, i);
+        let got = m.fs.read(id, 4096 + i * 800, 800).await.unwrap();
+        assert_eq!(ids(&got), want, "id of batch {i}");
+        let got = m.fs.read(x, 4096 + i * 400, 400).await.unwrap();
+        let xs: Vec<f32> = got
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(xs, want.iter().map(|&r| r as f32 / 2.0).collect::<Vec<_>>());
+    }
+    // Batch 0: id alone (x not read yet), then x alone; every later batch: both in one job.
+    assert_eq!(stat("tensors_gathered"), 12);
+    assert_eq!(stat("batches_built"), 7);
+}
+
 /// Epoch 0's batch files materialised on `cache` by a mount that then ends: the ids they hold,
 /// in batch order.
 async fn materialize_epoch_0(options: &str, cache: &std::path::Path) -> Vec<i64> {

@@ -13,8 +13,8 @@
 //! epochs last (with `shuffle=none`, whose epochs share their files, that is the one it
 //! reads). The `.npy` files of every tensor the chain's readers read are built together, in
 //! one pass over the batches, so that each row is located once for all of them (locating a
-//! shuffled row costs more than copying it). The build runs on a thread of its own in
-//! `SCHED_IDLE`. An open that comes while the build is under way waits for it if a sixteenth is
+//! shuffled row costs more than copying it). The build runs on threads of its own in
+//! `SCHED_IDLE`, up to four, each writing runs of 16 batches. An open that comes while the build is under way waits for it if a sixteenth is
 //! written and the rest is due within [`LONGEST_WAIT`], and else stops it and is served by the
 //! daemon. Each file takes its bytes
 //! of `cache_size` (evicting only cache items that are never needed again); where they are not

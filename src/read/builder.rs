@@ -20,6 +20,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::runtime::Handle;
 use tokio::sync::{OnceCell, Semaphore};
 use tracing::Instrument;
@@ -259,27 +260,48 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     /// wait: a worker's) and held; callers of [`Memo::get_or_build`] meanwhile wait for it.
     /// `None` where `build` gives nothing, or another build of `key` is under way.
     pub fn build_here(&self, key: K, build: impl FnOnce() -> Option<Arc<V>>) -> Option<Arc<V>> {
-        {
-            let mut s = self.state.lock().unwrap();
-            if let Some(v) = s.cache.get(&key) {
-                return Some(v.clone());
-            }
-            if s.flights.contains_key(&key) || s.here.contains_key(&key) {
-                return None;
-            }
-            s.here.insert(key.clone(), Arc::default());
+        if let Some(v) = self.get(&key) {
+            return Some(v);
+        }
+        let claimed = self.claim([key.clone()]);
+        if claimed.keys().is_empty() {
+            return None;
         }
         let value = build();
+        claimed.end([value.clone()]);
+        value
+    }
+
+    /// Claims the keys of `keys` that are neither held nor being built, for a build the caller
+    /// makes of them all at once: callers of [`Memo::get_or_build`] wait for it rather than
+    /// building their own. Each is ended by [`Claimed::end`], or unbuilt as the claim drops.
+    pub fn claim(&self, keys: impl IntoIterator<Item = K>) -> Claimed<'_, K, V> {
+        let mut s = self.state.lock().unwrap();
+        let mut claimed = Vec::new();
+        for key in keys {
+            if s.cache.contains(&key) || s.flights.contains_key(&key) || s.here.contains_key(&key) {
+                continue;
+            }
+            s.here.insert(key.clone(), Arc::default());
+            claimed.push(key);
+        }
+        Claimed {
+            memo: self,
+            keys: claimed,
+        }
+    }
+
+    /// Ends the claim of `key`: holds `value` where there is one, and wakes whoever waits.
+    fn end_claim(&self, key: K, value: Option<Arc<V>>) {
         let mut s = self.state.lock().unwrap();
         let done = s.here.remove(&key);
-        if let Some(v) = &value {
-            self.keep(&mut s, key, v.clone());
+        if let Some(v) = value {
+            self.keep(&mut s, key, v);
         }
         drop(s);
         if let Some(done) = done {
             done.notify_waiters();
         }
-        value
     }
 
     fn keep(&self, s: &mut MemoState<K, V>, key: K, value: Arc<V>) {
@@ -320,6 +342,38 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
         self.state.lock().unwrap().bytes
+    }
+}
+
+/// Keys of a [`Memo`] claimed for one build ([`Memo::claim`]).
+pub struct Claimed<'a, K: Hash + Eq + Clone, V: Weighted> {
+    memo: &'a Memo<K, V>,
+    keys: Vec<K>,
+}
+
+impl<K: Hash + Eq + Clone, V: Weighted> Claimed<'_, K, V> {
+    /// The keys claimed, in the order asked for.
+    pub fn keys(&self) -> &[K] {
+        &self.keys
+    }
+
+    /// Ends every claim, the keys in order with `values`, held where there is one.
+    pub fn end(mut self, values: impl IntoIterator<Item = Option<Arc<V>>>) {
+        let keys = std::mem::take(&mut self.keys);
+        let mut values = values.into_iter();
+        for key in keys {
+            self.memo.end_claim(key, values.next().flatten());
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Weighted> Drop for Claimed<'_, K, V> {
+    /// A build that failed or was dropped: its keys are left unbuilt, and their waiters build
+    /// their own.
+    fn drop(&mut self) {
+        for key in std::mem::take(&mut self.keys) {
+            self.memo.end_claim(key, None);
+        }
     }
 }
 
@@ -374,7 +428,13 @@ pub struct Builder {
     /// what the cache keeps of them (else every epoch, and every mount, fetched and decoded the
     /// dataset again).
     keep_repeated_columns: AtomicBool,
+    /// The tensors read through `all/NAME.npy` files, and when last ([`Builder::tensor`]).
+    npy_read: Mutex<HashMap<usize, Instant>>,
 }
+
+/// How long a tensor read through an `all/NAME.npy` file counts as one its readers read now:
+/// the tensors a job reads are read batch after batch, far more often than this.
+const READ_TOGETHER_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a builder works from.
 pub struct Parts {
@@ -443,6 +503,7 @@ impl Builder {
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
             keep_repeated_columns: AtomicBool::new(false),
+            npy_read: Mutex::default(),
         })
     }
 
@@ -484,15 +545,41 @@ impl Builder {
         let rows = self
             .tensors
             .get_or_build((b, t), async {
-                let tensors = self.gather(b, Some(t)).await?;
-                Stats::add(&self.stats.c.tensors_gathered, 1);
+                // The other tensors readers of `all/NAME.npy` files read now are read of this
+                // batch next: gathered in the same job, each row located once for all of them.
+                // Apart, each was a job of its own (16 tensors of 80-byte rows: 16 hand-offs a
+                // batch, most of a cold epoch's time).
+                let others = (self.tensors).claim(self.read_with(t).into_iter().map(|u| (b, u)));
+                let wanted: Vec<usize> = std::iter::once(t)
+                    .chain(others.keys().iter().map(|&(_, u)| u))
+                    .collect();
+                let tensors = self.gather(b, wanted.clone()).await?;
+                Stats::add(&self.stats.c.tensors_gathered, wanted.len() as u64);
                 Stats::add(&self.stats.c.batches_built, 1);
-                Ok(Arc::new(TensorRows(
-                    tensors.into_iter().next().unwrap_or_default(),
-                )))
+                let mut tensors = tensors.into_iter().map(|rows| Arc::new(TensorRows(rows)));
+                let first = (tensors.next()).unwrap_or_else(|| Arc::new(TensorRows(Vec::new())));
+                others.end(tensors.map(Some));
+                Ok(first)
             })
             .await?;
         Ok(TensorOf::Alone(rows))
+    }
+
+    /// A reader read tensor `t` through an `all/NAME.npy` file (see [`Builder::tensor`]).
+    pub fn reading_npy(&self, t: usize) {
+        self.npy_read.lock().unwrap().insert(t, Instant::now());
+    }
+
+    /// The tensors other than `t` read through `all/NAME.npy` files in the last
+    /// [`READ_TOGETHER_FOR`], where `t` is one of them: none for a reader of one tensor.
+    fn read_with(&self, t: usize) -> Vec<usize> {
+        let mut read = self.npy_read.lock().unwrap();
+        let now = Instant::now();
+        read.retain(|_, at| now.duration_since(*at) < READ_TOGETHER_FOR);
+        if !read.contains_key(&t) {
+            return Vec::new();
+        }
+        read.keys().copied().filter(|&u| u != t).collect()
     }
 
     /// Batch `b` if it is in memory now.
@@ -558,16 +645,15 @@ impl Builder {
 
     #[tracing::instrument(name = "build", level = "debug", skip(self))]
     async fn build_batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
-        let tensors = self.gather(b, None).await?;
+        let tensors = self
+            .gather(b, (0..self.view.tensors.len()).collect())
+            .await?;
         Ok(self.batch_of(b, tensors))
     }
 
-    /// The rows of batch `b`, gathered from their row groups: every tensor, or tensor `only`.
-    async fn gather(&self, b: BatchRef, only: Option<usize>) -> Result<Vec<Vec<u8>>> {
-        let wanted: Vec<usize> = match only {
-            Some(t) => vec![t],
-            None => (0..self.view.tensors.len()).collect(),
-        };
+    /// The rows of batch `b` of tensors `wanted` (in that order), gathered from their row
+    /// groups.
+    async fn gather(&self, b: BatchRef, wanted: Vec<usize>) -> Result<Vec<Vec<u8>>> {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;

@@ -93,6 +93,15 @@ impl Materializer {
         self.cache.contains(item)
     }
 
+    /// Whether batch `b` has a file in the cache that [`Materializer::tensor_from_file`] would
+    /// read tensor `t` from: an index lookup, for callers that hand the read to another thread
+    /// only when there is one.
+    pub fn has_tensor_file(&self, b: BatchRef, t: usize) -> bool {
+        [FileKind::Npy(t), FileKind::Safetensors]
+            .into_iter()
+            .any(|kind| self.cache.contains(Item::of(kind, b)))
+    }
+
     /// Tensor `t`'s rows of batch `b` read from a materialised file of the batch (its
     /// `.npy` file of the tensor, else its `.safetensors` file), checked: a warm remount, or a
     /// build of a one-open file, decodes nothing the batch files hold. `None` where neither is

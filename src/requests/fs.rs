@@ -994,6 +994,11 @@ impl Fs {
     /// Tensor `t`'s rows of batch `b` from a materialised file of the batch, off the async
     /// workers ([`Materializer::tensor_from_file`]).
     async fn tensor_from_file(&self, b: BatchRef, t: usize) -> Option<Vec<u8>> {
+        // Most batches of a one-open file have no file of their own: asking a blocking thread
+        // to find that out cost a hand-off per batch and tensor read.
+        if !self.materializer.has_tensor_file(b, t) {
+            return None;
+        }
         let materializer = self.materializer.clone();
         tokio::task::spawn_blocking(move || materializer.tensor_from_file(b, t))
             .await
@@ -1009,6 +1014,9 @@ impl Fs {
         let rows = self.plan().dir_rows(b);
         let bs = self.plan().options().batch_size;
         let spans = self.layout.spans(kind, rows, bs, offset, size);
+        if let FileKind::Npy(t) = kind {
+            self.builder.reading_npy(t);
+        }
         // The reader is followed before it waits: what comes after the read is built meanwhile.
         let past_half = offset + size as u64 >= self.layout.size(kind, rows).div_ceil(2);
         for t in self.layout.tensors_of(kind) {
