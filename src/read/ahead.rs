@@ -41,7 +41,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -227,6 +227,9 @@ pub struct Ahead {
     /// epoch's, or one rank's): the next epoch's files of them are built together, each row
     /// located once for all of them.
     npy_read: Mutex<HashMap<Chain, BTreeSet<usize>>>,
+    /// Helper threads free for builds (see [`Job::write`]): [`MOST_BUILD_THREADS`] (or the
+    /// workers, if fewer) less one, together, however many chains build at once.
+    helpers: Arc<AtomicUsize>,
 }
 
 impl Ahead {
@@ -239,6 +242,9 @@ impl Ahead {
         epochs: u64,
         enabled: bool,
     ) -> Ahead {
+        let helpers = Arc::new(AtomicUsize::new(
+            builder.threads().min(MOST_BUILD_THREADS) - 1,
+        ));
         Ahead {
             materializer,
             stats: builder.stats().clone(),
@@ -250,6 +256,7 @@ impl Ahead {
             enabled,
             files: Arc::default(),
             npy_read: Mutex::default(),
+            helpers,
         }
     }
 
@@ -521,6 +528,7 @@ impl Ahead {
         };
         let keys = work.keys();
         let job = Job {
+            helpers: self.helpers.clone(),
             materializer: self.materializer.clone(),
             builder: self.builder.clone(),
             cache: self.cache.clone(),
@@ -677,8 +685,35 @@ const MOST_BUILD_THREADS: usize = 4;
 /// runs are combined (a combine cost 15 µs here: once a batch, it was 18% of a build's CPU).
 const RUN: u64 = 16;
 
+/// Threads taken from the share of helper threads all builds ahead draw from, given back as
+/// it drops.
+struct Helpers<'a> {
+    free: &'a AtomicUsize,
+    count: usize,
+}
+
+impl Helpers<'_> {
+    /// Up to `wanted` helpers, as many as are free.
+    fn take(free: &AtomicUsize, wanted: usize) -> Helpers<'_> {
+        let mut count = 0;
+        let _ = free.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            count = n.min(wanted);
+            Some(n - count)
+        });
+        Helpers { free, count }
+    }
+}
+
+impl Drop for Helpers<'_> {
+    fn drop(&mut self) {
+        self.free.fetch_add(self.count, Ordering::Relaxed);
+    }
+}
+
 /// Building files of one directory (or checking one), on a blocking thread.
 struct Job {
+    /// Helper threads free for builds ahead (beyond each build's own thread).
+    helpers: Arc<AtomicUsize>,
     materializer: Arc<Materializer>,
     builder: Arc<Builder>,
     cache: Arc<DiskCache>,
@@ -894,32 +929,44 @@ impl Job {
         }
         let next = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
-        let threads = (self.builder.threads())
+        // This thread, and helpers from the share every build ahead draws from (so that builds
+        // of several chains at once hold no more of the workers' build permits than one).
+        let wanted_helpers = (self.builder.threads())
             .min(MOST_BUILD_THREADS)
-            .min(count.div_ceil(RUN).max(1) as usize);
+            .min(count.div_ceil(RUN).max(1) as usize)
+            - 1;
+        let helpers = Helpers::take(&self.helpers, wanted_helpers);
         let (files_now, wanted, slots) = (&*files, &wanted, &slots);
+        let (next, failed) = (&next, &failed);
+        let share = move || {
+            let done = crate::catch_panic(|| {
+                self.write_batches(files_now, wanted, slots, next, failed, count)
+            })
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!("a build thread panicked: {panic}")));
+            if done.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            done
+        };
         let written: Vec<Result<Vec<RunCrcs>>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (next, failed) = (&next, &failed);
-                    scope.spawn(move || {
-                        // As the thread that started it: only CPU time nothing else wants.
-                        crate::read::pool::idle_class();
-                        let done =
-                            self.write_batches(files_now, wanted, slots, next, failed, count);
-                        if done.is_err() {
-                            failed.store(true, Ordering::Relaxed);
-                        }
-                        done
-                    })
+            // A helper that cannot start leaves its share to the others.
+            let started: Vec<_> = (0..helpers.count)
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("tensorfs-ahead".into())
+                        .spawn_scoped(scope, move || {
+                            // As the thread that started it: only CPU time nothing else wants.
+                            crate::read::pool::idle_class();
+                            share()
+                        })
+                        .ok()
                 })
                 .collect();
-            (workers.into_iter())
-                .map(|w| {
-                    w.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a build thread panicked")))
-                })
-                .collect()
+            let mut written = vec![share()];
+            written.extend(started.into_iter().map(|h| {
+                (h.join()).unwrap_or_else(|_| Err(anyhow::anyhow!("a build thread panicked")))
+            }));
+            written
         });
         let mut runs = Vec::new();
         for w in written {

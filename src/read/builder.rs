@@ -228,11 +228,15 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
                     None => break s.flights.entry(key.clone()).or_default().clone(),
                 }
             };
-            // Registered before looking again, so the build's end is not missed.
+            // Registered before looking again, so the build's end is not missed; waited for
+            // only while that same build is under way (one that ended meanwhile may have been
+            // followed by another claim of the key, whose end this would never hear of).
             let done = building_here.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            if self.state.lock().unwrap().here.contains_key(&key) {
+            let same_build = (self.state.lock().unwrap().here.get(&key))
+                .is_some_and(|now| Arc::ptr_eq(now, &building_here));
+            if same_build {
                 done.await;
             }
         };
