@@ -162,7 +162,8 @@ def side_run(py: Path, *args, timeout=3600) -> str:
 
 def writer_python(a) -> tuple[Path, str]:
     """Petastorm's interpreter, with pyspark and OpenCV added to the bench's side venv."""
-    from .petastorm_side import SIDE_VENV, petastorm_python, pip_install, probe
+    from .common import pip_install, probe
+    from .petastorm_side import SIDE_VENV, petastorm_python
 
     py, note = petastorm_python(a.petastorm_python, not a.no_side_venv)
     if py is None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from .common import REPO, ROW_BYTES, TENSORS, VENV_PY, log
+from .common import REPO, ROW_BYTES, TENSORS, VENV_PY, log, make_venv, pip_install, probe
 
 
 SIDE_VENV = REPO / "target" / "bench-petastorm-venv"
@@ -88,36 +87,19 @@ def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: 
 # --------------------------------------------------------------------------------------------
 
 
-def probe(python: Path, code: str = "from petastorm import make_batch_reader") -> str | None:
-    """None if PYTHON runs CODE (by default: imports petastorm's make_batch_reader), else the
-    error's last line."""
-    r = subprocess.run(
-        [str(python), "-W", "ignore", "-c", code],
-        capture_output=True, text=True, timeout=300,
-    )
-    if r.returncode == 0:
-        return None
-    lines = [x for x in (r.stderr or r.stdout).strip().splitlines() if x.strip()]
-    return lines[-1] if lines else f"exit {r.returncode}"
-
-
-def pip_install(python: Path, *pkgs) -> str | None:
-    r = subprocess.run([str(python), "-m", "pip", "install", "-q", *pkgs], capture_output=True, text=True)
-    if r.returncode != 0:
-        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
-        return lines[-1] if lines else f"pip exit {r.returncode}"
-    return None
+# What a working petastorm imports.
+PETASTORM = "from petastorm import make_batch_reader"
 
 
 def petastorm_python(explicit: str | None, allow_side_venv: bool) -> tuple[Path | None, str]:
     """(interpreter, note) or (None, reason it is unavailable)."""
     if explicit:
-        err = probe(Path(explicit))
+        err = probe(Path(explicit), PETASTORM)
         return (Path(explicit), f"petastorm from {explicit}") if err is None else (None, err)
-    err = probe(VENV_PY)
+    err = probe(VENV_PY, PETASTORM)
     if err and "No module named 'petastorm'" in err:
         log("installing petastorm into .venv (pip install petastorm)")
-        err = pip_install(VENV_PY, "petastorm") or probe(VENV_PY)
+        err = pip_install(VENV_PY, "petastorm") or probe(VENV_PY, PETASTORM)
     if err is None:
         return VENV_PY, "petastorm in .venv"
     import pyarrow
@@ -127,13 +109,12 @@ def petastorm_python(explicit: str | None, allow_side_venv: bool) -> tuple[Path 
     if not allow_side_venv:
         return None, first
     py = SIDE_VENV / "bin" / "python"
-    if not py.exists() or probe(py) is not None:
+    if not py.exists() or probe(py, PETASTORM) is not None:
         log(f"setting up a side venv for petastorm: target/{SIDE_VENV.name} ({' '.join(SIDE_VENV_NO_DEPS + SIDE_VENV_PACKAGES)})")
-        if not py.exists():
-            r = subprocess.run([sys.executable, "-m", "venv", str(SIDE_VENV)], capture_output=True, text=True)
-            if r.returncode != 0:
-                return None, f"{first}; side venv: {r.stderr.strip()[-200:]}"
-        e2 = pip_install(py, *SIDE_VENV_PACKAGES) or pip_install(py, "--no-deps", *SIDE_VENV_NO_DEPS) or probe(py)
+        made = make_venv(SIDE_VENV)
+        if made:
+            return None, f"{first}; side venv: {made}"
+        e2 = pip_install(py, *SIDE_VENV_PACKAGES) or pip_install(py, "--no-deps", *SIDE_VENV_NO_DEPS) or probe(py, PETASTORM)
         if e2:
             return None, f"{first}; side venv: {e2}"
     ver = subprocess.run([str(py), "-c", "import pyarrow, petastorm; print(petastorm.__version__, pyarrow.__version__)"],

@@ -6,8 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import MB, log
-from .petastorm_side import pip_install
+from .common import MB, log, pip_install
 
 
 class Results:

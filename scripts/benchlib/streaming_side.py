@@ -21,16 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from .common import MB, REPO, ROW_BYTES, VENV_PY, log
+from .common import MB, REPO, ROW_BYTES, VENV_PY, log, make_venv, pip_install, probe
 
 SIDE_VENV = REPO / "target" / "bench-streaming-venv"
 NO_DEPS = ["mosaicml-streaming==0.13.0"]
 PACKAGES = ["xxhash", "catalogue", "zstd", "python-snappy", "Brotli", "pillow", "torchvision", "transformers<5"]
 
 
-def probe(py: Path) -> str | None:
-    r = subprocess.run([str(py), "-c", "import streaming, torch"], capture_output=True, text=True)
-    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+# What a working MosaicML Streaming imports.
+STREAMING = "import streaming, torch"
 
 
 def streaming_python() -> tuple[Path | None, str]:
@@ -40,22 +39,17 @@ def streaming_python() -> tuple[Path | None, str]:
     if r.returncode != 0:
         return None, "no torch in .venv (MosaicML Streaming imports it)"
     py = SIDE_VENV / "bin" / "python"
-    if not py.exists() or probe(py) is not None:
+    if not py.exists() or probe(py, STREAMING) is not None:
         log(f"setting up a side venv for MosaicML Streaming: target/{SIDE_VENV.name}")
-        if not py.exists():
-            made = subprocess.run([sys.executable, "-m", "venv", str(SIDE_VENV)], capture_output=True, text=True)
-            if made.returncode != 0:
-                return None, f"side venv: {made.stderr.strip()[-200:]}"
+        made = make_venv(SIDE_VENV)
+        if made:
+            return None, f"side venv: {made}"
         site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
                               capture_output=True, text=True).stdout.strip()
         (Path(site) / "tensorfs-bench-main-venv.pth").write_text(r.stdout.strip() + "\n")
-        for args in (["--no-deps", *NO_DEPS], PACKAGES):
-            pip = subprocess.run([str(py), "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
-            if pip.returncode != 0:
-                return None, f"pip install {' '.join(args)}: {pip.stderr.strip()[-300:]}"
-        err = probe(py)
+        err = pip_install(py, "--no-deps", *NO_DEPS) or pip_install(py, *PACKAGES) or probe(py, STREAMING)
         if err:
-            return None, f"MosaicML Streaming does not import: {err}"
+            return None, f"MosaicML Streaming does not install or import: {err}"
     return py, "MosaicML Streaming 0.13.0 (side venv over .venv)"
 
 
