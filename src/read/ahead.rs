@@ -14,9 +14,9 @@
 //! reads). The `.npy` files of every tensor the chain's readers read are built together, in
 //! one pass over the batches, so that each row is located once for all of them (locating a
 //! shuffled row costs more than copying it). The build runs on threads of its own in
-//! `SCHED_IDLE`, up to four, each writing runs of 16 batches. An open that comes while the build is under way waits for it if a sixteenth is
-//! written and the rest is due within [`LONGEST_WAIT`], and else stops it and is served by the
-//! daemon. Each file takes its bytes
+//! `SCHED_IDLE`, up to four, each writing runs of 16 batches. An open that comes while the
+//! build is under way waits for it if a sixteenth is written and the rest is due within
+//! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes
 //! of `cache_size` (evicting only cache items that are never needed again); where they are not
 //! to be had, nothing is built. A file is built in the cache's temp directory (a restart
 //! removes what a crash left there), then indexed as a cache item with its crc32c
@@ -898,10 +898,10 @@ impl Job {
     /// Writes each file's header, then each batch's rows of each of its tensors where they go
     /// (taken from memory or the batch's files, else gathered, each row located once for every
     /// file), the layout the daemon serves the files in. The batches are gathered and written
-    /// on as many threads as there are workers, each taking the next run of batches not taken
-    /// (the file fills about in order), so that a reader that comes to the file while it is
-    /// built waits for all the cores' work, not one's. Each tensor's crc32c is combined from
-    /// its runs' in order.
+    /// on this thread and the helpers free (up to [`MOST_BUILD_THREADS`] in all), each taking
+    /// the next run of batches not taken (the file fills about in order), so that a reader that
+    /// comes to the file while it is built waits for all the cores' work, not one's. Each
+    /// tensor's crc32c is combined from its runs' in order.
     fn write(&self, files: &mut [Building]) -> Result<()> {
         let dir = files[0].key.dir;
         let plan = self.builder.plan();

@@ -524,7 +524,7 @@ impl Builder {
         &self.pool
     }
 
-    /// How many worker threads there are (`threads`): as many as a build ahead gathers on.
+    /// How many worker threads there are (`threads`): a build ahead gathers on at most as many.
     pub fn threads(&self) -> usize {
         self.threads
     }

@@ -97,9 +97,16 @@ impl Materializer {
     /// read tensor `t` from: an index lookup, for callers that hand the read to another thread
     /// only when there is one.
     pub fn has_tensor_file(&self, b: BatchRef, t: usize) -> bool {
+        self.tensor_file(b, t).is_some()
+    }
+
+    /// The file of batch `b` in the cache to read tensor `t` from, and its kind: its `.npy`
+    /// file of the tensor, else its `.safetensors` file.
+    fn tensor_file(&self, b: BatchRef, t: usize) -> Option<(Item, FileKind)> {
         [FileKind::Npy(t), FileKind::Safetensors]
             .into_iter()
-            .any(|kind| self.cache.contains(Item::of(kind, b)))
+            .map(|kind| (Item::of(kind, b), kind))
+            .find(|&(item, _)| self.cache.contains(item))
     }
 
     /// Tensor `t`'s rows of batch `b` read from a materialised file of the batch (its
@@ -109,10 +116,7 @@ impl Materializer {
     /// reader (a build ahead reads batches no reader is at).
     pub fn tensor_from_file(&self, b: BatchRef, t: usize) -> Option<Vec<u8>> {
         let rows = self.plan().batch_len(b.index());
-        let (item, kind) = [FileKind::Npy(t), FileKind::Safetensors]
-            .into_iter()
-            .map(|kind| (Item::of(kind, b), kind))
-            .find(|&(item, _)| self.cache.contains(item))?;
+        let (item, kind) = self.tensor_file(b, t)?;
         let range = self.layout.tensor_range(kind, rows, t);
         let (file, _) = self.cache.open_batch_file(item, self.stats())?;
         Stats::add(&self.stats().c.batch_file_hits, 1);

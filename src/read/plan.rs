@@ -677,14 +677,14 @@ impl Permutation {
         }
     }
 
-    /// [`Permutation::encrypt`] of [`LANES`] positions at once.
+    /// The Feistel network of `L` positions at once, round by round.
     #[inline(always)]
-    fn encrypt_lanes(&self, x: [u64; LANES]) -> [u64; LANES] {
+    fn encrypt_lanes<const L: usize>(&self, x: [u64; L]) -> [u64; L] {
         let mask = (1u64 << self.half_bits) - 1;
         let mut l = x.map(|x| x >> self.half_bits);
         let mut r = x.map(|x| x & mask);
         for k in self.keys {
-            for j in 0..LANES {
+            for j in 0..L {
                 let t = l[j] ^ (mix(r[j] ^ k) & mask);
                 l[j] = r[j];
                 r[j] = t;
@@ -694,14 +694,8 @@ impl Permutation {
     }
 
     fn encrypt(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.half_bits) - 1;
-        let (mut l, mut r) = (x >> self.half_bits, x & mask);
-        for k in self.keys {
-            let t = l ^ (mix(r ^ k) & mask);
-            l = r;
-            r = t;
-        }
-        (l << self.half_bits) | r
+        let [y] = self.encrypt_lanes([x]);
+        y
     }
 }
 
