@@ -1,22 +1,18 @@
 //! Delta Lake tables (PRODUCT.md §8): the data files and partition values of one version,
-//! read from the table's log by `delta_kernel` (the Delta project's own reader, with its
-//! default engine over the source's object store): checkpoints (classic and v2), log
-//! compaction files and commits are its business, and a reader feature it does not support is
-//! refused by it, naming the feature.
+//! from the table's log ([`crate::source::delta_log`]); a reader feature not read here is
+//! refused, naming it.
 //!
 //! What tensorfs does not read yet is refused in one line: deletion vectors (the version and
 //! that it has them) and column mapping. The table's schema decides the types, not each
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
+use crate::source::delta_log::{self, Added};
 use crate::source::partition::{Partitions, Value};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::datatypes::{DataType, FieldRef, Schema, SchemaRef, TimeUnit};
-use delta_kernel::engine::arrow_conversion::TryFromKernel;
-use delta_kernel::snapshot::Snapshot;
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
 use object_store::ObjectStore;
-use std::collections::HashMap;
+use object_store::path::Path;
 use std::sync::Arc;
-use url::Url;
 
 /// The directory of a Delta table's log, at its root.
 pub const LOG: &str = "_delta_log";
@@ -50,51 +46,27 @@ pub struct Table {
     pub files: Vec<String>,
 }
 
-/// A scan file of the kernel, as far as a mount needs it.
-struct Found {
-    path: String,
-    partition_values: HashMap<String, String>,
-    deletion_vector: bool,
-}
-
-/// Reads version `version` (the latest when `None`) of the Delta table at `root` (a URL
-/// ending in `/`) through `store`. Blocking: the kernel runs its own I/O.
-pub fn read(store: Arc<dyn ObjectStore>, root: &Url, version: Option<u64>) -> Result<Table> {
-    let engine = delta_kernel_default_engine::DefaultEngine::builder(store).build();
-    let mut builder = Snapshot::builder_for(root.as_str());
-    if let Some(v) = version {
-        builder = builder.at_version(v);
-    }
-    let snapshot = builder.build(&engine).map_err(|e| match version {
-        Some(v) => anyhow!("the Delta table has no version {v} ({e})"),
-        None => anyhow!("its Delta log cannot be read: {e}"),
-    })?;
-    let version = snapshot.version();
-    if let Some(mode) = &snapshot.table_properties().column_mapping_mode
-        && format!("{mode:?}").to_lowercase() != "none"
+/// Reads version `version` (the latest when `None`) of the Delta table at `root` through
+/// `store`.
+pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>) -> Result<Table> {
+    let snapshot = delta_log::snapshot(&store, root, version)
+        .await
+        .map_err(|e| match version {
+            Some(_) if format!("{e}").contains("has no version") => e,
+            Some(v) => anyhow!("the Delta table has no version {v} ({e:#})"),
+            None => anyhow!("its Delta log cannot be read: {e:#}"),
+        })?;
+    let version = snapshot.version;
+    if let Some(mode) = snapshot.configuration.get("delta.columnMapping.mode")
+        && !mode.eq_ignore_ascii_case("none")
     {
         bail!(
-            "Delta table version {version} uses column mapping (delta.columnMapping.mode = {mode:?}), which tensorfs does not read"
+            "Delta table version {version} uses column mapping (delta.columnMapping.mode = {mode}), which tensorfs does not read"
         );
     }
-    let schema = snapshot.schema();
     let arrow_schema =
-        Schema::try_from_kernel(schema.as_ref()).context("its schema has no Arrow equivalent")?;
-    let scan = snapshot
-        .clone()
-        .scan_builder()
-        .build()
-        .context("the table cannot be scanned")?;
-    let mut found: Vec<Found> = Vec::new();
-    for metadata in scan.scan_metadata(&engine)? {
-        found = metadata?.visit_scan_files(found, |found, file| {
-            found.push(Found {
-                path: file.path,
-                partition_values: file.partition_values,
-                deletion_vector: file.dv_info.has_vector(),
-            })
-        })?;
-    }
+        arrow_schema(&snapshot.schema).context("its schema has no Arrow equivalent")?;
+    let mut found = snapshot.files;
     if let Some(f) = found.iter().find(|f| f.deletion_vector) {
         bail!(
             "Delta table version {version} has deletion vectors (file '{}' and maybe others), which tensorfs does not apply yet; rewrite the table without them (OPTIMIZE, or REORG TABLE … APPLY (PURGE))",
@@ -108,15 +80,15 @@ pub fn read(store: Arc<dyn ObjectStore>, root: &Url, version: Option<u64>) -> Re
             .into_owned();
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
-    // The partition columns: the table's columns its files do not store (every file's values
-    // come from the log; a null one is absent from a file's map).
-    let stored: Vec<String> = (scan.physical_schema().fields())
-        .map(|f| f.name().to_string())
-        .collect();
+    // The partition columns, in the table's order (every file's values come from the log; a
+    // null one is absent from a file's map).
     let keys: Vec<String> = (arrow_schema.fields().iter())
         .map(|f| f.name().clone())
-        .filter(|name| !stored.contains(name))
+        .filter(|name| snapshot.partition_columns.contains(name))
         .collect();
+    if let Some(k) = (snapshot.partition_columns.iter()).find(|k| !keys.contains(k)) {
+        bail!("partition column '{k}' is not in the table's schema");
+    }
     let data: Vec<FieldRef> = (arrow_schema.fields().iter())
         .filter(|f| !keys.contains(f.name()))
         .cloned()
@@ -142,8 +114,90 @@ pub fn read(store: Arc<dyn ObjectStore>, root: &Url, version: Option<u64>) -> Re
     })
 }
 
+/// The Arrow schema of a table's schema (`schemaString`), as the Delta project's kernel maps
+/// it: timestamps in microseconds (with time zone UTC, or none for `timestamp_ntz`), lists of
+/// `element`, maps of `key_value` entries.
+fn arrow_schema(schema: &serde_json::Value) -> Result<Schema> {
+    Ok(Schema::new(struct_fields(schema)?))
+}
+
+fn struct_fields(s: &serde_json::Value) -> Result<Fields> {
+    let fields = (s.get("fields").and_then(serde_json::Value::as_array))
+        .context("a struct without fields")?;
+    fields
+        .iter()
+        .map(|f| {
+            let name = (f.get("name").and_then(serde_json::Value::as_str))
+                .context("a field without a name")?;
+            let t = f.get("type").context("a field without a type")?;
+            let nullable = f
+                .get("nullable")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(true);
+            let t = arrow_type(t).with_context(|| format!("column '{name}'"))?;
+            Ok(Field::new(name, t, nullable))
+        })
+        .collect()
+}
+
+fn arrow_type(t: &serde_json::Value) -> Result<DataType> {
+    use serde_json::Value as J;
+    let flag = |k: &str| t.get(k).and_then(J::as_bool).unwrap_or(true);
+    Ok(match t {
+        J::String(name) => match name.as_str() {
+            "string" => DataType::Utf8,
+            "long" => DataType::Int64,
+            "integer" => DataType::Int32,
+            "short" => DataType::Int16,
+            "byte" => DataType::Int8,
+            "float" => DataType::Float32,
+            "double" => DataType::Float64,
+            "boolean" => DataType::Boolean,
+            "binary" => DataType::Binary,
+            "date" => DataType::Date32,
+            "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            "timestamp_ntz" => DataType::Timestamp(TimeUnit::Microsecond, None),
+            other => match other
+                .strip_prefix("decimal(")
+                .and_then(|d| d.strip_suffix(')'))
+                .and_then(|d| d.split_once(','))
+            {
+                Some((p, s)) => DataType::Decimal128(
+                    p.trim().parse().context("a decimal's precision")?,
+                    s.trim().parse().context("a decimal's scale")?,
+                ),
+                None => bail!("type '{other}'"),
+            },
+        },
+        J::Object(o) => match o.get("type").and_then(J::as_str) {
+            Some("struct") => DataType::Struct(struct_fields(t)?),
+            Some("array") => {
+                let item = arrow_type(
+                    t.get("elementType")
+                        .context("an array without elementType")?,
+                )?;
+                DataType::List(Arc::new(Field::new("element", item, flag("containsNull"))))
+            }
+            Some("map") => {
+                let key = arrow_type(t.get("keyType").context("a map without keyType")?)?;
+                let value = arrow_type(t.get("valueType").context("a map without valueType")?)?;
+                let entries = Fields::from(vec![
+                    Field::new("key", key, false),
+                    Field::new("value", value, flag("valueContainsNull")),
+                ]);
+                DataType::Map(
+                    Arc::new(Field::new("key_value", DataType::Struct(entries), false)),
+                    false,
+                )
+            }
+            other => bail!("type {other:?}"),
+        },
+        other => bail!("type {other}"),
+    })
+}
+
 /// A partition value as the log writes it (a string; none for null), as the field's type.
-fn partition_value(file: &Found, field: &FieldRef) -> Result<Value> {
+fn partition_value(file: &Added, field: &FieldRef) -> Result<Value> {
     let Some(raw) = file.partition_values.get(field.name()) else {
         return Ok(Value::Null);
     };

@@ -11,6 +11,7 @@
 
 pub mod catalog;
 pub mod delta;
+pub mod delta_log;
 pub mod footer;
 pub mod partition;
 pub mod petastorm;
@@ -486,14 +487,11 @@ impl Source {
         let started = std::time::Instant::now();
         let listed = Self::list(&store, &prefix, source).await?;
         let table = match (listed.delta, version) {
-            (true, version) => {
-                let (store, root) = (store.clone(), url.clone());
-                let read = tokio::task::spawn_blocking(move || delta::read(store, &root, version));
-                Some(
-                    read.await?
-                        .map_err(|e| anyhow!("source '{source}': {}", crate::describe(&e)))?,
-                )
-            }
+            (true, version) => Some(
+                delta::read(store.clone(), &prefix, version)
+                    .await
+                    .map_err(|e| anyhow!("source '{source}': {}", crate::describe(&e)))?,
+            ),
             (false, Some(v)) => bail!(
                 "mount option version={v} is for Delta tables, and source '{source}' has no {}/",
                 delta::LOG
@@ -1166,15 +1164,7 @@ impl Source {
                             let column = piece.column(at);
                             match column.data_type() == field.data_type() {
                                 true => Ok(column.clone()),
-                                // Never a value turned into null: a lossy cast is an error.
-                                false => Ok(arrow::compute::cast_with_options(
-                                    column,
-                                    field.data_type(),
-                                    &arrow::compute::CastOptions {
-                                        safe: false,
-                                        ..Default::default()
-                                    },
-                                )?),
+                                false => cast_to_the_table(column, field.data_type()),
                             }
                         }
                         None => Ok(arrow::array::new_null_array(
@@ -1412,6 +1402,41 @@ fn child(root: &Path, name: &str) -> Result<Path> {
         root => format!("{root}/{name}"),
     };
     Path::parse(&path).map_err(|e| anyhow!("'{name}' is not an object's name: {e}"))
+}
+
+/// A file's column cast to the table's type. Never a value turned into null: a lossy cast is an
+/// error. A timestamp the file stores without a time zone is the instant the table's type says
+/// (a Delta `timestamp` is one in UTC, whatever the writer flagged): relabelled with the table's
+/// zone, not converted from local time in it (which would need the zone database for a named
+/// zone such as "UTC").
+fn cast_to_the_table(
+    column: &arrow::array::ArrayRef,
+    to: &arrow::datatypes::DataType,
+) -> Result<arrow::array::ArrayRef> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::DataType;
+    use arrow::datatypes::{
+        TimeUnit, TimestampMicrosecondType as Us, TimestampMillisecondType as Ms,
+        TimestampNanosecondType as Ns, TimestampSecondType as S,
+    };
+    let options = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    if let (DataType::Timestamp(_, None), DataType::Timestamp(unit, Some(tz))) =
+        (column.data_type(), to)
+    {
+        let naive = DataType::Timestamp(*unit, None);
+        let naive = arrow::compute::cast_with_options(column, &naive, &options)?;
+        let tz = tz.clone();
+        return Ok(match unit {
+            TimeUnit::Second => Arc::new(naive.as_primitive::<S>().clone().with_timezone(tz)),
+            TimeUnit::Millisecond => Arc::new(naive.as_primitive::<Ms>().clone().with_timezone(tz)),
+            TimeUnit::Microsecond => Arc::new(naive.as_primitive::<Us>().clone().with_timezone(tz)),
+            TimeUnit::Nanosecond => Arc::new(naive.as_primitive::<Ns>().clone().with_timezone(tz)),
+        });
+    }
+    Ok(arrow::compute::cast_with_options(column, to, &options)?)
 }
 
 /// An object as listed, before its footer is read.

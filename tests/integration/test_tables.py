@@ -238,6 +238,8 @@ def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_ta
     assert "has deletion vectors" in line and "version 1" in line, line
     line = refusal(FIXTURES / "table_with_column_mapping")
     assert "column mapping" in line, line
+    line = refusal(FIXTURES / "delta-0.8.0-partitioned")
+    assert "'month' (string)" in line and "no tensor mapping" in line, line
     data = tmp_path / "plain"
     data.mkdir()
     pq.write_table(pa.table({"id": np.arange(4)}), data / "a.parquet")
@@ -257,6 +259,59 @@ def test_delta_rs_test_tables_are_read_as_deltalake_reads_them(mounter):
     order = np.argsort(got["id"])
     np.testing.assert_array_equal(got["id"][order], t.column("id").to_numpy())
     np.testing.assert_array_equal(got["created_at"][order], t.column("created_at").cast(pa.int64()).to_numpy())
+    # Partitioned by four string columns, whose files lie in their key=value/ directories.
+    src = FIXTURES / "partition-type-primitives"
+    want = np.sort(deltalake.DeltaTable(str(src)).to_pyarrow_table().column("id").to_numpy())
+    m = mounter(src, "columns=id", "batch_size=4", "shuffle=none")
+    got = epoch_columns(m, ["id"])["id"]
+    assert len(want) == m.dataset()["rows"] and np.array_equal(np.sort(got), want), (got, want)
+
+
+def test_delta_logs_of_every_shape_are_replayed_as_deltalake_replays_them(mounter, tmp_path):
+    """Checkpoints written every third version (the table's own checkpointInterval) beside one
+    written by hand, a delete between them, a column added by a later version (null in the files
+    before it), then the commits before the last checkpoint cleaned up: every version equal to
+    deltalake's, the cleaned ones refused in one line."""
+    dl = pytest.importorskip("deltalake", reason="the deltalake package is not installed (scripts/setup installs it)")
+    path = tmp_path / "log"
+
+    def rows(start, n, late=False):
+        t = delta_rows(start, n).drop_columns(["emb"])
+        return t.append_column("late", pa.array((np.arange(start, start + n) * 3).astype(np.float32))) if late else t
+
+    dl.write_deltalake(str(path), rows(0, 40), partition_by=["year"], configuration={"delta.checkpointInterval": "3"})
+    for k in range(1, 5):
+        dl.write_deltalake(str(path), rows(100 * k, 40), mode="append", partition_by=["year"])
+    dl.DeltaTable(str(path)).delete("id % 3 = 0")
+    dl.DeltaTable(str(path)).create_checkpoint()
+    dl.write_deltalake(str(path), rows(900, 40, late=True), mode="append", partition_by=["year"], schema_mode="merge")
+    latest = dl.DeltaTable(str(path)).version()
+    assert latest >= 6 and len(list((path / "_delta_log").glob("*.checkpoint.parquet"))) >= 2
+
+    def check(version, cols=("id", "x", "year", "day")):
+        t = dl.DeltaTable(str(path), version=version).to_pyarrow_table().sort_by("id")
+        m = mounter(path, f"version={version}", "batch_size=32", "shuffle=none", "columns=" + ":".join(cols), "nulls=zero")
+        got = epoch_columns(m, cols)
+        order = np.argsort(got["id"])
+        assert m.dataset()["rows"] == t.num_rows, version
+        for c in cols:
+            want = t.column(c)
+            want = want.cast(pa.int32()) if c == "day" else want.fill_null(0) if c == "late" else want
+            np.testing.assert_array_equal(got[c][order], want.to_numpy(), err_msg=f"version {version} {c}")
+        m.unmount()
+
+    for version in range(latest):
+        check(version)
+    check(latest, ("id", "x", "year", "day", "late"))
+    # The commits up to the last checkpoint cleaned up: that version and later still read, the
+    # earlier ones refused.
+    checkpoint = max(int(p.name[:20]) for p in (path / "_delta_log").glob("*.checkpoint.parquet"))
+    for v in range(checkpoint):
+        (path / "_delta_log" / f"{v:020}.json").unlink()
+    check(checkpoint)
+    mnt = mounter.mountpoint()
+    line = tfs.error_line(tfs.run(["mount", path, mnt, "-o", f"version={checkpoint - 1},cache_dir={mnt}-c"]))
+    assert f"no version {checkpoint - 1}" in line, line
 
 
 def test_a_snapshot_pins_a_delta_version(mounter, delta_table, tmp_path):

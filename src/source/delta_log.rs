@@ -1,0 +1,585 @@
+//! A Delta table's log, replayed to one version's live data files (the Delta transaction
+//! protocol, `PROTOCOL.md` of delta-io/delta): the newest complete checkpoint at or before the
+//! version (classic, multi-part, or v2 with its sidecars; in Parquet or, for v2, JSON), then each
+//! commit after it in order. A file is live once added and until removed, keyed by its path
+//! and deletion vector. The protocol and metadata are the last ones the log names.
+//!
+//! Only what a mount needs is read: `add` (path, partition values, whether it has a deletion
+//! vector), `remove`, `metaData`, `protocol` and `sidecar`. Log compaction files and
+//! `_last_checkpoint` are hints a reader may skip: the listing finds every checkpoint.
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::{Array, AsArray, RecordBatch, StringArray, StructArray};
+use arrow::datatypes::DataType;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// The reader features a table may require that a mount reads: each is either handled here
+/// (checkpoints in v2, timestamps without time zone, widened types cast as any file's are,
+/// vacuum's protocol check) or refused where the table uses it (deletion vectors, column
+/// mapping: [`crate::source::delta`]).
+const READER_FEATURES: [&str; 7] = [
+    "columnMapping",
+    "deletionVectors",
+    "timestampNtz",
+    "typeWidening",
+    "typeWidening-preview",
+    "v2Checkpoint",
+    "vacuumProtocolCheck",
+];
+
+/// Commits fetched at once after the checkpoint.
+const COMMITS_AT_ONCE: usize = 16;
+
+/// A live data file as the log adds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Added {
+    /// As the log writes it: relative to the table's root and percent-encoded.
+    pub path: String,
+    /// Partition values as strings; a null value is absent.
+    pub partition_values: HashMap<String, String>,
+    pub deletion_vector: bool,
+}
+
+/// One version of the table, as its log says.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub version: u64,
+    /// `metaData.schemaString`, parsed.
+    pub schema: Value,
+    pub partition_columns: Vec<String>,
+    pub configuration: HashMap<String, String>,
+    /// The live files, in no particular order.
+    pub files: Vec<Added>,
+}
+
+/// What the log's actions have made so far.
+#[derive(Default)]
+struct Replay {
+    /// Live files by (path, deletion vector's id).
+    live: HashMap<(String, Option<String>), Added>,
+    metadata: Option<Value>,
+    protocol: Option<Value>,
+    /// Sidecar files a v2 checkpoint names (relative to `_delta_log/_sidecars/`).
+    sidecars: Vec<String>,
+}
+
+impl Replay {
+    /// Applies one action of a commit or checkpoint, given as JSON.
+    fn apply_json(&mut self, action: &Value) -> Result<()> {
+        let Some(action) = action.as_object() else {
+            bail!("an action is not a JSON object");
+        };
+        if let Some(add) = action.get("add") {
+            let path = str_field(add, "path")?;
+            let dv = dv_id(add.get("deletionVector"));
+            let mut partition_values = HashMap::new();
+            if let Some(values) = add.get("partitionValues").and_then(Value::as_object) {
+                for (k, v) in values {
+                    if let Some(v) = v.as_str() {
+                        partition_values.insert(k.clone(), v.to_string());
+                    }
+                }
+            }
+            let added = Added {
+                path: path.clone(),
+                partition_values,
+                deletion_vector: dv.is_some(),
+            };
+            self.live.insert((path, dv), added);
+        }
+        if let Some(remove) = action.get("remove") {
+            let path = str_field(remove, "path")?;
+            self.live
+                .remove(&(path, dv_id(remove.get("deletionVector"))));
+        }
+        if let Some(m) = action.get("metaData") {
+            self.metadata = Some(m.clone());
+        }
+        if let Some(p) = action.get("protocol") {
+            self.protocol = Some(p.clone());
+        }
+        if let Some(s) = action.get("sidecar") {
+            self.sidecars.push(str_field(s, "path")?);
+        }
+        Ok(())
+    }
+
+    /// Applies the actions of a checkpoint (or sidecar) in Parquet: each row holds one.
+    fn apply_parquet(&mut self, batch: &RecordBatch) -> Result<()> {
+        if let Some(add) = batch.column_by_name("add") {
+            let add = add.as_struct_opt().context("'add' is not a struct")?;
+            let paths = strings(add, "path")?;
+            let dvs = add.column_by_name("deletionVector");
+            let values = add.column_by_name("partitionValues");
+            for i in 0..add.len() {
+                let (true, Some(path)) = (add.is_valid(i), paths.get(i).cloned().flatten()) else {
+                    continue;
+                };
+                let dv = dvs.map(|d| dv_id_of_row(d, i)).transpose()?.flatten();
+                let partition_values = match values {
+                    Some(v) => map_row(v, i)?,
+                    None => HashMap::new(),
+                };
+                let added = Added {
+                    path: path.clone(),
+                    partition_values,
+                    deletion_vector: dv.is_some(),
+                };
+                self.live.insert((path, dv), added);
+            }
+        }
+        // Removes in a checkpoint are tombstones of files already gone from its adds.
+        for (name, slot) in [("metaData", 0), ("protocol", 1)] {
+            let Some(column) = batch.column_by_name(name) else {
+                continue;
+            };
+            let column = column
+                .as_struct_opt()
+                .with_context(|| format!("'{name}' is not a struct"))?;
+            for i in (0..column.len()).filter(|&i| column.is_valid(i)) {
+                let value = struct_row_json(column, i)?;
+                match slot {
+                    0 => self.metadata = Some(value),
+                    _ => self.protocol = Some(value),
+                }
+            }
+        }
+        if let Some(sidecar) = batch.column_by_name("sidecar") {
+            let sidecar = sidecar
+                .as_struct_opt()
+                .context("'sidecar' is not a struct")?;
+            let paths = strings(sidecar, "path")?;
+            for i in (0..sidecar.len()).filter(|&i| sidecar.is_valid(i)) {
+                if let Some(p) = paths[i].clone() {
+                    self.sidecars.push(p);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn str_field(action: &Value, name: &str) -> Result<String> {
+    (action.get(name).and_then(Value::as_str))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("an action has no '{name}'"))
+}
+
+/// A deletion vector's unique id (storage type, path or inline data, offset), as the protocol
+/// keys files by it; `None` where there is none.
+fn dv_id(dv: Option<&Value>) -> Option<String> {
+    let dv = dv?.as_object()?;
+    let part = |k: &str| dv.get(k).map(|v| v.to_string()).unwrap_or_default();
+    Some(format!(
+        "{}{}@{}",
+        part("storageType"),
+        part("pathOrInlineDv"),
+        part("offset")
+    ))
+}
+
+/// [`dv_id`] of row `i` of a checkpoint's `deletionVector` column.
+fn dv_id_of_row(column: &Arc<dyn Array>, i: usize) -> Result<Option<String>> {
+    let dv = column
+        .as_struct_opt()
+        .context("'deletionVector' is not a struct")?;
+    if !dv.is_valid(i) {
+        return Ok(None);
+    }
+    Ok(dv_id(Some(&struct_row_json(dv, i)?)))
+}
+
+/// Column `name` of `s` as strings (whatever string type the writer chose).
+fn strings(s: &StructArray, name: &str) -> Result<Vec<Option<String>>> {
+    let column = (s.column_by_name(name)).with_context(|| format!("no '{name}' field"))?;
+    let column = arrow::compute::cast(column, &DataType::Utf8)?;
+    let column: &StringArray = column.as_string();
+    Ok(column.iter().map(|v| v.map(str::to_string)).collect())
+}
+
+/// Row `i` of a map column of strings (`partitionValues`, `configuration`); null values left
+/// out.
+fn map_row(column: &Arc<dyn Array>, i: usize) -> Result<HashMap<String, String>> {
+    let map = column.as_map_opt().context("not a map")?;
+    let mut out = HashMap::new();
+    if !map.is_valid(i) {
+        return Ok(out);
+    }
+    let entries = map.value(i);
+    let keys = arrow::compute::cast(entries.column(0), &DataType::Utf8)?;
+    let values = arrow::compute::cast(entries.column(1), &DataType::Utf8)?;
+    for (k, v) in keys
+        .as_string::<i32>()
+        .iter()
+        .zip(values.as_string::<i32>().iter())
+    {
+        if let (Some(k), Some(v)) = (k, v) {
+            out.insert(k.to_string(), v.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Row `i` of a struct column as the JSON object a commit would write (the few fields read:
+/// strings, integers, lists of strings, maps of strings, nested structs).
+fn struct_row_json(s: &StructArray, i: usize) -> Result<Value> {
+    let mut object = serde_json::Map::new();
+    for (field, column) in s.fields().iter().zip(s.columns()) {
+        if !column.is_valid(i) {
+            continue;
+        }
+        let value = match column.data_type() {
+            DataType::Struct(_) => struct_row_json(column.as_struct(), i)?,
+            DataType::Map(..) => Value::Object(
+                (map_row(column, i)?.into_iter())
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            ),
+            DataType::List(_) | DataType::LargeList(_) => {
+                let list = arrow::compute::cast(column, &DataType::new_list(DataType::Utf8, true))?;
+                let items = list.as_list::<i32>().value(i);
+                Value::Array(
+                    (items.as_string::<i32>().iter())
+                        .map(|v| v.map_or(Value::Null, |v| Value::String(v.to_string())))
+                        .collect(),
+                )
+            }
+            t if t.is_integer() => {
+                let v = arrow::compute::cast(column, &DataType::Int64)?;
+                Value::from(v.as_primitive::<arrow::datatypes::Int64Type>().value(i))
+            }
+            DataType::Boolean => Value::Bool(column.as_boolean().value(i)),
+            _ => match arrow::compute::cast(column, &DataType::Utf8) {
+                Ok(v) => Value::String(v.as_string::<i32>().value(i).to_string()),
+                Err(_) => continue,
+            },
+        };
+        object.insert(field.name().clone(), value);
+    }
+    Ok(Value::Object(object))
+}
+
+/// A file of the log, by its name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum LogFile {
+    Commit(u64),
+    /// A single-file checkpoint: classic (`V.checkpoint.parquet`) or v2
+    /// (`V.checkpoint.UUID.json|parquet`); the name.
+    Checkpoint(u64, String),
+    /// Part `part` of `parts` of a multi-part checkpoint.
+    Part(u64, u32, u32),
+}
+
+/// What a name in `_delta_log/` is; `None` for anything else (`.crc`, `_last_checkpoint`, log
+/// compaction files, sidecars).
+fn log_file(name: &str) -> Option<LogFile> {
+    let (version, rest) = name.split_at_checked(20)?;
+    if !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let v: u64 = version.parse().ok()?;
+    if rest == ".json" {
+        return Some(LogFile::Commit(v));
+    }
+    let rest = rest.strip_prefix(".checkpoint.")?;
+    if rest == "parquet" {
+        return Some(LogFile::Checkpoint(v, name.to_string()));
+    }
+    let digits = |s: &str| s.len() == 10 && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(parts) = rest.strip_suffix(".parquet")
+        && let Some((part, of)) = parts.split_once('.')
+        && digits(part)
+        && digits(of)
+    {
+        return Some(LogFile::Part(v, part.parse().ok()?, of.parse().ok()?));
+    }
+    let uuid = rest
+        .strip_suffix(".json")
+        .or_else(|| rest.strip_suffix(".parquet"))?;
+    (!uuid.contains('.') && !uuid.is_empty()).then(|| LogFile::Checkpoint(v, name.to_string()))
+}
+
+/// The newest checkpoint at or before `version` whose files are all there: its version and
+/// file names.
+fn newest_checkpoint(files: &BTreeSet<LogFile>, version: u64) -> Option<(u64, Vec<String>)> {
+    let mut best: Option<(u64, Vec<String>)> = None;
+    let mut parts: BTreeMap<(u64, u32), BTreeSet<u32>> = BTreeMap::new();
+    for f in files {
+        match f {
+            LogFile::Checkpoint(v, name)
+                if *v <= version && best.as_ref().is_none_or(|(b, _)| v > b) =>
+            {
+                best = Some((*v, vec![name.clone()]));
+            }
+            LogFile::Part(v, part, of) if *v <= version => {
+                parts.entry((*v, *of)).or_default().insert(*part);
+            }
+            _ => {}
+        }
+    }
+    for ((v, of), have) in parts {
+        let complete = have.len() == of as usize && (1..=of).all(|p| have.contains(&p));
+        if complete && best.as_ref().is_none_or(|(b, _)| v > *b) {
+            let names = (1..=of)
+                .map(|p| format!("{v:020}.checkpoint.{p:010}.{of:010}.parquet"))
+                .collect();
+            best = Some((v, names));
+        }
+    }
+    best
+}
+
+/// Reads version `version` (the latest when `None`) of the table whose root is `root`.
+pub async fn snapshot(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    version: Option<u64>,
+) -> Result<Snapshot> {
+    let log = root.clone().join(super::delta::LOG);
+    let listed: Vec<object_store::ObjectMeta> = store.list(Some(&log)).try_collect().await?;
+    let files: BTreeSet<LogFile> = (listed.iter())
+        .filter_map(|m| {
+            m.location
+                .prefix_match(&log)?
+                .collect::<Vec<_>>()
+                .first()
+                .cloned()
+        })
+        .filter_map(|part| log_file(part.as_ref()))
+        .collect();
+    let commits: BTreeSet<u64> = (files.iter())
+        .filter_map(|f| match f {
+            LogFile::Commit(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    let latest = (files.iter())
+        .map(|f| match f {
+            LogFile::Commit(v) | LogFile::Checkpoint(v, _) | LogFile::Part(v, ..) => *v,
+        })
+        .max()
+        .context("its _delta_log/ holds no commit")?;
+    let version = version.unwrap_or(latest);
+    let checkpoint = newest_checkpoint(&files, version);
+    let from = checkpoint.as_ref().map_or(0, |(v, _)| v + 1);
+    if checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version) {
+        bail!("the Delta table has no version {version} (its latest is {latest})");
+    }
+    if let Some(missing) = (from..=version).find(|v| !commits.contains(v)) {
+        bail!(
+            "the Delta table has no version {version}: its log lacks commit {missing} (cleaned up, and no checkpoint after it)"
+        );
+    }
+    let mut replay = Replay::default();
+    if let Some((_, names)) = &checkpoint {
+        for name in names {
+            read_log_file(store, &log.clone().join(name.as_str()), &mut replay)
+                .await
+                .with_context(|| format!("checkpoint {name}"))?;
+        }
+        for sidecar in std::mem::take(&mut replay.sidecars) {
+            let path = log.clone().join("_sidecars").join(sidecar.as_str());
+            read_log_file(store, &path, &mut replay)
+                .await
+                .with_context(|| format!("sidecar {sidecar}"))?;
+        }
+    }
+    // Fetched several at a time (a table appended to by a stream has many commits after its
+    // last checkpoint), applied in order.
+    let mut commits = futures::stream::iter(from..=version)
+        .map(|v| {
+            let name = format!("{v:020}.json");
+            let path = log.clone().join(name.as_str());
+            async move {
+                let bytes = store.get(&path).await?.bytes().await;
+                anyhow::Ok((name, bytes?))
+            }
+        })
+        .buffered(COMMITS_AT_ONCE);
+    while let Some((name, bytes)) = commits.try_next().await? {
+        apply_json_lines(&bytes, &mut replay).with_context(|| format!("commit {name}"))?;
+    }
+    let protocol = replay.protocol.context("its log names no protocol")?;
+    check_protocol(&protocol, version)?;
+    let metadata = replay.metadata.context("its log names no metaData")?;
+    let schema: Value = serde_json::from_str(
+        (metadata.get("schemaString").and_then(Value::as_str))
+            .context("its metaData has no schemaString")?,
+    )
+    .context("its schemaString is not JSON")?;
+    let partition_columns = (metadata.get("partitionColumns").and_then(Value::as_array))
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let configuration = (metadata.get("configuration").and_then(Value::as_object))
+        .map(|c| {
+            c.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Snapshot {
+        version,
+        schema,
+        partition_columns,
+        configuration,
+        files: replay.live.into_values().collect(),
+    })
+}
+
+/// Refuses a protocol this reader does not speak, naming what it lacks.
+fn check_protocol(protocol: &Value, version: u64) -> Result<()> {
+    let min_reader = protocol
+        .get("minReaderVersion")
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
+    if min_reader > 3 {
+        bail!(
+            "Delta table version {version} needs a reader of protocol version {min_reader}, which tensorfs is not"
+        );
+    }
+    if min_reader == 3 {
+        let features = (protocol.get("readerFeatures").and_then(Value::as_array))
+            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let unknown: Vec<&str> = (features.into_iter())
+            .filter(|f| !READER_FEATURES.contains(f))
+            .collect();
+        if !unknown.is_empty() {
+            bail!(
+                "Delta table version {version} needs the reader feature(s) {}, which tensorfs does not support",
+                unknown.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Applies the actions of a log file in newline-delimited JSON.
+fn apply_json_lines(bytes: &[u8], replay: &mut Replay) -> Result<()> {
+    for line in bytes.split(|&b| b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let action: Value = serde_json::from_slice(line).context("a line is not JSON")?;
+        replay.apply_json(&action)?;
+    }
+    Ok(())
+}
+
+/// Applies the actions of one log file: newline-delimited JSON, or Parquet.
+async fn read_log_file(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+    replay: &mut Replay,
+) -> Result<()> {
+    let bytes = store.get(path).await?.bytes().await?;
+    if path.as_ref().ends_with(".json") {
+        return apply_json_lines(&bytes, replay);
+    }
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let wanted = ["add", "metaData", "protocol", "sidecar"];
+    let roots: Vec<usize> = (builder.parquet_schema().root_schema().get_fields().iter())
+        .enumerate()
+        .filter(|(_, f)| wanted.contains(&f.name()))
+        .map(|(i, _)| i)
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    for batch in builder.with_projection(mask).build()? {
+        replay.apply_parquet(&batch?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_names_are_told_apart() {
+        assert_eq!(
+            log_file("00000000000000000007.json"),
+            Some(LogFile::Commit(7))
+        );
+        assert_eq!(
+            log_file("00000000000000000010.checkpoint.parquet"),
+            Some(LogFile::Checkpoint(
+                10,
+                "00000000000000000010.checkpoint.parquet".into()
+            ))
+        );
+        assert_eq!(
+            log_file("00000000000000000010.checkpoint.0000000002.0000000003.parquet"),
+            Some(LogFile::Part(10, 2, 3))
+        );
+        let v2 = "00000000000000000008.checkpoint.e5ac4dc4-b8d3-4362-8572-c52142a9da1f.json";
+        assert_eq!(log_file(v2), Some(LogFile::Checkpoint(8, v2.into())));
+        for other in [
+            "00000000000000000007.crc",
+            "_last_checkpoint",
+            "00000000000000000001.00000000000000000004.compacted.json",
+            "7.json",
+        ] {
+            assert_eq!(log_file(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_newest_complete_checkpoint_at_or_before_the_version_is_chosen() {
+        let files: BTreeSet<LogFile> = [
+            "00000000000000000005.checkpoint.parquet",
+            "00000000000000000010.checkpoint.0000000001.0000000002.parquet",
+            "00000000000000000010.checkpoint.0000000002.0000000002.parquet",
+            "00000000000000000012.checkpoint.0000000001.0000000002.parquet",
+        ]
+        .iter()
+        .filter_map(|n| log_file(n))
+        .collect();
+        assert_eq!(newest_checkpoint(&files, 4), None);
+        assert_eq!(newest_checkpoint(&files, 9).unwrap().0, 5);
+        // 12's second part is missing: 10's two parts.
+        let (v, names) = newest_checkpoint(&files, 20).unwrap();
+        assert_eq!((v, names.len()), (10, 2));
+    }
+
+    #[test]
+    fn a_file_is_live_from_its_add_until_its_remove_keyed_with_its_deletion_vector() {
+        let mut r = Replay::default();
+        let apply =
+            |r: &mut Replay, s: &str| r.apply_json(&serde_json::from_str(s).unwrap()).unwrap();
+        apply(
+            &mut r,
+            r#"{"add":{"path":"a.parquet","partitionValues":{"y":"1","z":null}}}"#,
+        );
+        apply(
+            &mut r,
+            r#"{"add":{"path":"b.parquet","partitionValues":{}}}"#,
+        );
+        apply(&mut r, r#"{"remove":{"path":"a.parquet"}}"#);
+        let dv = r#"{"storageType":"u","pathOrInlineDv":"x","offset":1}"#;
+        apply(
+            &mut r,
+            &format!(r#"{{"add":{{"path":"b.parquet","deletionVector":{dv}}}}}"#),
+        );
+        apply(&mut r, r#"{"remove":{"path":"b.parquet"}}"#);
+        let live: Vec<&Added> = r.live.values().collect();
+        assert_eq!(live.len(), 1);
+        assert!(live[0].path == "b.parquet" && live[0].deletion_vector);
+        apply(
+            &mut r,
+            r#"{"add":{"path":"c.parquet","partitionValues":{"y":"1","z":null}}}"#,
+        );
+        let c = &r.live[&("c.parquet".to_string(), None)];
+        assert_eq!(c.partition_values.len(), 1);
+    }
+}
