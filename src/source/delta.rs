@@ -51,13 +51,13 @@ pub struct Table {
 pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>) -> Result<Table> {
     let snapshot = delta_log::snapshot(&store, root, version)
         .await
-        .map_err(|e| match version {
-            Some(_) if format!("{e}").contains("has no version") => e,
-            Some(v) => anyhow!("the Delta table has no version {v} ({e:#})"),
+        .map_err(|e| match e.downcast_ref::<delta_log::NoVersion>() {
+            Some(_) => e,
             None => anyhow!("its Delta log cannot be read: {e:#}"),
         })?;
     let version = snapshot.version;
     if let Some(mode) = snapshot.configuration.get("delta.columnMapping.mode")
+        && snapshot.column_mapping
         && !mode.eq_ignore_ascii_case("none")
     {
         bail!(
@@ -72,12 +72,6 @@ pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>
             "Delta table version {version} has deletion vectors (file '{}' and maybe others), which tensorfs does not apply yet; rewrite the table without them (OPTIMIZE, or REORG TABLE … APPLY (PURGE))",
             f.path
         );
-    }
-    for f in &mut found {
-        f.path = percent_encoding::percent_decode_str(&f.path)
-            .decode_utf8()
-            .map_err(|_| anyhow!("file '{}' of the table is not a UTF-8 path", f.path))?
-            .into_owned();
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     // The partition columns, in the table's order (every file's values come from the log; a

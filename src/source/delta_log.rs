@@ -24,15 +24,31 @@ use std::sync::Arc;
 /// (checkpoints in v2, timestamps without time zone, widened types cast as any file's are,
 /// vacuum's protocol check) or refused where the table uses it (deletion vectors, column
 /// mapping: [`crate::source::delta`]).
-const READER_FEATURES: [&str; 7] = [
+const READER_FEATURES: [&str; 8] = [
     "columnMapping",
     "deletionVectors",
     "timestampNtz",
+    // Not a protocol name, but existing tables carry it for timestampNtz (the Delta kernel
+    // reads them: delta-io/delta-kernel-rs#2557).
+    "timestampWithoutTimezone",
     "typeWidening",
     "typeWidening-preview",
     "v2Checkpoint",
     "vacuumProtocolCheck",
 ];
+
+/// The log cannot give the version asked for: it never had it, or its commits up to it were
+/// cleaned up. Told apart from a log that cannot be read.
+#[derive(Debug)]
+pub struct NoVersion(pub String);
+
+impl std::fmt::Display for NoVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoVersion {}
 
 /// Commits fetched at once after the checkpoint.
 const COMMITS_AT_ONCE: usize = 16;
@@ -40,7 +56,8 @@ const COMMITS_AT_ONCE: usize = 16;
 /// A live data file as the log adds it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Added {
-    /// As the log writes it: relative to the table's root and percent-encoded.
+    /// Relative to the table's root, percent-decoded (the log writes it as a URI; adds and
+    /// removes of one file are matched decoded, since writers have encoded them differently).
     pub path: String,
     /// Partition values as strings; a null value is absent.
     pub partition_values: HashMap<String, String>,
@@ -55,6 +72,9 @@ pub struct Snapshot {
     pub schema: Value,
     pub partition_columns: Vec<String>,
     pub configuration: HashMap<String, String>,
+    /// Whether the protocol lets the table map its columns (`delta.columnMapping.mode` counts
+    /// only then): reader version 2, or 3 with the `columnMapping` feature.
+    pub column_mapping: bool,
     /// The live files, in no particular order.
     pub files: Vec<Added>,
 }
@@ -77,7 +97,7 @@ impl Replay {
             bail!("an action is not a JSON object");
         };
         if let Some(add) = action.get("add") {
-            let path = str_field(add, "path")?;
+            let path = decoded(&str_field(add, "path")?)?;
             let dv = dv_id(add.get("deletionVector"));
             let mut partition_values = HashMap::new();
             if let Some(values) = add.get("partitionValues").and_then(Value::as_object) {
@@ -95,7 +115,7 @@ impl Replay {
             self.live.insert((path, dv), added);
         }
         if let Some(remove) = action.get("remove") {
-            let path = str_field(remove, "path")?;
+            let path = decoded(&str_field(remove, "path")?)?;
             self.live
                 .remove(&(path, dv_id(remove.get("deletionVector"))));
         }
@@ -116,13 +136,17 @@ impl Replay {
         if let Some(add) = batch.column_by_name("add") {
             let add = add.as_struct_opt().context("'add' is not a struct")?;
             let paths = strings(add, "path")?;
-            let dvs = add.column_by_name("deletionVector");
+            let dvs = match add.column_by_name("deletionVector") {
+                Some(dv) => dv_ids(dv)?,
+                None => vec![None; add.len()],
+            };
             let values = add.column_by_name("partitionValues");
             for i in 0..add.len() {
-                let (true, Some(path)) = (add.is_valid(i), paths.get(i).cloned().flatten()) else {
+                let (true, Some(path)) = (add.is_valid(i), paths[i].as_deref()) else {
                     continue;
                 };
-                let dv = dvs.map(|d| dv_id_of_row(d, i)).transpose()?.flatten();
+                let path = decoded(path)?;
+                let dv = dvs[i].clone();
                 let partition_values = match values {
                     Some(v) => map_row(v, i)?,
                     None => HashMap::new(),
@@ -172,28 +196,62 @@ fn str_field(action: &Value, name: &str) -> Result<String> {
         .ok_or_else(|| anyhow!("an action has no '{name}'"))
 }
 
-/// A deletion vector's unique id (storage type, path or inline data, offset), as the protocol
-/// keys files by it; `None` where there is none.
+/// A deletion vector's unique id, as the protocol keys files by it: its storage type, path or
+/// inline data, and `@offset` where it has one; `None` where there is none (no struct, or no
+/// storage type).
 fn dv_id(dv: Option<&Value>) -> Option<String> {
     let dv = dv?.as_object()?;
-    let part = |k: &str| dv.get(k).map(|v| v.to_string()).unwrap_or_default();
-    Some(format!(
-        "{}{}@{}",
-        part("storageType"),
-        part("pathOrInlineDv"),
-        part("offset")
-    ))
+    let storage = dv.get("storageType")?.as_str()?;
+    let path = dv
+        .get("pathOrInlineDv")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let offset = dv.get("offset").and_then(Value::as_i64);
+    Some(unique_id(storage, path, offset))
 }
 
-/// [`dv_id`] of row `i` of a checkpoint's `deletionVector` column.
-fn dv_id_of_row(column: &Arc<dyn Array>, i: usize) -> Result<Option<String>> {
+fn unique_id(storage: &str, path: &str, offset: Option<i64>) -> String {
+    match offset {
+        Some(o) => format!("{storage}{path}@{o}"),
+        None => format!("{storage}{path}"),
+    }
+}
+
+/// [`dv_id`] of every row of a checkpoint's `deletionVector` column.
+fn dv_ids(column: &Arc<dyn Array>) -> Result<Vec<Option<String>>> {
     let dv = column
         .as_struct_opt()
         .context("'deletionVector' is not a struct")?;
-    if !dv.is_valid(i) {
-        return Ok(None);
-    }
-    Ok(dv_id(Some(&struct_row_json(dv, i)?)))
+    let storage = strings(dv, "storageType")?;
+    let paths = strings(dv, "pathOrInlineDv").unwrap_or_else(|_| vec![None; dv.len()]);
+    let offsets = match dv.column_by_name("offset") {
+        Some(o) => {
+            let o = arrow::compute::cast(o, &DataType::Int64)?;
+            let o = o.as_primitive::<arrow::datatypes::Int64Type>();
+            (0..o.len())
+                .map(|i| o.is_valid(i).then(|| o.value(i)))
+                .collect()
+        }
+        None => vec![None; dv.len()],
+    };
+    Ok((0..dv.len())
+        .map(|i| {
+            let storage = storage[i].as_deref().filter(|_| dv.is_valid(i))?;
+            Some(unique_id(
+                storage,
+                paths[i].as_deref().unwrap_or(""),
+                offsets[i],
+            ))
+        })
+        .collect())
+}
+
+/// A path as the log writes it (a URI reference), percent-decoded.
+fn decoded(path: &str) -> Result<String> {
+    Ok(percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map_err(|_| anyhow!("file '{path}' of the table is not a UTF-8 path"))?
+        .into_owned())
 }
 
 /// Column `name` of `s` as strings (whatever string type the writer chose).
@@ -360,22 +418,37 @@ pub async fn snapshot(
             _ => None,
         })
         .collect();
-    let latest = (files.iter())
-        .map(|f| match f {
-            LogFile::Commit(v) | LogFile::Checkpoint(v, _) | LogFile::Part(v, ..) => *v,
-        })
-        .max()
-        .context("its _delta_log/ holds no commit")?;
+    let versions = (files.iter()).map(|f| match f {
+        LogFile::Commit(v) | LogFile::Checkpoint(v, _) | LogFile::Part(v, ..) => *v,
+    });
+    let (first, latest) = (versions.clone().min(), versions.max());
+    let (Some(first), Some(latest)) = (first, latest) else {
+        bail!("its _delta_log/ holds no commit");
+    };
     let version = version.unwrap_or(latest);
     let checkpoint = newest_checkpoint(&files, version);
     let from = checkpoint.as_ref().map_or(0, |(v, _)| v + 1);
-    if checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version) {
-        bail!("the Delta table has no version {version} (its latest is {latest})");
+    if version > latest
+        || checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version)
+    {
+        return Err(NoVersion(match version < first {
+            true => format!(
+                "the Delta table has no version {version} any more: its log starts at version {first}"
+            ),
+            false => format!("the Delta table has no version {version} (its latest is {latest})"),
+        })
+        .into());
     }
     if let Some(missing) = (from..=version).find(|v| !commits.contains(v)) {
-        bail!(
-            "the Delta table has no version {version}: its log lacks commit {missing} (cleaned up, and no checkpoint after it)"
-        );
+        // Commits before the oldest checkpoint are cleaned up by log retention.
+        let oldest = newest_checkpoint(&files, latest).map(|(v, _)| v);
+        return Err(match oldest {
+            Some(oldest) if missing < oldest => NoVersion(format!(
+                "the Delta table has no version {version} any more: its log starts at the checkpoint of version {oldest}"
+            ))
+            .into(),
+            _ => anyhow!("its Delta log lacks commit {missing} (of versions {from} to {version})"),
+        });
     }
     let mut replay = Replay::default();
     if let Some((_, names)) = &checkpoint {
@@ -385,7 +458,10 @@ pub async fn snapshot(
                 .with_context(|| format!("checkpoint {name}"))?;
         }
         for sidecar in std::mem::take(&mut replay.sidecars) {
-            let path = log.clone().join("_sidecars").join(sidecar.as_str());
+            let path = log
+                .clone()
+                .join("_sidecars")
+                .join(decoded(&sidecar)?.as_str());
             read_log_file(store, &path, &mut replay)
                 .await
                 .with_context(|| format!("sidecar {sidecar}"))?;
@@ -407,7 +483,7 @@ pub async fn snapshot(
         apply_json_lines(&bytes, &mut replay).with_context(|| format!("commit {name}"))?;
     }
     let protocol = replay.protocol.context("its log names no protocol")?;
-    check_protocol(&protocol, version)?;
+    let column_mapping = check_protocol(&protocol, version)?;
     let metadata = replay.metadata.context("its log names no metaData")?;
     let schema: Value = serde_json::from_str(
         (metadata.get("schemaString").and_then(Value::as_str))
@@ -433,12 +509,14 @@ pub async fn snapshot(
         schema,
         partition_columns,
         configuration,
+        column_mapping,
         files: replay.live.into_values().collect(),
     })
 }
 
-/// Refuses a protocol this reader does not speak, naming what it lacks.
-fn check_protocol(protocol: &Value, version: u64) -> Result<()> {
+/// Refuses a protocol this reader does not speak, naming what it lacks; else whether it lets
+/// the table map its columns.
+fn check_protocol(protocol: &Value, version: u64) -> Result<bool> {
     let min_reader = protocol
         .get("minReaderVersion")
         .and_then(Value::as_u64)
@@ -448,11 +526,11 @@ fn check_protocol(protocol: &Value, version: u64) -> Result<()> {
             "Delta table version {version} needs a reader of protocol version {min_reader}, which tensorfs is not"
         );
     }
+    let features = (protocol.get("readerFeatures").and_then(Value::as_array))
+        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
+        .unwrap_or_default();
     if min_reader == 3 {
-        let features = (protocol.get("readerFeatures").and_then(Value::as_array))
-            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
-            .unwrap_or_default();
-        let unknown: Vec<&str> = (features.into_iter())
+        let unknown: Vec<&str> = (features.iter().copied())
             .filter(|f| !READER_FEATURES.contains(f))
             .collect();
         if !unknown.is_empty() {
@@ -462,7 +540,7 @@ fn check_protocol(protocol: &Value, version: u64) -> Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(min_reader == 2 || min_reader == 3 && features.contains(&"columnMapping"))
 }
 
 /// Applies the actions of a log file in newline-delimited JSON.
@@ -488,13 +566,23 @@ async fn read_log_file(
         return apply_json_lines(&bytes, replay);
     }
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-    let wanted = ["add", "metaData", "protocol", "sidecar"];
-    let roots: Vec<usize> = (builder.parquet_schema().root_schema().get_fields().iter())
-        .enumerate()
-        .filter(|(_, f)| wanted.contains(&f.name()))
-        .map(|(i, _)| i)
+    // Of the adds only what is read (not their statistics, most of a checkpoint's bytes).
+    let wanted = [
+        "add.path",
+        "add.partitionValues",
+        "add.deletionVector",
+        "metaData",
+        "protocol",
+        "sidecar.path",
+    ];
+    let schema = builder.parquet_schema();
+    let leaves: Vec<usize> = (0..schema.num_columns())
+        .filter(|&i| {
+            let path = schema.column(i).path().string();
+            (wanted.iter()).any(|w| path == *w || path.starts_with(&format!("{w}.")))
+        })
         .collect();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let mask = ProjectionMask::leaves(schema, leaves);
     for batch in builder.with_projection(mask).build()? {
         replay.apply_parquet(&batch?)?;
     }
@@ -532,6 +620,35 @@ mod tests {
         ] {
             assert_eq!(log_file(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn adds_and_removes_meet_by_decoded_path_and_deletion_vector_id() {
+        let mut r = Replay::default();
+        let apply =
+            |r: &mut Replay, s: &str| r.apply_json(&serde_json::from_str(s).unwrap()).unwrap();
+        apply(
+            &mut r,
+            r#"{"add":{"path":"a%20b.parquet","partitionValues":{}}}"#,
+        );
+        apply(&mut r, r#"{"remove":{"path":"a b.parquet"}}"#);
+        assert!(r.live.is_empty());
+        // A null offset is no offset; a struct without a storage type is no deletion vector.
+        let dv = r#"{"storageType":"u","pathOrInlineDv":"x","offset":null}"#;
+        apply(
+            &mut r,
+            &format!(r#"{{"add":{{"path":"c.parquet","deletionVector":{dv}}}}}"#),
+        );
+        apply(
+            &mut r,
+            r#"{"remove":{"path":"c.parquet","deletionVector":{"storageType":"u","pathOrInlineDv":"x"}}}"#,
+        );
+        assert!(r.live.is_empty());
+        apply(
+            &mut r,
+            r#"{"add":{"path":"d.parquet","deletionVector":{"storageType":null}}}"#,
+        );
+        assert!(!r.live[&("d.parquet".to_string(), None)].deletion_vector);
     }
 
     #[test]

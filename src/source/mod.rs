@@ -1405,38 +1405,42 @@ fn child(root: &Path, name: &str) -> Result<Path> {
 }
 
 /// A file's column cast to the table's type. Never a value turned into null: a lossy cast is an
-/// error. A timestamp the file stores without a time zone is the instant the table's type says
-/// (a Delta `timestamp` is one in UTC, whatever the writer flagged): relabelled with the table's
-/// zone, not converted from local time in it (which would need the zone database for a named
-/// zone such as "UTC").
+/// error. A timestamp the file stores without a time zone, at any depth, is the instant the
+/// table's type says (a Delta `timestamp` is one in UTC, whatever the writer flagged): cast to the
+/// zone "UTC" as to the offset "+00:00" (the same instants), since casting it to a named zone
+/// needs the zone database, which this build of arrow leaves out.
 fn cast_to_the_table(
     column: &arrow::array::ArrayRef,
     to: &arrow::datatypes::DataType,
 ) -> Result<arrow::array::ArrayRef> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::DataType;
-    use arrow::datatypes::{
-        TimeUnit, TimestampMicrosecondType as Us, TimestampMillisecondType as Ms,
-        TimestampNanosecondType as Ns, TimestampSecondType as S,
-    };
     let options = arrow::compute::CastOptions {
         safe: false,
         ..Default::default()
     };
-    if let (DataType::Timestamp(_, None), DataType::Timestamp(unit, Some(tz))) =
-        (column.data_type(), to)
-    {
-        let naive = DataType::Timestamp(*unit, None);
-        let naive = arrow::compute::cast_with_options(column, &naive, &options)?;
-        let tz = tz.clone();
-        return Ok(match unit {
-            TimeUnit::Second => Arc::new(naive.as_primitive::<S>().clone().with_timezone(tz)),
-            TimeUnit::Millisecond => Arc::new(naive.as_primitive::<Ms>().clone().with_timezone(tz)),
-            TimeUnit::Microsecond => Arc::new(naive.as_primitive::<Us>().clone().with_timezone(tz)),
-            TimeUnit::Nanosecond => Arc::new(naive.as_primitive::<Ns>().clone().with_timezone(tz)),
-        });
+    let by_offset = utc_as_offset(to);
+    if by_offset == *to {
+        return Ok(arrow::compute::cast_with_options(column, to, &options)?);
     }
-    Ok(arrow::compute::cast_with_options(column, to, &options)?)
+    // Between zones a cast relabels: no zone is looked up.
+    let column = arrow::compute::cast_with_options(column, &by_offset, &options)?;
+    Ok(arrow::compute::cast_with_options(&column, to, &options)?)
+}
+
+/// `t` with every timestamp in the zone "UTC" in the offset "+00:00" instead.
+fn utc_as_offset(t: &arrow::datatypes::DataType) -> arrow::datatypes::DataType {
+    use arrow::datatypes::{DataType, Field};
+    let field = |f: &Field| Arc::new(f.clone().with_data_type(utc_as_offset(f.data_type())));
+    match t {
+        DataType::Timestamp(unit, Some(tz)) if tz.as_ref() == "UTC" => {
+            DataType::Timestamp(*unit, Some("+00:00".into()))
+        }
+        DataType::List(f) => DataType::List(field(f)),
+        DataType::LargeList(f) => DataType::LargeList(field(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(|f| field(f)).collect()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        other => other.clone(),
+    }
 }
 
 /// An object as listed, before its footer is read.
@@ -1776,6 +1780,30 @@ impl AsyncFileReader for ObjectReader {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn naive_timestamps_cast_to_utc_at_any_depth_keep_their_instants() {
+        use arrow::array::{Array, AsArray, ListArray, TimestampNanosecondArray};
+        use arrow::datatypes::{DataType, Field, TimeUnit, TimestampMicrosecondType as Us};
+        let naive: arrow::array::ArrayRef = Arc::new(TimestampNanosecondArray::from(vec![
+            1_000, 2_000_000, -3_000,
+        ]));
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let flat = cast_to_the_table(&naive, &utc).unwrap();
+        assert_eq!(flat.data_type(), &utc);
+        assert_eq!(flat.as_primitive::<Us>().values(), &[1, 2_000, -3]);
+        let list: arrow::array::ArrayRef = Arc::new(ListArray::new(
+            Arc::new(Field::new("element", naive.data_type().clone(), true)),
+            arrow::buffer::OffsetBuffer::from_lengths([2, 1]),
+            naive,
+            None,
+        ));
+        let to = DataType::List(Arc::new(Field::new("element", utc.clone(), true)));
+        let nested = cast_to_the_table(&list, &to).unwrap();
+        assert_eq!(nested.data_type(), &to);
+        let values = nested.as_list::<i32>().values().clone();
+        assert_eq!(values.as_primitive::<Us>().values(), &[1, 2_000, -3]);
+    }
 
     #[test]
     fn http_credentials_are_one_sensitive_header() {
