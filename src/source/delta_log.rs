@@ -91,6 +91,16 @@ struct Replay {
 }
 
 impl Replay {
+    /// File `path` (decoded) added, with deletion vector `dv` (its id) and partition values.
+    fn add(&mut self, path: String, dv: Option<String>, partition_values: HashMap<String, String>) {
+        let added = Added {
+            path: path.clone(),
+            partition_values,
+            deletion_vector: dv.is_some(),
+        };
+        self.live.insert((path, dv), added);
+    }
+
     /// Applies one action of a commit or checkpoint, given as JSON.
     fn apply_json(&mut self, action: &Value) -> Result<()> {
         let Some(action) = action.as_object() else {
@@ -98,21 +108,14 @@ impl Replay {
         };
         if let Some(add) = action.get("add") {
             let path = decoded(&str_field(add, "path")?)?;
-            let dv = dv_id(add.get("deletionVector"));
-            let mut partition_values = HashMap::new();
-            if let Some(values) = add.get("partitionValues").and_then(Value::as_object) {
-                for (k, v) in values {
-                    if let Some(v) = v.as_str() {
-                        partition_values.insert(k.clone(), v.to_string());
-                    }
-                }
-            }
-            let added = Added {
-                path: path.clone(),
-                partition_values,
-                deletion_vector: dv.is_some(),
-            };
-            self.live.insert((path, dv), added);
+            let values = (add.get("partitionValues").and_then(Value::as_object))
+                .map(|values| {
+                    (values.iter())
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.add(path, dv_id(add.get("deletionVector")), values);
         }
         if let Some(remove) = action.get("remove") {
             let path = decoded(&str_field(remove, "path")?)?;
@@ -145,35 +148,19 @@ impl Replay {
                 let (true, Some(path)) = (add.is_valid(i), paths[i].as_deref()) else {
                     continue;
                 };
-                let path = decoded(path)?;
-                let dv = dvs[i].clone();
-                let partition_values = match values {
+                let values = match values {
                     Some(v) => map_row(v, i)?,
                     None => HashMap::new(),
                 };
-                let added = Added {
-                    path: path.clone(),
-                    partition_values,
-                    deletion_vector: dv.is_some(),
-                };
-                self.live.insert((path, dv), added);
+                self.add(decoded(path)?, dvs[i].clone(), values);
             }
         }
         // Removes in a checkpoint are tombstones of files already gone from its adds.
-        for (name, slot) in [("metaData", 0), ("protocol", 1)] {
-            let Some(column) = batch.column_by_name(name) else {
-                continue;
-            };
-            let column = column
-                .as_struct_opt()
-                .with_context(|| format!("'{name}' is not a struct"))?;
-            for i in (0..column.len()).filter(|&i| column.is_valid(i)) {
-                let value = struct_row_json(column, i)?;
-                match slot {
-                    0 => self.metadata = Some(value),
-                    _ => self.protocol = Some(value),
-                }
-            }
+        if let Some(m) = last_action(batch, "metaData")? {
+            self.metadata = Some(m);
+        }
+        if let Some(p) = last_action(batch, "protocol")? {
+            self.protocol = Some(p);
         }
         if let Some(sidecar) = batch.column_by_name("sidecar") {
             let sidecar = sidecar
@@ -188,6 +175,18 @@ impl Replay {
         }
         Ok(())
     }
+}
+
+/// The last action `name` (a struct column) of a checkpoint's batch, as the JSON a commit writes.
+fn last_action(batch: &RecordBatch, name: &str) -> Result<Option<Value>> {
+    let Some(column) = batch.column_by_name(name) else {
+        return Ok(None);
+    };
+    let column = (column.as_struct_opt()).with_context(|| format!("'{name}' is not a struct"))?;
+    (0..column.len())
+        .rfind(|&i| column.is_valid(i))
+        .map(|i| struct_row_json(column, i))
+        .transpose()
 }
 
 fn str_field(action: &Value, name: &str) -> Result<String> {
@@ -428,9 +427,7 @@ pub async fn snapshot(
     let version = version.unwrap_or(latest);
     let checkpoint = newest_checkpoint(&files, version);
     let from = checkpoint.as_ref().map_or(0, |(v, _)| v + 1);
-    if version > latest
-        || checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version)
-    {
+    if checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version) {
         return Err(NoVersion(match version < first {
             true => format!(
                 "the Delta table has no version {version} any more: its log starts at version {first}"
@@ -440,14 +437,16 @@ pub async fn snapshot(
         .into());
     }
     if let Some(missing) = (from..=version).find(|v| !commits.contains(v)) {
-        // Commits before the oldest checkpoint are cleaned up by log retention.
-        let oldest = newest_checkpoint(&files, latest).map(|(v, _)| v);
-        return Err(match oldest {
-            Some(oldest) if missing < oldest => NoVersion(format!(
-                "the Delta table has no version {version} any more: its log starts at the checkpoint of version {oldest}"
+        // Log retention removes the commits before a checkpoint it keeps.
+        let cleaned = newest_checkpoint(&files, latest).is_some_and(|(c, _)| c > version);
+        return Err(match cleaned {
+            true => NoVersion(format!(
+                "the Delta table has no version {version} any more: commit {missing} was cleaned up from its log"
             ))
             .into(),
-            _ => anyhow!("its Delta log lacks commit {missing} (of versions {from} to {version})"),
+            false => {
+                anyhow!("its Delta log lacks commit {missing} (of versions {from} to {version})")
+            }
         });
     }
     let mut replay = Replay::default();
@@ -469,7 +468,7 @@ pub async fn snapshot(
     }
     // Fetched several at a time (a table appended to by a stream has many commits after its
     // last checkpoint), applied in order.
-    let mut commits = futures::stream::iter(from..=version)
+    let mut fetched = futures::stream::iter(from..=version)
         .map(|v| {
             let name = format!("{v:020}.json");
             let path = log.clone().join(name.as_str());
@@ -479,7 +478,7 @@ pub async fn snapshot(
             }
         })
         .buffered(COMMITS_AT_ONCE);
-    while let Some((name, bytes)) = commits.try_next().await? {
+    while let Some((name, bytes)) = fetched.try_next().await? {
         apply_json_lines(&bytes, &mut replay).with_context(|| format!("commit {name}"))?;
     }
     let protocol = replay.protocol.context("its log names no protocol")?;
@@ -593,6 +592,11 @@ async fn read_log_file(
 mod tests {
     use super::*;
 
+    /// Applies actions written as a commit writes them.
+    fn apply(r: &mut Replay, lines: &str) {
+        apply_json_lines(lines.as_bytes(), r).unwrap();
+    }
+
     #[test]
     fn log_names_are_told_apart() {
         assert_eq!(
@@ -625,8 +629,6 @@ mod tests {
     #[test]
     fn adds_and_removes_meet_by_decoded_path_and_deletion_vector_id() {
         let mut r = Replay::default();
-        let apply =
-            |r: &mut Replay, s: &str| r.apply_json(&serde_json::from_str(s).unwrap()).unwrap();
         apply(
             &mut r,
             r#"{"add":{"path":"a%20b.parquet","partitionValues":{}}}"#,
@@ -672,8 +674,6 @@ mod tests {
     #[test]
     fn a_file_is_live_from_its_add_until_its_remove_keyed_with_its_deletion_vector() {
         let mut r = Replay::default();
-        let apply =
-            |r: &mut Replay, s: &str| r.apply_json(&serde_json::from_str(s).unwrap()).unwrap();
         apply(
             &mut r,
             r#"{"add":{"path":"a.parquet","partitionValues":{"y":"1","z":null}}}"#,
