@@ -109,40 +109,52 @@ impl Materializer {
             .find(|&(item, _)| self.cache.contains(item))
     }
 
-    /// Tensor `t`'s rows of batch `b` read from a materialised file of the batch (its
-    /// `.npy` file of the tensor, else its `.safetensors` file), checked: a warm remount, or a
-    /// build of a one-open file, decodes nothing the batch files hold. `None` where neither is
-    /// in the cache or the read fails (the caller then gathers the rows). Blocking; it moves no
-    /// reader (a build ahead reads batches no reader is at).
-    pub fn tensor_from_file(&self, b: BatchRef, t: usize) -> Option<Vec<u8>> {
+    /// Tensor `t`'s rows of batch `b` read onto the end of `out` from a materialised file of
+    /// the batch (its `.npy` file of the tensor, else its `.safetensors` file), checked: a warm
+    /// remount, or a build of a one-open file, decodes nothing the batch files hold. `false`,
+    /// `out` as it was, where neither is in the cache or the read fails (the caller then
+    /// gathers the rows). Blocking; it moves no reader (a build ahead reads batches no reader
+    /// is at).
+    pub fn tensor_from_file(&self, b: BatchRef, t: usize, out: &mut Vec<u8>) -> bool {
         let rows = self.plan().batch_len(b.index());
-        let (item, kind) = self.tensor_file(b, t)?;
+        let Some((item, kind)) = self.tensor_file(b, t) else {
+            return false;
+        };
         let range = self.layout.tensor_range(kind, rows, t);
-        let (file, _) = self.cache.open_batch_file(item, self.stats())?;
+        let Some((file, _)) = self.cache.open_batch_file(item, self.stats()) else {
+            return false;
+        };
         Stats::add(&self.stats().c.batch_file_hits, 1);
-        let len = range.end - range.start;
-        let mut rows = vec![0; len as usize];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut rows, range.start).ok()?;
-        Some(rows)
+        let at = out.len();
+        out.resize(at + (range.end - range.start) as usize, 0);
+        let read = std::os::unix::fs::FileExt::read_exact_at(&file, &mut out[at..], range.start);
+        if read.is_err() {
+            out.truncate(at);
+        }
+        read.is_ok()
     }
 
-    /// Batch `b`'s rows of tensors `wanted` (in that order), for one-open files
-    /// built on the calling thread: from memory, else from the batch's materialised files, else
-    /// gathered (decoding what is not at hand).
+    /// Batch `b`'s rows of tensors `wanted` (in that order), each onto the end of its buffer in
+    /// `outs`, for one-open files built on the calling thread: from memory, else from the
+    /// batch's materialised files, else gathered (decoding what is not at hand).
     pub fn batch_tensors(
         &self,
         runtime: &tokio::runtime::Handle,
         b: BatchRef,
         wanted: &[usize],
-    ) -> Result<Vec<Vec<u8>>> {
-        if !self.builder.has_batch(b)
-            && let Some(rows) = (wanted.iter())
-                .map(|&t| self.tensor_from_file(b, t))
-                .collect::<Option<Vec<_>>>()
-        {
-            return Ok(rows);
+        outs: &mut [Vec<u8>],
+    ) -> Result<()> {
+        if !self.builder.has_batch(b) {
+            let lens: Vec<usize> = outs.iter().map(Vec::len).collect();
+            let mut pairs = wanted.iter().zip(outs.iter_mut());
+            if pairs.all(|(&t, out)| self.tensor_from_file(b, t, out)) {
+                return Ok(());
+            }
+            for (out, len) in outs.iter_mut().zip(lens) {
+                out.truncate(len);
+            }
         }
-        self.builder.gather_here(runtime, b, wanted)
+        self.builder.gather_here(runtime, b, wanted, outs)
     }
 
     /// The fast path of an open, answered on the FUSE thread: the batch file `item` kept ready

@@ -474,20 +474,26 @@ fn transform(
 /// loads overlap instead of waiting for each in turn (1.3x in a tight loop on the bench's rows).
 const GATHER_AHEAD: usize = 16;
 
-/// Gathers tensor `t` (`rb` bytes a row) of a batch into one buffer: row k of the batch is row
-/// `rows[k].1` of the row group `from[rows[k].0]`.
-pub fn gather_tensor(t: usize, rb: usize, from: &[&Columns], rows: &[(usize, usize)]) -> Vec<u8> {
+/// Gathers tensor `t` (`rb` bytes a row) of a batch onto the end of `out`: row k of the batch
+/// is row `rows[k].1` of the row group `from[rows[k].0]`.
+pub fn gather_tensor(
+    t: usize,
+    rb: usize,
+    from: &[&Columns],
+    rows: &[(usize, usize)],
+    out: &mut Vec<u8>,
+) {
     let columns: Vec<&[u8]> = from.iter().map(|c| c.tensor(t)).collect();
     // Filled row by row, never zeroed first; rows of a scalar's width are copied as a value of
     // that width, not by a call to memcpy per row (most of a gather of 4-byte rows).
-    let mut out = Vec::with_capacity(rows.len() * rb);
+    out.reserve(rows.len() * rb);
     match rb {
         0 => {}
-        1 => gather_fixed::<1>(&columns, rows, &mut out),
-        2 => gather_fixed::<2>(&columns, rows, &mut out),
-        4 => gather_fixed::<4>(&columns, rows, &mut out),
-        8 => gather_fixed::<8>(&columns, rows, &mut out),
-        16 => gather_fixed::<16>(&columns, rows, &mut out),
+        1 => gather_fixed::<1>(&columns, rows, out),
+        2 => gather_fixed::<2>(&columns, rows, out),
+        4 => gather_fixed::<4>(&columns, rows, out),
+        8 => gather_fixed::<8>(&columns, rows, out),
+        16 => gather_fixed::<16>(&columns, rows, out),
         _ => {
             for (i, &(k, r)) in rows.iter().enumerate() {
                 if let Some(&(k_ahead, r_ahead)) = rows.get(i + GATHER_AHEAD) {
@@ -497,7 +503,6 @@ pub fn gather_tensor(t: usize, rb: usize, from: &[&Columns], rows: &[(usize, usi
             }
         }
     }
-    out
 }
 
 /// [`gather_tensor`] for rows of `N` bytes.
@@ -531,6 +536,14 @@ fn ask_for(bytes: &[u8]) {
 mod tests {
     use super::*;
 
+    /// [`gather_tensor`] onto a buffer that holds bytes already: those kept, the rows returned.
+    fn gathered(t: usize, rb: usize, from: &[&Columns], rows: &[(usize, usize)]) -> Vec<u8> {
+        let mut out = vec![0xee; 3];
+        gather_tensor(t, rb, from, rows, &mut out);
+        assert_eq!(out[..3], [0xee; 3], "the bytes before are kept");
+        out.split_off(3)
+    }
+
     #[test]
     fn a_gather_takes_each_row_from_its_row_group_in_batch_order() {
         // Two row groups of two tensors: 8 bytes a row (the row's number, by row group) and
@@ -548,18 +561,18 @@ mod tests {
             .iter()
             .map(|&(k, r)| 100 * k as u64 + r as u64)
             .collect();
-        let narrow = gather_tensor(0, 8, &[&a, &b], &rows);
+        let narrow = gathered(0, 8, &[&a, &b], &rows);
         let got: Vec<u64> = narrow
             .chunks(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(got, want);
-        let wide = gather_tensor(1, 200, &[&a, &b], &rows);
+        let wide = gathered(1, 200, &[&a, &b], &rows);
         assert_eq!(wide.len(), 50 * 200);
         for (row, &w) in wide.chunks(200).zip(&want) {
             assert!(row.iter().all(|&x| x == w as u8));
         }
-        assert!(gather_tensor(0, 0, &[&a, &b], &rows).is_empty());
+        assert!(gathered(0, 0, &[&a, &b], &rows).is_empty());
     }
 
     #[test]
@@ -577,11 +590,7 @@ mod tests {
             let want: Vec<u8> = (rows.iter())
                 .flat_map(|&(k, r)| [&a, &b][k].tensor(0)[r * rb..(r + 1) * rb].to_vec())
                 .collect();
-            assert_eq!(
-                gather_tensor(0, rb, &[&a, &b], &rows),
-                want,
-                "{rb} bytes a row"
-            );
+            assert_eq!(gathered(0, rb, &[&a, &b], &rows), want, "{rb} bytes a row");
         }
     }
 

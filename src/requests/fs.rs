@@ -1000,10 +1000,15 @@ impl Fs {
             return None;
         }
         let materializer = self.materializer.clone();
-        tokio::task::spawn_blocking(move || materializer.tensor_from_file(b, t))
-            .await
-            .ok()
-            .flatten()
+        tokio::task::spawn_blocking(move || {
+            let mut rows = Vec::new();
+            materializer
+                .tensor_from_file(b, t, &mut rows)
+                .then_some(rows)
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Reads `size` bytes at `offset` of directory `d`'s one-open file `kind`: its header,
