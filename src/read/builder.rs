@@ -47,20 +47,6 @@ impl Batch {
         let header = self.header(layout, kind);
         crate::read::layout::slice(&layout.parts(kind, &header, &self.tensors), offset, size)
     }
-
-    /// This batch's file `kind`, whole, from byte `from` on.
-    pub fn file_from(&self, layout: &Layout, kind: FileKind, from: u64) -> Vec<u8> {
-        let header = self.header(layout, kind);
-        let parts = layout.parts(kind, &header, &self.tensors);
-        let mut out = Vec::new();
-        let mut base = 0;
-        for p in parts {
-            let skip = (from.saturating_sub(base) as usize).min(p.len());
-            out.extend_from_slice(&p[skip..]);
-            base += p.len() as u64;
-        }
-        out
-    }
 }
 
 /// Something whose memory a cache counts.

@@ -32,6 +32,7 @@ use crate::stats::Stats;
 use anyhow::Result;
 use fuser::{INodeNo, Notifier};
 use lru::LruCache;
+use std::borrow::Cow;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -53,21 +54,76 @@ impl PageCache {
         }
     }
 
-    /// Stores `bytes` at offset `from` of the mount's file `name` (relative to the mount point)
-    /// in the kernel's page cache. Blocking: it looks `name` up through the mount, which the
-    /// FUSE threads answer, so it must not run on one of them.
-    pub fn store(&self, name: &str, from: u64, bytes: &[u8]) -> std::io::Result<()> {
+    /// Stores the file that is the concatenation of `parts`, from its byte `from` on, in the
+    /// kernel's page cache of the mount's file `name` (relative to the mount point). Blocking:
+    /// it looks `name` up through the mount, which the FUSE threads answer, so it must not run
+    /// on one of them.
+    pub fn store(&self, name: &str, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
         // The kernel stores pages only for an inode it knows; looking the name up makes it known
         // (and a reader's lookup of it then costs no round trip either).
         let ino = std::fs::metadata(self.mountpoint.join(name))?.ino();
-        self.store_ino(ino, from, bytes)
+        self.store_ino(ino, from, parts)
     }
 
-    /// Stores `bytes` at offset `from` of inode `ino`, which the kernel knows (one it is
-    /// opening); the kernel ignores a store to an inode it no longer holds.
-    pub fn store_ino(&self, ino: u64, from: u64, bytes: &[u8]) -> std::io::Result<()> {
-        self.notifier.store(INodeNo(ino), from, bytes)
+    /// As [`PageCache::store`], in inode `ino`, which the kernel knows (one it is opening); the
+    /// kernel ignores a store to an inode it no longer holds.
+    pub fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
+        for (at, bytes) in pieces(parts, from) {
+            self.notifier.store(INodeNo(ino), at, &bytes)?;
+        }
+        Ok(())
     }
+}
+
+/// The bytes of the concatenation of `parts` from byte `from` on, as the stores that put them
+/// in the page cache: each part's whole pages straight from it, and a page that spans two
+/// parts copied into one piece. The kernel marks a page filled only where one store fills it
+/// from its start (or to the file's end): stored part by part, a page spanning two would be
+/// read from the daemon. Copying the file into one buffer first cost a copy of every byte.
+fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
+    const PAGE: u64 = 4096;
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    // Where each part starts in the file.
+    let starts: Vec<u64> = (parts.iter())
+        .scan(0, |at, p| {
+            let start = *at;
+            *at += p.len() as u64;
+            Some(start)
+        })
+        .collect();
+    let part_at = |at: u64| starts.partition_point(|&s| s <= at) - 1;
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < total {
+        let k = part_at(at);
+        let (start, part) = (starts[k], parts[k]);
+        let part_end = start + part.len() as u64;
+        // To the part's last page boundary, or its end where it ends the file.
+        let end = match part_end == total {
+            true => total,
+            false => part_end - part_end % PAGE,
+        };
+        if end > at {
+            out.push((
+                at,
+                Cow::Borrowed(&part[(at - start) as usize..(end - start) as usize]),
+            ));
+            at = end;
+            continue;
+        }
+        // A page that spans parts: its bytes, up to the next page boundary or the file's end.
+        let page_end = ((at / PAGE + 1) * PAGE).min(total);
+        let mut page = Vec::with_capacity((page_end - at) as usize);
+        while at < page_end {
+            let k = part_at(at);
+            let (start, part) = (starts[k], parts[k]);
+            let take_to = page_end.min(start + part.len() as u64);
+            page.extend_from_slice(&part[(at - start) as usize..(take_to - start) as usize]);
+            at = take_to;
+        }
+        out.push((page_end - page.len() as u64, Cow::Owned(page)));
+    }
+    out
 }
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.
@@ -153,8 +209,9 @@ impl Filler {
         let Some(kernel) = self.kernel.get() else {
             return;
         };
-        let bytes = batch.file_from(&self.layout, kind, 0);
-        match kernel.page_cache.store_ino(ino, 0, &bytes) {
+        let header = batch.header(&self.layout, kind);
+        let parts = self.layout.parts(kind, &header, &batch.tensors);
+        match kernel.page_cache.store_ino(ino, 0, &parts) {
             Ok(()) => self.stored_one(dir, j, kind, 0),
             Err(e) => {
                 // Its reads are served by the daemon instead.
@@ -350,10 +407,62 @@ impl Filler {
         from: u64,
     ) -> Result<()> {
         let kernel = &self.kernel.get().expect("stores set").page_cache;
-        let bytes = batch.file_from(&self.layout, kind, from);
+        let header = batch.header(&self.layout, kind);
+        let parts = self.layout.parts(kind, &header, &batch.tensors);
         let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
         kernel
-            .store(&name, from, &bytes)
+            .store(&name, from, &parts)
             .map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_are_the_file_in_pages_each_filled_by_one_store() {
+        // A 4096-byte header, then parts that end on and off page boundaries.
+        let part = |len: usize, salt: u8| -> Vec<u8> {
+            (0..len).map(|i| (i as u8).wrapping_mul(7) ^ salt).collect()
+        };
+        for lens in [
+            vec![4096, 8192, 4096],
+            vec![4096, 4000, 10, 9000, 3],
+            vec![4096, 100, 200],
+            vec![4096, 0, 5000],
+        ] {
+            let parts: Vec<Vec<u8>> = (lens.iter().enumerate())
+                .map(|(k, &len)| part(len, k as u8))
+                .collect();
+            let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            let file = parts.concat();
+            for from in [0, 4096] {
+                let pieces = pieces(&parts, from);
+                let mut at = from;
+                for (k, (start, bytes)) in pieces.iter().enumerate() {
+                    assert_eq!(*start, at, "{lens:?} from {from}: contiguous");
+                    assert!(
+                        start.is_multiple_of(4096),
+                        "{lens:?}: each piece starts a page"
+                    );
+                    let end = start + bytes.len() as u64;
+                    let last = k + 1 == pieces.len();
+                    assert!(
+                        end.is_multiple_of(4096) || end == file.len() as u64,
+                        "{lens:?}: pages whole"
+                    );
+                    assert!(!last || end == file.len() as u64, "{lens:?}: to the end");
+                    assert_eq!(bytes[..], file[*start as usize..end as usize]);
+                    at = end;
+                }
+                // Only pages that span parts are copied.
+                let copied = pieces
+                    .iter()
+                    .filter(|(_, b)| matches!(b, Cow::Owned(_)))
+                    .count();
+                assert!(copied < lens.len(), "{lens:?}: {copied} pages copied");
+            }
+        }
     }
 }
