@@ -156,13 +156,13 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
         Path(a.json).write_text(json.dumps({"meta": meta, "results": res.rows, "stall": stalls}, indent=1))
     if a.png:
         try:
-            chart(res, stalls, desc, Path(a.png))
+            chart(res, stalls, desc, Path(a.png), meta.get("cpu"))
             print(f"\nchart: {a.png}")
         except Exception as e:
             print(f"\nchart: not written: {e}")
 
 
-def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
+def chart(res: Results, stalls: list, desc: str, png: Path, cpu: dict | None = None) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -189,7 +189,12 @@ def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
             colors.append("#7570b3")
         else:
             colors.append("#1b9e77")
-    fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 2.6))
+    cpu_rows = cpu_bars(cpu)
+    if cpu_rows:
+        fig, (ax, cpu_ax) = plt.subplots(2, 1, figsize=(14, 0.5 * (len(rows) + len(cpu_rows)) + 3.4),
+                                         gridspec_kw={"height_ratios": [len(rows), len(cpu_rows)], "hspace": 0.35})
+    else:
+        fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 2.6))
     ax.barh(range(len(rows)), values, color=colors)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(labels, fontsize=9)
@@ -209,6 +214,8 @@ def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
         if pa_:
             parts.append(f"{r['mb_s'] / pa_['mb_s']:.2f}x pyarrow")
         ax.text(1.02, y, "  ".join(parts), transform=right, va="center", fontsize=8)
+    if cpu_rows:
+        cpu_chart(cpu_ax, cpu_rows, cpu, matplotlib)
     import textwrap
 
     fig.text(0.01, 0.99, "tensorfs benchmark\n" + textwrap.fill(desc, 150), fontsize=9, va="top")
@@ -224,3 +231,35 @@ def chart(res: Results, stalls: list, desc: str, png: Path) -> None:
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def cpu_bars(cpu: dict | None) -> list:
+    """The daemon-CPU rows of the chart (label, core-s/GB, x gather), np.take's first."""
+    if not cpu or "gather" not in cpu:
+        return []
+    g = cpu["gather"]["core_s_gb"]
+    bars = [("np.take gather from RAM, 1 thread", g, 1.0)]
+    bars += [("tensorfs " + k["label"], k["core_s_gb"], k["core_s_gb"] / g) for k in cpu["kinds"].values()]
+    return bars
+
+
+def cpu_chart(ax, bars: list, cpu: dict, matplotlib) -> None:
+    """Daemon CPU per GB of shuffled epochs from cached columns, against the 2x-gather target."""
+    bars = list(reversed(bars))
+    ax.barh(range(len(bars)), [b[1] for b in bars],
+            color=["#1b9e77" if b[0].startswith("np.take") else "#d95f02" for b in bars])
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels([b[0] for b in bars], fontsize=9)
+    target = 2 * cpu["gather"]["core_s_gb"]
+    ax.axvline(target, color="black", linestyle="--", linewidth=1)
+    ax.text(target, len(bars) - 0.4, " target: 2x the gather", fontsize=8, va="bottom")
+    ax.set_xlabel("core-seconds per GB delivered, shuffled epochs 1-2 from cached columns: the daemon's "
+                  "(np.take: its own)")
+    right = matplotlib.transforms.blended_transform_factory(ax.transAxes, ax.transData)
+    next_rate = {"tensorfs " + k["label"]: k["next_mb_s"] for k in cpu["kinds"].values()}
+    rate = cpu["gather"]["mb_s"]
+    for y, (label, value, ratio) in enumerate(bars):
+        text = f"{value:.2f} core-s/GB, {ratio:.2f}x gather"
+        if label in next_rate:
+            text += f"; epoch right after {next_rate[label] / rate:.2f}x its rate"
+        ax.text(1.02, y, text, transform=right, va="center", fontsize=8)

@@ -742,7 +742,7 @@ struct Building {
     len: u64,
     /// Written over a file gone by.
     over: bool,
-    /// Held by the build thread writing into the file (see [`Job::hold`]).
+    /// Held by the build thread writing into the file (see [`hold`]).
     writing: Mutex<()>,
 }
 
@@ -1038,7 +1038,10 @@ impl Job {
                     if rows.len() < WRITE_BYTES && !last {
                         continue;
                     }
-                    let Some(_writing) = hold(files, slots, k, last) else {
+                    // Rows wait for a busy file up to a few buffers' worth (a batch's, where
+                    // one holds more), and at a run's end.
+                    let wait = last || rows.len() >= 4 * WRITE_BYTES;
+                    let Some(_writing) = hold(files, slots, k, wait) else {
                         continue;
                     };
                     self.write_tensor(files, slots, k, rows, unwritten[k])?;
@@ -1088,8 +1091,7 @@ impl Job {
 /// The files that hold wanted tensor `k`, held for writing, in file order; `None`, unless
 /// `wait`, where another build thread is writing one. A write takes the file's inode lock,
 /// on which a second thread spins while the first copies (measured: 3-6% of a build's CPU):
-/// rows that find their file busy wait for the next batch's turn instead, and only a run's
-/// last batch waits for the file.
+/// rows that find their file busy wait for the next batch's turn instead.
 fn hold<'a>(
     files: &'a [Building],
     slots: &[Vec<usize>],
