@@ -113,15 +113,9 @@ fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
         }
         // A page that spans parts: its bytes, up to the next page boundary or the file's end.
         let page_end = ((at / PAGE + 1) * PAGE).min(total);
-        let mut page = Vec::with_capacity((page_end - at) as usize);
-        while at < page_end {
-            let k = part_at(at);
-            let (start, part) = (starts[k], parts[k]);
-            let take_to = page_end.min(start + part.len() as u64);
-            page.extend_from_slice(&part[(at - start) as usize..(take_to - start) as usize]);
-            at = take_to;
-        }
-        out.push((page_end - page.len() as u64, Cow::Owned(page)));
+        let page = crate::read::layout::slice(parts, at, (page_end - at) as u32);
+        out.push((at, Cow::Owned(page)));
+        at = page_end;
     }
     out
 }
