@@ -33,6 +33,9 @@ use anyhow::Result;
 use fuser::{INodeNo, Notifier};
 use lru::LruCache;
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::num::NonZeroUsize;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -40,10 +43,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// The bytes a tripwire leaves out of the page cache: the first page.
 pub const TRIPWIRE_PAGE: u64 = 4096;
 
+/// Batch directories whose listings are remembered: a few batches ahead of each reader.
+const LISTED_DIRS: usize = 64;
+
+/// A directory's files by name, as one listing of it gave them: their inodes.
+type Listing = Arc<HashMap<OsString, u64>>;
+
 #[derive(Clone)]
 pub struct PageCache {
     notifier: Notifier,
     mountpoint: PathBuf,
+    /// The last batch directories listed ([`PageCache::store_listed`]).
+    listed: Arc<Mutex<LruCache<String, Listing>>>,
 }
 
 impl PageCache {
@@ -51,6 +62,9 @@ impl PageCache {
         PageCache {
             notifier,
             mountpoint: mountpoint.to_path_buf(),
+            listed: Arc::new(Mutex::new(LruCache::new(
+                NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
+            ))),
         }
     }
 
@@ -63,6 +77,48 @@ impl PageCache {
         // (and a reader's lookup of it then costs no round trip either).
         let ino = std::fs::metadata(self.mountpoint.join(name))?.ino();
         self.store_ino(ino, from, parts)
+    }
+
+    /// As [`PageCache::store`], for file `file` of directory `dir`, a batch's directory of
+    /// per-tensor files: the kernel is made to know them by one listing of `dir` (a READDIRPLUS
+    /// instantiates every entry it returns) rather than by a lookup each, a round trip through
+    /// the daemon per file (measured, 23 tensors: 85 lookups for 828 files instead of 888).
+    /// The kernel asks for a page of entries, about 20 files: one past them, or one whose inode
+    /// the kernel has let go of since, is looked up as `store` does.
+    pub fn store_listed(
+        &self,
+        dir: &str,
+        file: &str,
+        from: u64,
+        parts: &[&[u8]],
+    ) -> std::io::Result<()> {
+        let name = format!("{dir}/{file}");
+        let listed = self
+            .listing(dir)
+            .ok()
+            .and_then(|l| l.get(OsStr::new(file)).copied());
+        match listed {
+            Some(ino) => match self.store_ino(ino, from, parts) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.store(&name, from, parts),
+                stored => stored,
+            },
+            None => self.store(&name, from, parts),
+        }
+    }
+
+    /// The files of mount directory `dir` and their inodes, listed once: one `getdents64`, to
+    /// which the kernel answers from the first READDIRPLUS of the directory (the first
+    /// always carries attributes), making every entry in it known.
+    fn listing(&self, dir: &str) -> std::io::Result<Listing> {
+        if let Some(l) = self.listed.lock().unwrap().get(dir) {
+            return Ok(l.clone());
+        }
+        let listing = Arc::new(list_once(&self.mountpoint.join(dir))?);
+        self.listed
+            .lock()
+            .unwrap()
+            .put(dir.to_string(), listing.clone());
+        Ok(listing)
     }
 
     /// As [`PageCache::store`], in inode `ino`, which the kernel knows (one it is opening); the
@@ -118,6 +174,45 @@ fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
         at = page_end;
     }
     out
+}
+
+/// The entries of directory `path` that one `getdents64` returns, by name: their inodes. One
+/// call, not a walk to the end (which costs one more round trip to learn there is no more).
+fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(path)?;
+    // Room for what one READDIRPLUS (a page) can name.
+    let mut buf = vec![0u8; 32 << 10];
+    // SAFETY: `buf` is writable for its length, and the descriptor is open for the call.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            dir.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Each record: d_ino (u64), d_off (i64), d_reclen (u16), d_type (u8), the name, NUL-ended.
+    let mut entries = HashMap::new();
+    let mut at = 0;
+    while at + 19 <= n as usize {
+        let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
+        let reclen = u16::from_ne_bytes(buf[at + 16..at + 18].try_into().expect("2 bytes"));
+        let name = &buf[at + 19..at + reclen as usize];
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        entries.insert(OsStr::from_bytes(name).to_os_string(), ino);
+        at += reclen as usize;
+    }
+    Ok(entries)
 }
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.
@@ -404,9 +499,13 @@ impl Filler {
         let header = batch.header(&self.layout, kind);
         let parts = self.layout.parts(kind, &header, &batch.tensors);
         let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
-        kernel
-            .store(&name, from, &parts)
-            .map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
+        let stored = match name.rsplit_once('/') {
+            Some((batch_dir, file)) if matches!(kind, FileKind::Npy(_)) => {
+                kernel.store_listed(batch_dir, file, from, &parts)
+            }
+            _ => kernel.store(&name, from, &parts),
+        };
+        stored.map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
     }
 }
 

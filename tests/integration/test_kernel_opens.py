@@ -107,3 +107,26 @@ def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_
     assert after["opens"] == 0, after
     want = {**digests(ref, rels(0)), **digests(ref, rels(1)), **digests(ref, rels(2))}
     assert got == want
+
+
+def test_per_tensor_files_are_stored_with_a_lookup_per_batch_not_per_file(mounter, main_ds):
+    """The prefetcher makes a batch's per-tensor files known to the kernel by one listing of
+    their directory (a READDIRPLUS instantiates the entries of its page, about 20), not a
+    lookup each: reading three epochs of 23 tensors, the daemon answered 83-85 lookups for 828
+    files in 36 directories, where a lookup a file came to 888. Their bytes are those a mount
+    with the daemon answering opens reads."""
+    epochs = 3
+    opts = (f"batch_size={BS}", f"epochs={epochs}", "prefetch=8", "pad=tokens:8")
+    k = mounter(main_ds.path, *opts, "opens=kernel")
+    ref = mounter(main_ds.path, *opts, "prefetch=0")
+    n = k.dataset()["batches_per_epoch"]
+    names = [t["name"] for t in k.dataset()["tensors"]]
+    assert len(names) >= 4, names
+    dirs = [f"epoch-{e}/{tfs.batch_name(i)}" for e in range(epochs) for i in range(n)]
+    rels = [f"{d}/{name}.npy" for d in dirs for name in names]
+    before = tfs.stats(k)["lookups"]
+    got = digests(k, rels)
+    lookups = settled_stores(k)["lookups"] - before
+    print(f"{len(rels)} files in {len(dirs)} directories: {lookups} lookups")
+    assert lookups < len(rels) // 4, lookups
+    assert got == digests(ref, rels)
