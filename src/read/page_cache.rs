@@ -107,8 +107,10 @@ impl PageCache {
     }
 
     /// The files of mount directory `dir` and their inodes, listed once: one `getdents64`, to
-    /// which the kernel answers from the first READDIRPLUS of the directory (the first
-    /// always carries attributes), making every entry in it known.
+    /// which the kernel answers from a READDIRPLUS of the directory's first page (the first
+    /// always carries attributes), making every entry in it known. Where the kernel answers
+    /// from its own copy of an earlier listing instead, nothing is made known: a store to an
+    /// inode it let go of then fails, and [`PageCache::store_listed`] looks the file up.
     fn listing(&self, dir: &str) -> std::io::Result<Listing> {
         if let Some(l) = self.listed.lock().unwrap().get(dir) {
             return Ok(l.clone());
@@ -207,6 +209,9 @@ fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
     while at + 19 <= n as usize {
         let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
         let reclen = u16::from_ne_bytes(buf[at + 16..at + 18].try_into().expect("2 bytes"));
+        if reclen < 19 || at + reclen as usize > n as usize {
+            break;
+        }
         let name = &buf[at + 19..at + reclen as usize];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
         entries.insert(OsStr::from_bytes(name).to_os_string(), ino);

@@ -387,7 +387,37 @@ impl Plan {
                 rows.iter_mut().for_each(|r| *r += base_row);
                 rows
             }
-            _ => positions
+            Order::Window {
+                segs,
+                start,
+                windows,
+                ..
+            } => {
+                // A window at a time: its positions permuted many at once, as under `global`
+                // (the rows of a window-shuffled batch were a tenth of its build, one position
+                // and two searches at a time), then each found in its segment.
+                let mut rows: Vec<u64> = Vec::with_capacity(len as usize);
+                let mut x = positions.start;
+                while x < positions.end {
+                    // The last window starting at or before x holds it (empty ones start where
+                    // their successor does).
+                    let w = windows.partition_point(|&s| s <= x) - 1;
+                    let (base, stop) = (windows[w], windows[w + 1].min(positions.end));
+                    let rng = &mut rng(self.opts.seed, order.epoch, p as u64, w as u64 + 1);
+                    let perm = Permutation::new(windows[w + 1] - base, rng);
+                    let first = rows.len();
+                    rows.extend(x - base..stop - base);
+                    perm.apply_all(&mut rows[first..]);
+                    for r in &mut rows[first..] {
+                        let shuffled = base + *r;
+                        let slot = start.partition_point(|&s| s <= shuffled) - 1;
+                        *r = self.segments[p][segs[slot]].1.start + (shuffled - start[slot]);
+                    }
+                    x = stop;
+                }
+                rows
+            }
+            Order::Canonical => positions
                 .map(|x| self.partition_row(order, p, x, &mut last))
                 .collect(),
         }
@@ -877,6 +907,31 @@ mod tests {
             let alone = fresh.batch_rows(&fresh.epoch(7), i);
             let start = (i * batch_size) as usize;
             prop_assert_eq!(&alone[..], &in_sequence[start..start + alone.len()]);
+        }
+
+        #[test]
+        fn a_batch_s_rows_are_its_positions_one_at_a_time(
+            rg_rows in prop::collection::vec(0u64..40, 1..12),
+            batch_size in 1u64..33,
+            window in 1u64..5,
+            seed in any::<u64>(),
+            shuffle in shuffle_strategy(),
+            partitions in 1u64..5,
+        ) {
+            // A batch's rows, found many at once, are where each of its positions is one at
+            // a time (as the leftover batches find theirs).
+            let plan = Plan::new(&rg_rows, OrderOptions { partitions, ..opts(batch_size, shuffle, window, seed) });
+            let order = plan.epoch(3);
+            for i in 0..plan.batches() {
+                let first = i * batch_size;
+                let one_by_one: Vec<u64> = (first..first + plan.batch_len(i))
+                    .map(|pos| {
+                        let (p, x) = plan.partition_position(pos);
+                        plan.partition_row(&order, p, x, &mut None)
+                    })
+                    .collect();
+                prop_assert_eq!(plan.batch_rows(&order, i), one_by_one, "batch {}", i);
+            }
         }
 
         #[test]
