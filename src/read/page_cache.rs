@@ -26,7 +26,7 @@
 //! that says where it is, paid once for those few files.
 
 use crate::read::builder::{Batch, Builder};
-use crate::read::layout::{FileKind, Layout, dir_name};
+use crate::read::layout::{FileKind, Layout, batch_name, dir_name};
 use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -92,17 +92,17 @@ impl PageCache {
         from: u64,
         parts: &[&[u8]],
     ) -> std::io::Result<()> {
-        let name = format!("{dir}/{file}");
+        let looked_up = || self.store(&format!("{dir}/{file}"), from, parts);
         let listed = self
             .listing(dir)
             .ok()
             .and_then(|l| l.get(OsStr::new(file)).copied());
         match listed {
             Some(ino) => match self.store_ino(ino, from, parts) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => self.store(&name, from, parts),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => looked_up(),
                 stored => stored,
             },
-            None => self.store(&name, from, parts),
+            None => looked_up(),
         }
     }
 
@@ -503,12 +503,15 @@ impl Filler {
         let kernel = &self.kernel.get().expect("stores set").page_cache;
         let header = batch.header(&self.layout, kind);
         let parts = self.layout.parts(kind, &header, &batch.tensors);
-        let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
-        let stored = match name.rsplit_once('/') {
-            Some((batch_dir, file)) if matches!(kind, FileKind::Npy(_)) => {
-                kernel.store_listed(batch_dir, file, from, &parts)
+        let stored = match kind {
+            FileKind::Npy(t) => {
+                let batch_dir = format!("{}/{}", dir_name(dir), batch_name(j));
+                kernel.store_listed(&batch_dir, &self.layout.npy_name(t), from, &parts)
             }
-            _ => kernel.store(&name, from, &parts),
+            FileKind::Safetensors => {
+                let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
+                kernel.store(&name, from, &parts)
+            }
         };
         stored.map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
     }
