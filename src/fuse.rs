@@ -166,13 +166,12 @@ impl FuseAdapter {
     }
 }
 
-/// Bytes the kernel reads ahead of a sequential reader (see `mount::raise_readahead`).
-pub const READAHEAD: u32 = 4 << 20;
-
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Large reads: fewer round trips through the daemon.
-        let _ = config.set_max_readahead(READAHEAD);
+        // The kernel's readahead stays at its default (128 KiB): what a reader of a file the
+        // daemon serves reads next is stored in the page cache ahead of it (the prefetcher's),
+        // and a window of several MiB read a small tensor's rows of hundreds of batches ahead
+        // of the reader, each read waiting for row groups far ahead to be decoded.
         // Listings carry their entries' attributes where the kernel sees them used: its first
         // buffer always, the next ones once names of the directory are looked up (`ls -l`,
         // scandir and stat), so those stats cost no round trip each. Not every buffer: a

@@ -291,28 +291,6 @@ fn fuse_device(mountpoint: &Path) -> Option<String> {
     })
 }
 
-/// Raises the kernel's readahead for the mount to [`crate::fuse::READAHEAD`]. The kernel
-/// starts a FUSE mount at 128 KiB whatever the daemon asks for in `init`, and a reader of
-/// the one-open files taking a batch's 256 KiB slice at a time then waits on a round trip
-/// for every read; with a window of several MiB the next slices are read ahead while it
-/// works. Needs root (the bdi's sysfs file); without it reads stay correct, only slower.
-fn raise_readahead(mountpoint: &Path) {
-    let Some(device) = fuse_device(mountpoint) else {
-        return;
-    };
-    let path = format!("/sys/class/bdi/{device}/read_ahead_kb");
-    let want = crate::fuse::READAHEAD / 1024;
-    let now: Option<u32> = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    if now.is_some_and(|kb| kb >= want) {
-        return;
-    }
-    if let Err(e) = std::fs::write(&path, want.to_string()) {
-        tracing::debug!("readahead of the mount stays at {now:?} KiB: {path}: {e}");
-    }
-}
-
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape_mountinfo(s: &str) -> String {
     let b = s.as_bytes();
@@ -885,7 +863,6 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
              batch_size rows, or the epoch fewer than {w} batches (see `tensorfs inspect`)"
         );
     }
-    raise_readahead(mountpoint);
     ready.report(&Ok(()));
     drop(ready);
     unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);

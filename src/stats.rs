@@ -126,6 +126,12 @@ counters!(
     daemon_reads: Count,
     /// Bytes of those reads.
     daemon_read_bytes: Count,
+    /// Reads of one-open files served by the daemon (not by passthrough of a file built ahead,
+    /// nor by the page cache).
+    one_open_reads: Count,
+    /// Batches' rows of a tensor stored in the kernel's page cache of a one-open file ahead of
+    /// its reader, while the daemon serves that file.
+    rows_stored: Count,
 );
 
 /// Stall times by power-of-two microseconds: bucket `b` counts stalls below 2^b µs.

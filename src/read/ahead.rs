@@ -311,6 +311,18 @@ impl Ahead {
         }
     }
 
+    /// As [`Ahead::for_open`], for a read that came without an open (`opens=kernel`): one
+    /// under way is neither waited for nor stopped. Each read of the file asks, not one open:
+    /// the rows it needs are served by the daemon meanwhile, from memory or gathered (a read
+    /// waiting for the whole file's build stalled its reader for hundreds of milliseconds).
+    pub fn for_read(&self, dir: Batches, kind: FileKind) -> Opening {
+        let key = self.key(dir, kind);
+        if let Some(State::Building(_)) = self.files.lock().unwrap().get(&key) {
+            return Opening::Daemon;
+        }
+        self.for_open(dir, kind)
+    }
+
     /// Whether an earlier mount kept `key`'s file, for this one to check and use.
     fn kept(&self, key: &Key) -> bool {
         self.enabled && self.cache.contains(key.item())

@@ -607,7 +607,7 @@ impl Builder {
 
     /// The tensors other than `t` read through `all/NAME.npy` files in the last
     /// [`READ_TOGETHER_FOR`], where `t` is one of them: none for a reader of one tensor.
-    fn read_with(&self, t: usize) -> Vec<usize> {
+    pub fn read_with(&self, t: usize) -> Vec<usize> {
         let mut read = self.npy_read.lock().unwrap();
         let now = Instant::now();
         read.retain(|_, at| now.duration_since(*at) < READ_TOGETHER_FOR);
@@ -628,6 +628,14 @@ impl Builder {
     }
 
     /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
+    /// Tensor `t` of batch `b` if it is in memory now.
+    pub fn tensor_at_hand(&self, b: BatchRef, t: usize) -> Option<TensorOf> {
+        if let Some(batch) = self.batches.get(&b) {
+            return Some(TensorOf::Batch(batch, t));
+        }
+        self.tensors.get(&(b, t)).map(TensorOf::Alone)
+    }
+
     pub fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
         self.batches.contains(&b) || self.tensors.contains(&(b, t))
     }

@@ -404,6 +404,16 @@ pub enum Span {
     },
 }
 
+impl Span {
+    /// How many bytes of the file it spans.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Span::Header(range) => range.end - range.start,
+            Span::Rows { within, .. } => within.end - within.start,
+        }
+    }
+}
+
 /// `size` bytes at `offset` of the concatenation of `parts`.
 pub fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
     let total: usize = parts.iter().map(|p| p.len()).sum();

@@ -123,6 +123,26 @@ impl PageCache {
         Ok(listing)
     }
 
+    /// Stores `job`'s rows: the whole pages they cover (and the file's last, partial page), less
+    /// the bytes left out. A page they share with the rows of another batch is left to the
+    /// daemon's reads: the kernel marks a page filled only where one store fills it.
+    fn store_rows(&self, job: &RowsToStore) -> std::io::Result<()> {
+        const PAGE: u64 = 4096;
+        let bytes = job.rows.bytes();
+        let end = job.at + bytes.len() as u64;
+        let from = (job.at + job.left_out).next_multiple_of(PAGE);
+        let to = match end == job.file_size {
+            true => end,
+            false => end - end % PAGE,
+        };
+        if to <= from {
+            return Ok(());
+        }
+        let ino = std::fs::metadata(self.mountpoint.join(&job.file))?.ino();
+        let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
+        self.notifier.store(INodeNo(ino), from, piece)
+    }
+
     /// As [`PageCache::store`], in inode `ino`, which the kernel knows (one it is opening); the
     /// kernel ignores a store to an inode it no longer holds.
     pub fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
@@ -222,6 +242,66 @@ fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.
 pub type ToStore = (Batches, u64, FileKind, u64);
+
+/// A tensor's rows of one batch of a one-open file read by the daemon, to store in its page
+/// cache: the file (relative to the mount point), its size, where the rows start in it, the
+/// rows, and the bytes at their start left out (a tripwire: 0 or a page).
+pub struct RowsToStore {
+    pub file: String,
+    pub file_size: u64,
+    pub at: u64,
+    pub rows: crate::read::builder::TensorOf,
+    pub left_out: u64,
+}
+
+/// The rows of one-open files that the prefetcher gathered ahead of their reader, stored in the
+/// kernel's page cache of the file it reads (`all.safetensors`, `all/NAME.npy`) while the daemon
+/// serves its reads: the reader's reads and the kernel's readahead then find them there instead
+/// of waiting for a round trip each.
+///
+/// On a thread of their own: a store waits for the pages a read under way holds (a readahead
+/// of the same file), whose answer may need the transform workers or the async workers.
+pub struct RowStores {
+    jobs: Mutex<std::sync::mpsc::Sender<RowsToStore>>,
+    stored: Mutex<LruCache<(Batches, u64, FileKind, usize), ()>>,
+}
+
+impl RowStores {
+    pub fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
+        let (tx, rx) = std::sync::mpsc::channel::<RowsToStore>();
+        std::thread::Builder::new()
+            .name("tensorfs-store".into())
+            .spawn(move || {
+                for job in rx {
+                    match page_cache.store_rows(&job) {
+                        Ok(()) => Stats::add(&stats.c.rows_stored, 1),
+                        // Its reader reads those rows from the daemon instead.
+                        Err(e) => tracing::debug!("storing rows of {}: {e}", job.file),
+                    }
+                }
+            })?;
+        Ok(RowStores {
+            jobs: Mutex::new(tx),
+            stored: Mutex::new(LruCache::new(
+                NonZeroUsize::new(REMEMBERED).expect("not zero"),
+            )),
+        })
+    }
+
+    /// Whether tensor `t`'s rows of batch `j` of `dir` in file `kind` are to be stored now:
+    /// true once per such rows.
+    pub fn claim(&self, dir: Batches, j: u64, kind: FileKind, t: usize) -> bool {
+        self.stored
+            .lock()
+            .unwrap()
+            .put((dir, j, kind, t), ())
+            .is_none()
+    }
+
+    pub fn store(&self, job: RowsToStore) {
+        let _ = self.jobs.lock().unwrap().send(job);
+    }
+}
 
 /// Where files are stored, and whether some first pages are left out.
 struct Stores {

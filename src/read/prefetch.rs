@@ -17,15 +17,15 @@
 //! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
 use crate::read::builder::Builder;
-use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::layout::{ALL, ALL_SAFETENSORS, FileKind, Item, Layout, dir_name};
 use crate::read::materialize::Materializer;
-use crate::read::page_cache::{Filler, PageCache, TRIPWIRE_PAGE, ToStore};
+use crate::read::page_cache::{Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore};
 use crate::read::plan::{BatchRef, Batches, Chain, Plan};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
@@ -63,6 +63,10 @@ pub struct Prefetcher {
     next_epoch: Arc<NextEpoch>,
     /// Where epochs are shuffled: the files built for a reader go into the page cache.
     filler: Arc<Filler>,
+    /// The rows gathered ahead of a reader of one-open files the daemon serves, stored in
+    /// their page cache.
+    row_stores: Arc<OnceLock<RowStores>>,
+    layout: Arc<Layout>,
 }
 
 impl Prefetcher {
@@ -82,7 +86,7 @@ impl Prefetcher {
             builder: builder.clone(),
             stats: stats.clone(),
             readers: readers.clone(),
-            layout,
+            layout: layout.clone(),
             depth,
             walks: Mutex::default(),
             filler: filler.clone(),
@@ -99,6 +103,19 @@ impl Prefetcher {
             scheduled: Arc::default(),
             next_epoch,
             filler,
+            row_stores: Arc::default(),
+            layout,
+        }
+    }
+
+    /// From now on, the rows gathered ahead of a reader of a one-open file served by the daemon
+    /// are stored in its page cache.
+    pub fn store_rows_in(&self, page_cache: PageCache) {
+        match RowStores::start(page_cache, self.stats.clone()) {
+            Ok(stores) => {
+                let _ = self.row_stores.set(stores);
+            }
+            Err(e) => tracing::warn!("rows of one-open files are not stored ahead: {e}"),
         }
     }
 
@@ -156,8 +173,8 @@ impl Prefetcher {
             }
             let b = self.plan().batch_in(d, j);
             if !to_disk {
-                if let What::Rows { t, .. } = what {
-                    self.build_tensor(b, t);
+                if let What::Rows { t, file, .. } = what {
+                    self.build_tensor(b, t, (d, j, file));
                 }
                 continue;
             }
@@ -260,23 +277,38 @@ impl Prefetcher {
         });
     }
 
-    /// Gathers tensor `t` of batch `b` into memory, once however many readers want it.
-    fn build_tensor(&self, b: BatchRef, t: usize) {
+    /// Gathers tensor `t` of batch `b` into memory, once however many readers want it, and
+    /// stores it in the page cache of the one-open file its reader reads (batch `j` of `dir`,
+    /// file `file`).
+    fn build_tensor(&self, b: BatchRef, t: usize, (dir, j, file): (Batches, u64, FileKind)) {
         let builder = self.builder.clone();
         // The tensor's .npy item stands for it in the set of what is scheduled.
         let item = Item::of(FileKind::Npy(t), b);
         // A batch whose file is materialised is read from it: nothing to gather.
-        if builder.has_tensor(b, t)
-            || self.on_disk(b)
-            || !self.scheduled.lock().unwrap().insert(item)
-        {
+        if self.on_disk(b) {
+            return;
+        }
+        let store = {
+            let (stores, layout) = (self.row_stores.clone(), self.layout.clone());
+            let every = (self.depth / 2).max(1);
+            move |builder: &Builder| {
+                if let Some(stores) = stores.get() {
+                    store_rows(builder, &layout, stores, (dir, j, file), t, b, every);
+                }
+            }
+        };
+        if builder.has_tensor(b, t) {
+            return store(&builder);
+        }
+        if !self.scheduled.lock().unwrap().insert(item) {
             return;
         }
         let scheduled = self.scheduled.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
         self.runtime.spawn(async move {
-            if let Err(e) = builder.tensor(b, t).await {
-                tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e));
+            match builder.tensor(b, t).await {
+                Ok(_) => store(&builder),
+                Err(e) => tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e)),
             }
             scheduled.lock().unwrap().remove(&item);
         });
@@ -347,6 +379,54 @@ impl Prefetcher {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+/// Stores in the page cache of one-open file `file` of `dir` the rows of batch `j` (`b`) of
+/// tensor `t` and of the tensors gathered with it, those in memory, each once. Of the lowest of
+/// them, the first page of every `every`-th batch is left out: its reader reads it from the
+/// daemon, which then sees where it is (as a batch file's tripwire does).
+fn store_rows(
+    builder: &Builder,
+    layout: &Layout,
+    stores: &RowStores,
+    (dir, j, file): (Batches, u64, FileKind),
+    t: usize,
+    b: BatchRef,
+    every: u64,
+) {
+    let mut tensors = vec![t];
+    if let FileKind::Npy(_) = file {
+        tensors.extend(builder.read_with(t));
+    }
+    let lowest = tensors.iter().copied().min().unwrap_or(t);
+    let rows = builder.plan().dir_rows(dir);
+    let batch_size = builder.plan().options().batch_size;
+    for u in tensors {
+        let kind = match file {
+            FileKind::Npy(_) => FileKind::Npy(u),
+            FileKind::Safetensors => FileKind::Safetensors,
+        };
+        let Some(tensor) = builder.tensor_at_hand(b, u) else {
+            continue;
+        };
+        if !stores.claim(dir, j, kind, u) {
+            continue;
+        }
+        let name = match kind {
+            FileKind::Npy(u) => format!("{}/{ALL}/{}", dir_name(dir), layout.npy_name(u)),
+            FileKind::Safetensors => format!("{}/{ALL_SAFETENSORS}", dir_name(dir)),
+        };
+        stores.store(RowsToStore {
+            file: name,
+            file_size: layout.size(kind, rows),
+            at: layout.tensor_range(kind, rows, u).start + j * batch_size * layout.row_bytes(u),
+            rows: tensor,
+            left_out: match u == lowest && j.is_multiple_of(every) {
+                true => TRIPWIRE_PAGE,
+                false => 0,
+            },
+        });
     }
 }
 

@@ -59,6 +59,9 @@ const IDLE: Duration = Duration::from_secs(120);
 
 struct Reader {
     at: u64,
+    /// Where each tensor's rows were last read through a one-open file: each is a stream of its
+    /// own, which the kernel's readahead reads at its own distance ahead of the reader.
+    streams: HashMap<usize, u64>,
     kinds: BTreeSet<FileKind>,
     /// The furthest batch (epoch, batch) whose row groups were asked for ahead of this reader.
     warmed: Option<(u64, u64)>,
@@ -108,12 +111,20 @@ impl Readers {
         let (sequential, r) = match state.dirs.entry(event.dir) {
             std::collections::hash_map::Entry::Occupied(r) => {
                 let r = r.into_mut();
-                (event.first.abs_diff(r.at) <= slack, r)
+                let (from, slack) = match event.what {
+                    What::Rows { t, .. } => (
+                        r.streams.get(&t).copied().unwrap_or(r.at),
+                        slack.max(4 * (event.last - event.first + 1)),
+                    ),
+                    _ => (r.at, slack),
+                };
+                (event.first.abs_diff(from) <= slack, r)
             }
             std::collections::hash_map::Entry::Vacant(v) => (
                 event.first == 0,
                 v.insert(Reader {
                     at: 0,
+                    streams: HashMap::new(),
                     kinds: BTreeSet::new(),
                     warmed: None,
                     moved: now,
@@ -125,6 +136,9 @@ impl Readers {
             r.warmed = None;
         }
         r.at = event.last;
+        if let What::Rows { t, .. } = event.what {
+            r.streams.insert(t, event.last);
+        }
         r.moved = now;
         r.kinds.extend(kind);
         Some(Step {
@@ -246,6 +260,40 @@ mod tests {
         // A one-open file opened whole moves nobody.
         assert_eq!(readers.step(Event::at(other, 0, What::Whole(st)), 2), None);
         assert_eq!(readers.position(other), Some(90));
+    }
+
+    #[test]
+    fn each_tensor_of_a_one_open_reader_is_followed_on_its_own() {
+        let readers = Readers::default();
+        let d = Batches::Epoch(0);
+        let rows = |t, first, last| Event {
+            dir: d,
+            first,
+            last,
+            what: What::Rows {
+                file: FileKind::Npy(t),
+                t,
+                past_half: false,
+            },
+        };
+        assert!(step(&readers, rows(0, 0, 0)).sequential);
+        // The kernel reads a small tensor's rows further ahead of the reader than a large
+        // one's, the gap growing: each is in order on its own.
+        for i in 1..40 {
+            assert!(
+                step(&readers, rows(0, 2 * i, 2 * i)).sequential,
+                "tensor 0 at {i}"
+            );
+            assert!(step(&readers, rows(1, i, i)).sequential, "tensor 1 at {i}");
+        }
+        // A readahead window's requests, four spans of four batches, answered in any order.
+        for first in [84, 80, 88, 92] {
+            assert!(
+                step(&readers, rows(0, first, first + 3)).sequential,
+                "span at {first}"
+            );
+        }
+        assert!(!step(&readers, rows(1, 400, 400)).sequential);
     }
 
     #[test]

@@ -629,6 +629,7 @@ impl Fs {
     /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
     /// (`shuffle=none`) they are read every epoch, and written.
     pub fn store_in(&self, page_cache: crate::read::page_cache::PageCache, kernel_opens: bool) {
+        self.prefetcher.store_rows_in(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);
         }
@@ -705,8 +706,8 @@ impl Fs {
                 self.follow_open(ino);
             }
             file
-        } else if node.all_file().is_some() {
-            let file = match self.open_all(ino) {
+        } else if let Some((dir, kind)) = self.all_file(ino) {
+            let file = match self.ahead.for_read(dir, kind) {
                 Opening::Ready(file) => Some(file),
                 Opening::Soon(progress) => self.all_when_built(ino, progress).await,
                 Opening::Daemon => None,
@@ -1015,6 +1016,63 @@ impl Fs {
     /// then each of its tensors' rows of every batch in batch order, built (or taken from
     /// memory) only for the batches the read spans.
     async fn read_all(&self, d: u32, kind: FileKind, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let (b, rows, spans, events) = self.all_read(d, kind, offset, size)?;
+        Stats::add(&self.stats().c.one_open_reads, 1);
+        // The reader is followed before it waits: what comes after the read is built meanwhile.
+        for event in events {
+            self.follow(event);
+        }
+        let mut tensors = Vec::new();
+        for span in &spans {
+            if let Span::Rows { t, batch, .. } = *span {
+                tensors.push(self.tensor(self.plan().batch_in(b, batch), t).await?);
+            }
+        }
+        self.assemble(kind, rows, b, spans, tensors)
+    }
+
+    /// As [`Fs::read`] for a one-open file, answered at once where every batch the read spans
+    /// is in memory (a tripwire page the prefetcher left out of the page cache, or a readahead
+    /// of rows gathered ahead): on the FUSE thread, the reader followed after the reply
+    /// ([`Fs::follow_all`]) with what this returns. `None` where it must wait.
+    pub fn read_all_at_hand(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+    ) -> Option<(Vec<u8>, Vec<Event>)> {
+        let node = self.node(ino).ok()?;
+        let (d, kind) = node.all_file()?;
+        let (b, rows, spans, events) = self.all_read(d, kind, offset, size).ok()?;
+        let mut tensors = Vec::new();
+        for span in &spans {
+            if let Span::Rows { t, batch, .. } = *span {
+                let batch = self.plan().batch_in(b, batch);
+                tensors.push(self.builder.tensor_at_hand(batch, t)?);
+            }
+        }
+        let data = self.assemble(kind, rows, b, spans, tensors).ok()?;
+        Stats::add(&self.stats().c.one_open_reads, 1);
+        Some((data, events))
+    }
+
+    /// Follows the reader of a one-open file read at hand ([`Fs::read_all_at_hand`]).
+    pub fn follow_all(&self, events: Vec<Event>) {
+        for event in events {
+            self.follow(event);
+        }
+    }
+
+    /// What a read of `size` bytes at `offset` of directory `d`'s one-open file `kind` spans:
+    /// the directory, its rows, the spans, and the events that follow its reader (one per
+    /// tensor it reads rows of).
+    fn all_read(
+        &self,
+        d: u32,
+        kind: FileKind,
+        offset: u64,
+        size: u32,
+    ) -> Result<(Batches, u64, Vec<Span>, Vec<Event>)> {
         let b = self.dir(d)?;
         let rows = self.plan().dir_rows(b);
         let bs = self.plan().options().batch_size;
@@ -1022,8 +1080,8 @@ impl Fs {
         if let FileKind::Npy(t) = kind {
             self.builder.reading_npy(t);
         }
-        // The reader is followed before it waits: what comes after the read is built meanwhile.
         let past_half = offset + size as u64 >= self.layout.size(kind, rows).div_ceil(2);
+        let mut events = Vec::new();
         for t in self.layout.tensors_of(kind) {
             let mut batches = spans.iter().filter_map(|s| match s {
                 Span::Rows { t: u, batch, .. } if *u == t => Some(*batch),
@@ -1036,7 +1094,7 @@ impl Fs {
                     past_half,
                 };
                 let last = batches.next_back().unwrap_or(first);
-                self.follow(Event {
+                events.push(Event {
                     dir: b,
                     first,
                     last,
@@ -1044,22 +1102,36 @@ impl Fs {
                 });
             }
         }
+        Ok((b, rows, spans, events))
+    }
+
+    /// The bytes of `spans` of one-open file `kind` of `b` (of `rows` rows): its header's, and
+    /// `tensors`, one per span of rows in order.
+    fn assemble(
+        &self,
+        kind: FileKind,
+        rows: u64,
+        b: Batches,
+        spans: Vec<Span>,
+        tensors: Vec<TensorOf>,
+    ) -> Result<Vec<u8>> {
         // Sized for the whole read up front: grown piece by piece, a 1 MiB read was copied
         // over and again as the buffer doubled.
+        let size = spans.iter().map(Span::bytes).sum::<u64>();
         let mut out = Vec::with_capacity(size as usize);
+        let mut tensors = tensors.into_iter();
         for span in spans {
             match span {
                 Span::Header(range) => {
                     let header = self.layout.header(kind, rows);
                     out.extend_from_slice(&header[range.start as usize..range.end as usize]);
                 }
-                Span::Rows { t, batch, within } => {
-                    let batch = self.plan().batch_in(b, batch);
-                    let tensor = self.tensor(batch, t).await?;
+                Span::Rows { batch, within, .. } => {
+                    let tensor = tensors.next().expect("a tensor per span of rows");
                     let data = tensor.bytes();
                     if (data.len() as u64) < within.end {
                         return Err(Error::failed(
-                            batch.to_string(),
+                            self.plan().batch_in(b, batch).to_string(),
                             anyhow::anyhow!("shorter than the plan says"),
                         ));
                     }

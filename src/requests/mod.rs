@@ -318,6 +318,12 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                 let fs = self.fs.clone();
                 return Answer::Now(Ok(data), Then::after(move || fs.follow_open(ino)));
             }
+            // A one-open file's rows in memory: the same bytes as its file built ahead, if any
+            // (whose open may wait for the build to end).
+            if let Some((data, events)) = self.fs.read_all_at_hand(ino, offset, size) {
+                let fs = self.fs.clone();
+                return Answer::Now(Ok(data), Then::after(move || fs.follow_all(events)));
+            }
             let fs = self.fs.clone();
             let read = async move { (fs.read_unopened(ino, offset, size).await, Then::nothing()) };
             return Answer::Later(read.instrument(span).boxed());
@@ -327,6 +333,13 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             let start = (offset as usize).min(snapshot.len());
             let end = (start + size as usize).min(snapshot.len());
             return Answer::Now(Ok(snapshot[start..end].to_vec()), Then::nothing());
+        }
+        if file.is_none()
+            && let Some((data, events)) = self.fs.read_all_at_hand(ino, offset, size)
+        {
+            // As a batch file's read at hand above: the reader followed after the reply.
+            let fs = self.fs.clone();
+            return Answer::Now(Ok(data), Then::after(move || fs.follow_all(events)));
         }
         let fs = self.fs.clone();
         let read = async move { (fs.read_open(ino, file, offset, size).await, Then::nothing()) };
