@@ -274,10 +274,26 @@ impl Ahead {
     /// reader is faster than it, and a build beside the daemon's reads would gather every batch
     /// twice).
     pub fn for_open(&self, dir: Batches, kind: FileKind) -> Opening {
+        self.opening(dir, kind, true)
+    }
+
+    /// As [`Ahead::for_open`], for a read that came without an open (`opens=kernel`), which
+    /// never waits for a build under way: each read of the file asks, not one open, and the
+    /// rows it needs are served by the daemon meanwhile (a read waiting for the whole file's
+    /// build stalled its reader for hundreds of milliseconds). A build far from its end is
+    /// stopped, as for an open.
+    pub fn for_read(&self, dir: Batches, kind: FileKind) -> Opening {
+        self.opening(dir, kind, false)
+    }
+
+    fn opening(&self, dir: Batches, kind: FileKind, wait_for_build: bool) -> Opening {
         let key = self.key(dir, kind);
         let stats = &self.stats;
         let files = self.files.lock().unwrap();
         match files.get(&key) {
+            Some(State::Building(p)) if p.worth_waiting() && !wait_for_build && !p.check => {
+                Opening::Daemon
+            }
             Some(State::Building(p)) if p.worth_waiting() => {
                 Stats::add(&stats.c.ahead_waits, 1);
                 Opening::Soon(p.clone())
@@ -304,23 +320,11 @@ impl Ahead {
                         Stats::add(&stats.c.ahead_waits, 1);
                         Opening::Soon(p)
                     }
-                    None => self.for_open(dir, kind),
+                    None => self.opening(dir, kind, wait_for_build),
                 }
             }
             None => Opening::Daemon,
         }
-    }
-
-    /// As [`Ahead::for_open`], for a read that came without an open (`opens=kernel`): one
-    /// under way is neither waited for nor stopped. Each read of the file asks, not one open:
-    /// the rows it needs are served by the daemon meanwhile, from memory or gathered (a read
-    /// waiting for the whole file's build stalled its reader for hundreds of milliseconds).
-    pub fn for_read(&self, dir: Batches, kind: FileKind) -> Opening {
-        let key = self.key(dir, kind);
-        if let Some(State::Building(_)) = self.files.lock().unwrap().get(&key) {
-            return Opening::Daemon;
-        }
-        self.for_open(dir, kind)
     }
 
     /// Whether an earlier mount kept `key`'s file, for this one to check and use.

@@ -627,7 +627,6 @@ impl Builder {
         self.batches.contains(&b)
     }
 
-    /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
     /// Tensor `t` of batch `b` if it is in memory now.
     pub fn tensor_at_hand(&self, b: BatchRef, t: usize) -> Option<TensorOf> {
         if let Some(batch) = self.batches.get(&b) {
@@ -636,6 +635,7 @@ impl Builder {
         self.tensors.get(&(b, t)).map(TensorOf::Alone)
     }
 
+    /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
     pub fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
         self.batches.contains(&b) || self.tensors.contains(&(b, t))
     }

@@ -124,9 +124,10 @@ impl PageCache {
     }
 
     /// Stores `job`'s rows: the whole pages they cover (and the file's last, partial page), less
-    /// the bytes left out. A page they share with the rows of another batch is left to the
-    /// daemon's reads: the kernel marks a page filled only where one store fills it.
-    fn store_rows(&self, job: &RowsToStore) -> std::io::Result<()> {
+    /// the bytes left out; whether there was any. A page they share with the rows of another
+    /// batch is left to the daemon's reads: the kernel marks a page filled only where one store
+    /// fills it.
+    fn store_rows(&self, job: &RowsToStore) -> std::io::Result<bool> {
         const PAGE: u64 = 4096;
         let bytes = job.rows.bytes();
         let end = job.at + bytes.len() as u64;
@@ -136,11 +137,12 @@ impl PageCache {
             false => end - end % PAGE,
         };
         if to <= from {
-            return Ok(());
+            return Ok(false);
         }
         let ino = std::fs::metadata(self.mountpoint.join(&job.file))?.ino();
         let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
-        self.notifier.store(INodeNo(ino), from, piece)
+        self.notifier.store(INodeNo(ino), from, piece)?;
+        Ok(true)
     }
 
     /// As [`PageCache::store`], in inode `ino`, which the kernel knows (one it is opening); the
@@ -260,21 +262,24 @@ pub struct RowsToStore {
 /// of waiting for a round trip each.
 ///
 /// On a thread of their own: a store waits for the pages a read under way holds (a readahead
-/// of the same file), whose answer may need the transform workers or the async workers.
+/// of the same file), whose answer may need the transform workers or the async workers. The
+/// queue is short: the rows it holds are kept in memory outside the budget, so rows that find
+/// it full are not stored (their reader reads them from the daemon).
 pub struct RowStores {
-    jobs: Mutex<std::sync::mpsc::Sender<RowsToStore>>,
+    jobs: Mutex<std::sync::mpsc::SyncSender<RowsToStore>>,
     stored: Mutex<LruCache<(Batches, u64, FileKind, usize), ()>>,
 }
 
 impl RowStores {
     pub fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
-        let (tx, rx) = std::sync::mpsc::channel::<RowsToStore>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<RowsToStore>(QUEUED_ROWS);
         std::thread::Builder::new()
             .name("tensorfs-store".into())
             .spawn(move || {
                 for job in rx {
                     match page_cache.store_rows(&job) {
-                        Ok(()) => Stats::add(&stats.c.rows_stored, 1),
+                        Ok(true) => Stats::add(&stats.c.rows_stored, 1),
+                        Ok(false) => {}
                         // Its reader reads those rows from the daemon instead.
                         Err(e) => tracing::debug!("storing rows of {}: {e}", job.file),
                     }
@@ -299,9 +304,12 @@ impl RowStores {
     }
 
     pub fn store(&self, job: RowsToStore) {
-        let _ = self.jobs.lock().unwrap().send(job);
+        let _ = self.jobs.lock().unwrap().try_send(job);
     }
 }
+
+/// Rows waiting to be stored, at most: a few readers' prefetch depth of a few tensors.
+const QUEUED_ROWS: usize = 256;
 
 /// Where files are stored, and whether some first pages are left out.
 struct Stores {
