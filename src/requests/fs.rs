@@ -1019,9 +1019,7 @@ impl Fs {
         let (b, rows, spans, events) = self.all_read(d, kind, offset, size)?;
         Stats::add(&self.stats().c.one_open_reads, 1);
         // The reader is followed before it waits: what comes after the read is built meanwhile.
-        for event in events {
-            self.follow(event);
-        }
+        self.follow_all(events);
         let mut tensors = Vec::new();
         for span in &spans {
             if let Span::Rows { t, batch, .. } = *span {
@@ -1056,7 +1054,7 @@ impl Fs {
         Some((data, events))
     }
 
-    /// Follows the reader of a one-open file read at hand ([`Fs::read_all_at_hand`]).
+    /// Follows the reader of a one-open file by the events of its read ([`Fs::all_read`]).
     pub fn follow_all(&self, events: Vec<Event>) {
         for event in events {
             self.follow(event);
