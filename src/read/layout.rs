@@ -86,6 +86,27 @@ pub fn batch_name(i: u64) -> String {
     format!("{i:06}")
 }
 
+/// Entries a listing of a directory gives before its own: `.` and `..`.
+pub const DOT_ENTRIES: u64 = 2;
+
+/// Where batch `i`'s `.safetensors` file is among an epoch or rank directory's own entries (its
+/// directory of per-tensor files next, the batches in order, then the rest): a listing that
+/// seeks to `DOT_ENTRIES + batch_file_entry(i)` starts at it.
+pub fn batch_file_entry(i: u64) -> u64 {
+    2 * i
+}
+
+/// Where batch `i`'s directory of per-tensor files is, as [`batch_file_entry`].
+pub fn batch_dir_entry(i: u64) -> u64 {
+    2 * i + 1
+}
+
+/// The batch whose file or directory an epoch or rank directory's own entry `k` is (below
+/// [`batch_file_entry`] of its batch count), and whether it is the `.safetensors` file.
+pub fn entry_batch(k: u64) -> (u64, bool) {
+    (k / 2, k.is_multiple_of(2))
+}
+
 /// Batch `i`'s `.safetensors` file.
 pub fn safetensors_name(i: u64) -> String {
     format!("{}.safetensors", batch_name(i))

@@ -26,7 +26,9 @@
 //! that says where it is, paid once for those few files.
 
 use crate::read::builder::{Batch, Builder};
-use crate::read::layout::{FileKind, Layout, batch_name, dir_name};
+use crate::read::layout::{
+    DOT_ENTRIES, FileKind, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
+};
 use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -38,12 +40,14 @@ use std::ffi::{OsStr, OsString};
 use std::num::NonZeroUsize;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The bytes a tripwire leaves out of the page cache: the first page.
 pub const TRIPWIRE_PAGE: u64 = 4096;
 
-/// Batch directories whose listings are remembered: a few batches ahead of each reader.
+/// Directories whose last listings are remembered: batch directories a few batches ahead of
+/// each reader, and the epoch and rank directories read.
 const LISTED_DIRS: usize = 64;
 
 /// A directory's files by name, as one listing of it gave them: their inodes.
@@ -53,15 +57,18 @@ type Listing = Arc<HashMap<OsString, u64>>;
 pub struct PageCache {
     notifier: Notifier,
     mountpoint: PathBuf,
-    /// The last batch directories listed ([`PageCache::store_listed`]).
+    /// The last directories listed, each its last listing ([`PageCache::store_listed`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
+    /// The mount's counters: its lookups tell whether a listing made its files known.
+    stats: Arc<Stats>,
 }
 
 impl PageCache {
-    pub fn new(notifier: Notifier, mountpoint: &Path) -> PageCache {
+    pub fn new(notifier: Notifier, mountpoint: &Path, stats: Arc<Stats>) -> PageCache {
         PageCache {
             notifier,
             mountpoint: mountpoint.to_path_buf(),
+            stats,
             listed: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
@@ -79,48 +86,70 @@ impl PageCache {
         self.store_ino(ino, from, parts)
     }
 
-    /// As [`PageCache::store`], for file `file` of directory `dir`, a batch's directory of
-    /// per-tensor files: the kernel is made to know them by one listing of `dir` (a READDIRPLUS
-    /// instantiates every entry it returns) rather than by a lookup each, a round trip through
-    /// the daemon per file (measured, 23 tensors: 85 lookups for 828 files instead of 888).
-    /// The kernel asks for a page of entries, about 20 files: one past them, or one whose inode
-    /// the kernel has let go of since, is looked up as `store` does.
+    /// As [`PageCache::store`], for file `file` of mount directory `dir` (a batch's directory of
+    /// per-tensor files, or an epoch or rank directory of batch files), whose entry in a listing
+    /// of `dir` is its `at`-th. The kernel is made to know the files of a directory by listings
+    /// of it (a READDIRPLUS instantiates every entry it returns) rather than by a lookup each, a
+    /// round trip through the daemon per file (measured, 23 tensors: 53 lookups for 828 files
+    /// in 36 directories, against 888). A file the last listing of `dir` did not name is looked
+    /// up, and `dir` listed from it on: as far as one `getdents64` call's answer reaches (about
+    /// 97 batches of an epoch directory). An inode the kernel let go of since a listing (under
+    /// memory pressure) takes no store: its file is read from the daemon, the same bytes.
     pub fn store_listed(
         &self,
         dir: &str,
+        at: u64,
         file: &str,
         from: u64,
         parts: &[&[u8]],
     ) -> std::io::Result<()> {
-        let looked_up = || self.store(&format!("{dir}/{file}"), from, parts);
-        let listed = self
-            .listing(dir)
-            .ok()
-            .and_then(|l| l.get(OsStr::new(file)).copied());
-        match listed {
-            Some(ino) => match self.store_ino(ino, from, parts) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => looked_up(),
-                stored => stored,
-            },
-            None => looked_up(),
+        let ino = self.make_known(dir, at, file)?;
+        self.store_ino(ino, from, parts)
+    }
+
+    /// Makes `name` of mount directory `dir`, its `at`-th entry, known to the kernel as
+    /// [`PageCache::store_listed`] does: its inode.
+    pub fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
+        let listed =
+            (self.listed.lock().unwrap().get(dir)).and_then(|l| l.get(OsStr::new(name)).copied());
+        if let Some(ino) = listed {
+            return Ok(ino);
+        }
+        let look_up = || Ok(std::fs::symlink_metadata(self.mountpoint.join(dir).join(name))?.ino());
+        if at > 0 {
+            // The kernel lists from an offset with attributes (a READDIRPLUS) only after a
+            // lookup in the directory: this one.
+            let ino = look_up()?;
+            self.list(dir, at);
+            return Ok(ino);
+        }
+        match self
+            .list(dir, 0)
+            .and_then(|l| l.get(OsStr::new(name)).copied())
+        {
+            Some(ino) => Ok(ino),
+            None => look_up(),
         }
     }
 
-    /// The files of mount directory `dir` and their inodes, listed once: one `getdents64`, to
-    /// which the kernel answers from a READDIRPLUS of the directory's first page (the first
-    /// always carries attributes), making every entry in it known. Where the kernel answers
-    /// from its own copy of an earlier listing instead, nothing is made known: a store to an
-    /// inode it let go of then fails, and [`PageCache::store_listed`] looks the file up.
-    fn listing(&self, dir: &str) -> std::io::Result<Listing> {
-        if let Some(l) = self.listed.lock().unwrap().get(dir) {
-            return Ok(l.clone());
-        }
-        let listing = Arc::new(list_once(&self.mountpoint.join(dir))?);
-        self.listed
-            .lock()
-            .unwrap()
-            .put(dir.to_string(), listing.clone());
-        Ok(listing)
+    /// Lists mount directory `dir` from its entry `at` on, and remembers the listing in place of
+    /// its last if it made the files it names known to the kernel. It did not where the kernel
+    /// answered without attributes (a READDIR) or from its own copy of an earlier listing (kept
+    /// since a listing of `dir` to its end): a store to an inode the kernel does not hold is
+    /// dropped without an error (fuser's `Notifier::store` answers Ok), and the file would be
+    /// read from the daemon instead. A look at the last name the listing gave tells which: a
+    /// lookup counted where the kernel did not know it. The listing, where it did.
+    fn list(&self, dir: &str, at: u64) -> Option<Listing> {
+        let path = self.mountpoint.join(dir);
+        let (listing, last) = list_once(&path, at).ok()?;
+        let lookups = || self.stats.c.lookups.load(Ordering::Relaxed);
+        let before = lookups();
+        let known = std::fs::symlink_metadata(path.join(last?)).is_ok() && lookups() == before;
+        let listing = Arc::new(listing);
+        known.then(|| {
+            (self.listed.lock().unwrap()).put(dir.to_string(), listing.clone());
+            listing
+        })
     }
 
     /// Stores `job`'s rows: the whole pages they cover (and the file's last, partial page), less
@@ -200,17 +229,22 @@ fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
     out
 }
 
-/// The entries of directory `path` that one `getdents64` returns, by name: their inodes. One
+/// The entries of directory `path` from its entry `at` on (an offset its listing gives) that
+/// one `getdents64` returns, by name: their inodes; and the last name, `.` and `..` aside. One
 /// call, not a walk to the end (which costs one more round trip to learn there is no more).
-fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
+fn list_once(path: &Path, at: u64) -> std::io::Result<(HashMap<OsString, u64>, Option<OsString>)> {
+    use std::io::Seek;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
 
-    let dir = std::fs::OpenOptions::new()
+    let mut dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(path)?;
+    if at > 0 {
+        dir.seek(std::io::SeekFrom::Start(at))?;
+    }
     // Room for what one READDIRPLUS (a page) can name.
     let mut buf = vec![0u8; 32 << 10];
     // SAFETY: `buf` is writable for its length, and the descriptor is open for the call.
@@ -227,6 +261,7 @@ fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
     }
     // Each record: d_ino (u64), d_off (i64), d_reclen (u16), d_type (u8), the name, NUL-ended.
     let mut entries = HashMap::new();
+    let mut last = None;
     let mut at = 0;
     while at + 19 <= n as usize {
         let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
@@ -236,10 +271,14 @@ fn list_once(path: &Path) -> std::io::Result<HashMap<OsString, u64>> {
         }
         let name = &buf[at + 19..at + reclen as usize];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        entries.insert(OsStr::from_bytes(name).to_os_string(), ino);
+        let name = OsStr::from_bytes(name).to_os_string();
+        if name != "." && name != ".." {
+            last = Some(name.clone());
+        }
+        entries.insert(name, ino);
         at += reclen as usize;
     }
-    Ok(entries)
+    Ok((entries, last))
 }
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.
@@ -593,13 +632,20 @@ impl Filler {
         let parts = self.layout.parts(kind, &header, &batch.tensors);
         let stored = match kind {
             FileKind::Npy(t) => {
-                let batch_dir = format!("{}/{}", dir_name(dir), batch_name(j));
-                kernel.store_listed(&batch_dir, &self.layout.npy_name(t), from, &parts)
+                // The batch's directory made known with the other entries of its epoch's, then
+                // its files with each other.
+                let (epoch_dir, name) = (dir_name(dir), batch_name(j));
+                let _ = kernel.make_known(&epoch_dir, DOT_ENTRIES + batch_dir_entry(j), &name);
+                let batch_dir = format!("{epoch_dir}/{name}");
+                kernel.store_listed(&batch_dir, 0, &self.layout.npy_name(t), from, &parts)
             }
-            FileKind::Safetensors => {
-                let name = format!("{}/{}", dir_name(dir), self.layout.file_name(j, kind));
-                kernel.store(&name, from, &parts)
-            }
+            FileKind::Safetensors => kernel.store_listed(
+                &dir_name(dir),
+                DOT_ENTRIES + batch_file_entry(j),
+                &self.layout.file_name(j, kind),
+                from,
+                &parts,
+            ),
         };
         stored.map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
     }

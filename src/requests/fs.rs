@@ -12,6 +12,7 @@ use crate::read::ahead::{Ahead, Opening, Progress, Warming};
 use crate::read::builder::{Batch, Builder, TensorOf, TensorRows};
 use crate::read::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
 use crate::read::materialize::Materializer;
+use crate::read::page_cache::PageCache;
 use crate::read::plan::{BatchRef, Batches, Plan};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::{Event, What};
@@ -490,16 +491,16 @@ impl Fs {
         let (b, gds) = self.dir_entry(d)?;
         let file = self.file_kind(d)?;
         let n = self.plan().count(b);
-        if k < 2 * n {
-            let i = k / 2;
+        if k < layout::batch_file_entry(n) {
+            let (i, file_entry) = layout::entry_batch(k);
             let name = layout::batch_name(i);
-            return Ok(Some(if k.is_multiple_of(2) {
+            return Ok(Some(if file_entry {
                 entry(Node::Safetensors(d, i), file, layout::safetensors_name(i))
             } else {
                 entry(Node::BatchDir(d, i), Kind::Dir, name)
             }));
         }
-        match k - 2 * n {
+        match k - layout::batch_file_entry(n) {
             0 => {
                 return Ok(Some(entry(
                     Node::AllSafetensors(d),
@@ -510,7 +511,7 @@ impl Fs {
             1 => return Ok(Some(entry(Node::AllDir(d), Kind::Dir, ALL.into()))),
             _ => {}
         }
-        let rank = k - 2 * n - 2;
+        let rank = k - layout::batch_file_entry(n) - 2;
         match (b, self.world_size) {
             (Batches::Epoch(epoch), Some(world)) if rank < world => {
                 let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
@@ -567,7 +568,7 @@ impl Fs {
                     kind: Kind::Dir,
                     name: "..".into(),
                 }),
-                _ => child(k - 2)?,
+                _ => child(k - layout::DOT_ENTRIES)?,
             };
             match e {
                 Some(e) => out.push(e),
@@ -628,7 +629,13 @@ impl Fs {
     /// stored in the kernel's page cache of the files readers open, not written to the local
     /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
     /// (`shuffle=none`) they are read every epoch, and written.
-    pub fn store_in(&self, page_cache: crate::read::page_cache::PageCache, kernel_opens: bool) {
+    pub fn store_in(
+        &self,
+        notifier: fuser::Notifier,
+        mountpoint: &std::path::Path,
+        kernel_opens: bool,
+    ) {
+        let page_cache = PageCache::new(notifier, mountpoint, self.stats.clone());
         self.prefetcher.store_rows_in(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);
