@@ -126,6 +126,15 @@ def small_rows(res: Results, a, binary: Path, scratch: Path, caches: Caches, mou
     res.add("small_tfs_warm", "small rows: tensorfs warm, batch files", *read_safetensors_files(root, n))
     read_npy_dirs(root, n, SMALL_TENSORS)
     res.add("small_tfs_npy", "small rows: tensorfs warm, .npy files", *read_npy_dirs(root, n, SMALL_TENSORS))
+    # The same per-tensor files as local files in the page cache, read the same way: what
+    # np.load's own cost per file leaves of any reader of them.
+    local = scratch / "local-small-npy"
+    shutil.rmtree(local, ignore_errors=True)
+    for i in range(n):
+        shutil.copytree(root / f"{i:06d}", local / f"{i:06d}")
+    read_npy_dirs(local, n, SMALL_TENSORS)
+    res.add("small_local_npy", "small rows: the same .npy files, local (page cache)", *read_npy_dirs(local, n, SMALL_TENSORS))
+    shutil.rmtree(local, ignore_errors=True)
     read_npy_slices(root / "all", rows, B, SMALL_TENSORS)
     res.add("small_tfs_all", "small rows: tensorfs warm, all/*.npy slices",
             *read_npy_slices(root / "all", rows, B, SMALL_TENSORS))

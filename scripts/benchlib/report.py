@@ -26,7 +26,7 @@ class Results:
 
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
              "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap", "all_local_disk", "tfs_all_disk",
-             "small_pyarrow", "small_tfs_cold", "small_tfs_cold_npy", "small_tfs_cold_all", "small_tfs_warm", "small_tfs_npy", "small_tfs_all",
+             "small_pyarrow", "small_tfs_cold", "small_tfs_cold_npy", "small_tfs_cold_all", "small_tfs_warm", "small_tfs_npy", "small_local_npy", "small_tfs_all",
              "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
              "petastorm_cached"]
 
@@ -125,7 +125,8 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     small = [(label, res.get(key)) for label, key in (
         ("cold, batch files", "small_tfs_cold"), ("cold, .npy files", "small_tfs_cold_npy"),
         ("cold, all/*.npy slices", "small_tfs_cold_all"), ("warm, batch files", "small_tfs_warm"),
-        ("warm, .npy files", "small_tfs_npy"), ("warm, all/*.npy slices", "small_tfs_all"))]
+        ("warm, .npy files", "small_tfs_npy"), ("warm, all/*.npy slices", "small_tfs_all"),
+        ("the same .npy files local, np.load's own ceiling", "small_local_npy"))]
     if res.get("small_pyarrow") and any(r for _, r in small):
         base = res.get("small_pyarrow")["mb_s"]
         print("\nsmall rows (80 bytes a row, 16 columns), tensorfs / pyarrow (MB/s): " + ", ".join(

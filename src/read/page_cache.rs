@@ -57,7 +57,7 @@ type Listing = Arc<HashMap<OsString, u64>>;
 pub struct PageCache {
     notifier: Notifier,
     mountpoint: PathBuf,
-    /// The last directories listed, each its last listing ([`PageCache::store_listed`]).
+    /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
     /// The mount's counters: its lookups tell whether a listing made its files known.
     stats: Arc<Stats>,
@@ -86,33 +86,65 @@ impl PageCache {
         self.store_ino(ino, from, parts)
     }
 
-    /// As [`PageCache::store`], for file `file` of mount directory `dir` (a batch's directory of
-    /// per-tensor files, or an epoch or rank directory of batch files), whose entry in a listing
-    /// of `dir` is its `at`-th. The kernel is made to know the files of a directory by listings
-    /// of it (a READDIRPLUS instantiates every entry it returns) rather than by a lookup each, a
-    /// round trip through the daemon per file (measured, 23 tensors: 53 lookups for 828 files
-    /// in 36 directories, against 888). A file the last listing of `dir` did not name is looked
-    /// up, and `dir` listed from it on: as far as one `getdents64` call's answer reaches (about
-    /// 97 batches of an epoch directory). An inode the kernel let go of since a listing (under
-    /// memory pressure) takes no store: its file is read from the daemon, the same bytes.
-    pub fn store_listed(
+    /// Makes file `kind` of batch `j` of `dir` known to the kernel (which stores pages only for
+    /// an inode it knows, and then answers a reader's lookup of it without a round trip): its
+    /// inode. Blocking: it may list directories and look names up through the mount.
+    ///
+    /// The files of a directory are made known by listings of it (a READDIRPLUS instantiates
+    /// every entry it returns) rather than by a lookup each, a round trip through the daemon per
+    /// file: a batch's per-tensor files by a listing of its directory (measured, 23 tensors: 53
+    /// lookups for 828 files in 36 directories, against 888), batch files and batch directories
+    /// by listings of their epoch or rank directory, each from a batch's entries on, as far as
+    /// one `getdents64` call's answer reaches (about 97 batches). An inode the kernel let go of
+    /// since a listing (under memory pressure) takes no store: its file is read from the daemon,
+    /// the same bytes.
+    pub fn make_file_known(
         &self,
-        dir: &str,
-        at: u64,
-        file: &str,
-        from: u64,
-        parts: &[&[u8]],
-    ) -> std::io::Result<()> {
-        let ino = self.make_known(dir, at, file)?;
-        self.store_ino(ino, from, parts)
+        layout: &Layout,
+        dir: Batches,
+        j: u64,
+        kind: FileKind,
+    ) -> std::io::Result<u64> {
+        let dir = dir_name(dir);
+        match kind {
+            FileKind::Npy(t) => {
+                let batch = batch_name(j);
+                // Where the batch's directory cannot be made known, the path below looks it up.
+                let _ = self.make_known(&dir, DOT_ENTRIES + batch_dir_entry(j), &batch);
+                self.make_known(&format!("{dir}/{batch}"), 0, &layout.npy_name(t))
+            }
+            FileKind::Safetensors => self.make_known(
+                &dir,
+                DOT_ENTRIES + batch_file_entry(j),
+                &layout.file_name(j, kind),
+            ),
+        }
     }
 
-    /// Makes `name` of mount directory `dir`, its `at`-th entry, known to the kernel as
-    /// [`PageCache::store_listed`] does: its inode.
-    pub fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
-        let listed =
-            (self.listed.lock().unwrap().get(dir)).and_then(|l| l.get(OsStr::new(name)).copied());
-        if let Some(ino) = listed {
+    /// Whether file `kind` of batch `j` of `dir` is named by a listing remembered (made known to
+    /// the kernel): nothing to do for [`PageCache::make_file_known`]. Not blocking.
+    pub fn file_known(&self, layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> bool {
+        let (dir, name) = match kind {
+            FileKind::Npy(t) => (
+                format!("{}/{}", dir_name(dir), batch_name(j)),
+                layout.npy_name(t),
+            ),
+            FileKind::Safetensors => (dir_name(dir), layout.file_name(j, kind)),
+        };
+        self.listed_ino(&dir, &name).is_some()
+    }
+
+    /// The inode of `name` in mount directory `dir` as the last listing of `dir` remembered
+    /// named it.
+    fn listed_ino(&self, dir: &str, name: &str) -> Option<u64> {
+        (self.listed.lock().unwrap().get(dir)).and_then(|l| l.get(OsStr::new(name)).copied())
+    }
+
+    /// Makes `name` of mount directory `dir`, its `at`-th entry, known to the kernel: named by
+    /// the last listing of `dir`, else looked up and `dir` listed from it on (or, from the
+    /// directory's start, listed first). Its inode.
+    fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
+        if let Some(ino) = self.listed_ino(dir, name) {
             return Ok(ino);
         }
         let look_up = || Ok(std::fs::symlink_metadata(self.mountpoint.join(dir).join(name))?.ino());
@@ -618,7 +650,7 @@ impl Filler {
     }
 
     /// Stores file `kind` of `batch` (batch `j` of `dir`) from byte `from` on. Blocking: it
-    /// looks the file up through the mount.
+    /// makes the file known to the kernel through the mount.
     fn store_batch(
         &self,
         batch: &Batch,
@@ -630,23 +662,8 @@ impl Filler {
         let kernel = &self.kernel.get().expect("stores set").page_cache;
         let header = batch.header(&self.layout, kind);
         let parts = self.layout.parts(kind, &header, &batch.tensors);
-        let stored = match kind {
-            FileKind::Npy(t) => {
-                // The batch's directory made known with the other entries of its epoch's, then
-                // its files with each other.
-                let (epoch_dir, name) = (dir_name(dir), batch_name(j));
-                let _ = kernel.make_known(&epoch_dir, DOT_ENTRIES + batch_dir_entry(j), &name);
-                let batch_dir = format!("{epoch_dir}/{name}");
-                kernel.store_listed(&batch_dir, 0, &self.layout.npy_name(t), from, &parts)
-            }
-            FileKind::Safetensors => kernel.store_listed(
-                &dir_name(dir),
-                DOT_ENTRIES + batch_file_entry(j),
-                &self.layout.file_name(j, kind),
-                from,
-                &parts,
-            ),
-        };
+        let stored = (kernel.make_file_known(&self.layout, dir, j, kind))
+            .and_then(|ino| kernel.store_ino(ino, from, &parts));
         stored.map_err(|e| anyhow::anyhow!("storing in the page cache: {e}"))
     }
 }

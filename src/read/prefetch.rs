@@ -66,6 +66,10 @@ pub struct Prefetcher {
     /// The rows gathered ahead of a reader of one-open files the daemon serves, stored in
     /// their page cache.
     row_stores: Arc<OnceLock<RowStores>>,
+    /// The mount's page cache, where the names of files a reader opens next are made known.
+    page_cache: OnceLock<PageCache>,
+    /// Directories whose files' names a job is making known now.
+    naming: Arc<Mutex<HashSet<Batches>>>,
     layout: Arc<Layout>,
 }
 
@@ -104,13 +108,17 @@ impl Prefetcher {
             next_epoch,
             filler,
             row_stores: Arc::default(),
+            page_cache: OnceLock::new(),
+            naming: Arc::default(),
             layout,
         }
     }
 
     /// From now on, the rows gathered ahead of a reader of a one-open file served by the daemon
-    /// are stored in its page cache.
-    pub fn store_rows_in(&self, page_cache: PageCache) {
+    /// are stored in its page cache, and the names of the batch files a reader opens next made
+    /// known to the kernel ahead of it.
+    pub fn use_page_cache(&self, page_cache: PageCache) {
+        let _ = self.page_cache.set(page_cache.clone());
         match RowStores::start(page_cache, self.stats.clone()) {
             Ok(stores) => {
                 let _ = self.row_stores.set(stores);
@@ -167,6 +175,7 @@ impl Prefetcher {
         if to_disk && self.filler.on() && !self.filler.tripwires() {
             return self.store_files(files, kinds, last);
         }
+        let mut next = Vec::new();
         for &(d, j) in files {
             if d.global(j).0 >= last {
                 break;
@@ -199,7 +208,42 @@ impl Prefetcher {
                     scheduled.lock().unwrap().remove(&item);
                 });
             }
+            next.push((d, j));
         }
+        if !self.filler.tripwires() {
+            self.make_known(next, kinds);
+        }
+    }
+
+    /// Makes the names of the files `kinds` of the batches `files`, which the cache keeps and
+    /// their opens serve by passthrough (no store makes them known), known to the kernel ahead
+    /// of their reader, for whom a lookup of each would be a round trip: off the calling thread,
+    /// one job a directory at a time.
+    fn make_known(&self, files: Vec<(Batches, u64)>, kinds: &[FileKind]) {
+        let (Some(page_cache), Some(&first)) = (self.page_cache.get(), kinds.first()) else {
+            return;
+        };
+        // One listing names them all (a batch's directory, or the batch files of about 97).
+        let unnamed: Vec<(Batches, u64)> = (files.into_iter())
+            .filter(|&(d, j)| !page_cache.file_known(&self.layout, d, j, first))
+            .collect();
+        let Some(&(dir, _)) = unnamed.first() else {
+            return;
+        };
+        if !self.naming.lock().unwrap().insert(dir) {
+            return;
+        }
+        let (page_cache, layout) = (page_cache.clone(), self.layout.clone());
+        let (kinds, naming) = (kinds.to_vec(), self.naming.clone());
+        self.runtime.spawn_blocking(move || {
+            for (d, j) in unnamed {
+                for &kind in &kinds {
+                    // Where it cannot be made known, its reader looks it up.
+                    let _ = page_cache.make_file_known(&layout, d, j, kind);
+                }
+            }
+            naming.lock().unwrap().remove(&dir);
+        });
     }
 
     /// Stores file `kind` of batch `j` of `dir` in the page cache from byte `from` on, once

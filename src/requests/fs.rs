@@ -636,7 +636,7 @@ impl Fs {
         kernel_opens: bool,
     ) {
         let page_cache = PageCache::new(notifier, mountpoint, self.stats.clone());
-        self.prefetcher.store_rows_in(page_cache.clone());
+        self.prefetcher.use_page_cache(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);
         }

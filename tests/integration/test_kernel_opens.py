@@ -139,6 +139,32 @@ def test_batch_files_stored_ahead_are_made_known_by_listings_not_a_lookup_each(m
     assert got == want
 
 
+def test_the_names_of_files_the_cache_keeps_are_known_before_their_reader_opens_them(
+    mounter, main_ds
+):
+    """shuffle=none: the batch files the cache keeps are served by passthrough, which no store
+    makes known to the kernel; the prefetcher makes their names known ahead of the reader by
+    listings (a batch's directory, its epoch's from the batch on), so that the reader's path
+    walk to each file is no round trip. Measured: 28 lookups for 276 per-tensor files and 12
+    batch files (those of the first batches, which the reader reaches first), where a lookup a
+    file came to 301."""
+    opts = (f"batch_size={BS}", "shuffle=none", "prefetch=8", "pad=tokens:8")
+    m = mounter(main_ds.path, *opts)
+    ref = mounter(main_ds.path, *opts, "prefetch=0")
+    n = m.dataset()["batches_per_epoch"]
+    names = [t["name"] for t in m.dataset()["tensors"]]
+    assert len(names) >= 4, names
+    rels = [f"epoch-0/{tfs.batch_name(i)}/{name}.npy" for i in range(n) for name in names]
+    rels += [f"epoch-0/{tfs.batch_name(i)}.safetensors" for i in range(n)]
+    before = tfs.stats(m)["lookups"]
+    got = digests(m, rels)
+    lookups = tfs.stats(m)["lookups"] - before
+    print(f"{len(rels)} files: {lookups} lookups")
+    assert lookups < len(rels) // 4, lookups
+    assert tfs.stats(m)["passthrough_opens"] > 0
+    assert got == digests(ref, rels)
+
+
 def test_per_tensor_files_are_stored_with_a_lookup_per_batch_not_per_file(mounter, main_ds):
     """The prefetcher makes a batch's per-tensor files known to the kernel by one listing of
     their directory (a READDIRPLUS instantiates the entries of its page, about 20), not a
