@@ -144,14 +144,16 @@ impl FuseAdapter {
     /// reply buffer's worth at a time.
     fn list(
         &self,
+        req: &Request,
         ino: INodeNo,
         offset: u64,
         mut add: impl FnMut(&crate::requests::fs::DirEntry, u64) -> crate::error::Result<bool>,
     ) -> crate::error::Result<()> {
         const CHUNK: usize = 256;
+        let batches_only = from_daemon(req);
         let mut next = offset;
         loop {
-            let entries = self.fs.readdir(ino.0, next, CHUNK)?;
+            let entries = self.fs.readdir(ino.0, next, CHUNK, batches_only)?;
             let done = entries.len() < CHUNK;
             for e in &entries {
                 next += 1;
@@ -164,6 +166,14 @@ impl FuseAdapter {
             }
         }
     }
+}
+
+/// Whether a request comes from the daemon itself: its own listings of the mount, which make
+/// the files it stores in the page cache known to the kernel ([`crate::read::page_cache`]) and
+/// need only a directory's batches. The kernel names the thread that asked.
+fn from_daemon(req: &Request) -> bool {
+    let pid = req.pid();
+    pid == std::process::id() || std::path::Path::new(&format!("/proc/self/task/{pid}")).exists()
 }
 
 impl Filesystem for FuseAdapter {
@@ -182,7 +192,8 @@ impl Filesystem for FuseAdapter {
         // Directories hold no state between opendir and releasedir here (a listing is by
         // offset), so where the kernel can do without them, opendir answers ENOSYS and the
         // kernel stops sending both: two round trips less per listing, which the page-cache
-        // stores of per-tensor files make one of per batch (`PageCache::store_listed`).
+        // daemon's own listings, which make the files it stores known to the kernel, make one of
+        // per batch (`PageCache::make_file_known`).
         self.no_opendir = config
             .capabilities()
             .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
@@ -302,13 +313,13 @@ impl Filesystem for FuseAdapter {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listed = self.list(ino, offset, |e, next| {
+        let listed = self.list(req, ino, offset, |e, next| {
             let kind = match e.kind {
                 Kind::Dir => FileType::Directory,
                 Kind::File => FileType::RegularFile,
@@ -324,13 +335,13 @@ impl Filesystem for FuseAdapter {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let listed = self.list(ino, offset, |e, next| {
+        let listed = self.list(req, ino, offset, |e, next| {
             let a = self.fs.getattr(e.ino)?;
             let attr = self.attr(&a);
             let ttl = self.ttl(e.ino);

@@ -10,6 +10,7 @@ use crate::read::ahead::Ahead;
 use crate::read::builder::{Builder, Limits, Parts};
 use crate::read::layout::Layout;
 use crate::read::materialize::Materializer;
+use crate::read::page_cache::PageCache;
 use crate::read::plan::{Orders, Plan};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::Readers;
@@ -833,7 +834,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         if let Some(w) = &mut watcher {
             w.watch(mountpoint);
         }
-        fs.store_in(session.notifier(), mountpoint, kernel_opens);
+        fs.store_in(PageCache::new(session.notifier(), mountpoint), kernel_opens);
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
+use tensorfs::read::layout;
 use tensorfs::requests::fs::{Fs, Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 use tensorfs::source::Source;
@@ -208,7 +209,7 @@ fn names(fs: &Fs, path: &str) -> Vec<String> {
     } else {
         ino(fs, path)
     };
-    fs.readdir(dir, 0, 10_000)
+    fs.readdir(dir, 0, 10_000, false)
         .unwrap()
         .into_iter()
         .map(|e| e.name)
@@ -274,6 +275,24 @@ async fn the_tree_lists_epochs_batches_and_one_open_files() {
     assert_eq!(names(&m.fs, "epoch-0/000003"), ["id.npy", "x.npy"]);
     assert_eq!(names(&m.fs, "epoch-0/all"), ["id.npy", "x.npy"]);
     assert_eq!(names(&m.fs, "epoch-1/rank-1-of-2").len(), 3 * 2 + 2);
+    // The daemon's own listings (of the files it stores) get a directory's batches alone, from
+    // any batch's entries on: the rank views after them are not made for them.
+    let e1 = ino(&m.fs, "epoch-1");
+    let own = |from: u64| -> Vec<String> {
+        let at = layout::DOT_ENTRIES + layout::batch_file_entry(from);
+        let entries = m.fs.readdir(e1, at, 10_000, true).unwrap();
+        entries.into_iter().map(|e| e.name).collect()
+    };
+    assert_eq!(own(0).len(), 6 * 2, "{:?}", own(0));
+    assert_eq!(
+        own(4),
+        [
+            "000004.safetensors",
+            "000004",
+            "000005.safetensors",
+            "000005"
+        ]
+    );
     // Any epoch resolves by name; a batch past the end does not.
     assert!(m.fs.lookup(ROOT_INO, "epoch-99").is_ok());
     let e0 = ino(&m.fs, "epoch-0");

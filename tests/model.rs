@@ -529,7 +529,7 @@ impl Under for Core {
         let entries = self
             .requests
             .fs()
-            .readdir(ino, 0, usize::MAX)
+            .readdir(ino, 0, usize::MAX, false)
             .map_err(errno)?;
         Ok((entries.into_iter())
             .map(|e| e.name)

@@ -35,12 +35,11 @@ use anyhow::Result;
 use fuser::{INodeNo, Notifier};
 use lru::LruCache;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::num::NonZeroUsize;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The bytes a tripwire leaves out of the page cache: the first page.
@@ -50,8 +49,8 @@ pub const TRIPWIRE_PAGE: u64 = 4096;
 /// each reader, and the epoch and rank directories read.
 const LISTED_DIRS: usize = 64;
 
-/// A directory's files by name, as one listing of it gave them: their inodes.
-type Listing = Arc<HashMap<OsString, u64>>;
+/// The names one listing of a directory gave.
+type Listing = Arc<HashSet<OsString>>;
 
 #[derive(Clone)]
 pub struct PageCache {
@@ -59,31 +58,17 @@ pub struct PageCache {
     mountpoint: PathBuf,
     /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
-    /// The mount's counters: its lookups tell whether a listing made its files known.
-    stats: Arc<Stats>,
 }
 
 impl PageCache {
-    pub fn new(notifier: Notifier, mountpoint: &Path, stats: Arc<Stats>) -> PageCache {
+    pub fn new(notifier: Notifier, mountpoint: &Path) -> PageCache {
         PageCache {
             notifier,
             mountpoint: mountpoint.to_path_buf(),
-            stats,
             listed: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
         }
-    }
-
-    /// Stores the file that is the concatenation of `parts`, from its byte `from` on, in the
-    /// kernel's page cache of the mount's file `name` (relative to the mount point). Blocking:
-    /// it looks `name` up through the mount, which the FUSE threads answer, so it must not run
-    /// on one of them.
-    pub fn store(&self, name: &str, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
-        // The kernel stores pages only for an inode it knows; looking the name up makes it known
-        // (and a reader's lookup of it then costs no round trip either).
-        let ino = std::fs::metadata(self.mountpoint.join(name))?.ino();
-        self.store_ino(ino, from, parts)
     }
 
     /// Makes file `kind` of batch `j` of `dir` known to the kernel (which stores pages only for
@@ -95,9 +80,7 @@ impl PageCache {
     /// file: a batch's per-tensor files by a listing of its directory (measured, 23 tensors: 53
     /// lookups for 828 files in 36 directories, against 888), batch files and batch directories
     /// by listings of their epoch or rank directory, each from a batch's entries on, as far as
-    /// one `getdents64` call's answer reaches (about 97 batches). An inode the kernel let go of
-    /// since a listing (under memory pressure) takes no store: its file is read from the daemon,
-    /// the same bytes.
+    /// one `getdents64` call's answer reaches (about 97 batches on kernel 6.18).
     pub fn make_file_known(
         &self,
         layout: &Layout,
@@ -121,8 +104,8 @@ impl PageCache {
         }
     }
 
-    /// Whether file `kind` of batch `j` of `dir` is named by a listing remembered (made known to
-    /// the kernel): nothing to do for [`PageCache::make_file_known`]. Not blocking.
+    /// Whether file `kind` of batch `j` of `dir` was named by the last listing of its directory
+    /// (and so, as a rule, is known to the kernel). Not blocking.
     pub fn file_known(&self, layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> bool {
         let (dir, name) = match kind {
             FileKind::Npy(t) => (
@@ -131,57 +114,41 @@ impl PageCache {
             ),
             FileKind::Safetensors => (dir_name(dir), layout.file_name(j, kind)),
         };
-        self.listed_ino(&dir, &name).is_some()
+        self.was_listed(&dir, &name)
     }
 
-    /// The inode of `name` in mount directory `dir` as the last listing of `dir` remembered
-    /// named it.
-    fn listed_ino(&self, dir: &str, name: &str) -> Option<u64> {
-        (self.listed.lock().unwrap().get(dir)).and_then(|l| l.get(OsStr::new(name)).copied())
+    /// Whether the last listing of mount directory `dir` named `name`.
+    fn was_listed(&self, dir: &str, name: &str) -> bool {
+        (self.listed.lock().unwrap().get(dir)).is_some_and(|l| l.contains(OsStr::new(name)))
     }
 
-    /// Makes `name` of mount directory `dir`, its `at`-th entry, known to the kernel: named by
-    /// the last listing of `dir`, else looked up and `dir` listed from it on (or, from the
-    /// directory's start, listed first). Its inode.
+    /// Makes `name` of mount directory `dir`, its `at`-th entry, known to the kernel: its inode.
+    /// A look at the name is what makes sure (a lookup, a round trip, where the kernel does not
+    /// know it; none where a listing made it known): a store to an inode the kernel does not
+    /// hold is dropped without an error (fuser's `Notifier::store` answers Ok), so a listing is
+    /// a way to make names known in bulk, never trusted to have (the kernel answers a listing
+    /// from its own copy of an earlier one without making anything known, and lets inodes go
+    /// under memory pressure). Where the last listing of `dir` did not name it, `dir` is listed:
+    /// from its start first (always a READDIRPLUS), else from the name on after the look at it,
+    /// whose lookup makes the kernel's listing from an offset a READDIRPLUS.
     fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
-        if let Some(ino) = self.listed_ino(dir, name) {
-            return Ok(ino);
+        let listed = self.was_listed(dir, name);
+        if !listed && at == 0 {
+            self.list(dir, 0);
         }
-        let look_up = || Ok(std::fs::symlink_metadata(self.mountpoint.join(dir).join(name))?.ino());
-        if at > 0 {
-            // The kernel lists from an offset with attributes (a READDIRPLUS) only after a
-            // lookup in the directory: this one.
-            let ino = look_up()?;
+        let ino = std::fs::symlink_metadata(self.mountpoint.join(dir).join(name))?.ino();
+        if !listed && at > 0 {
             self.list(dir, at);
-            return Ok(ino);
         }
-        match self
-            .list(dir, 0)
-            .and_then(|l| l.get(OsStr::new(name)).copied())
-        {
-            Some(ino) => Ok(ino),
-            None => look_up(),
-        }
+        Ok(ino)
     }
 
-    /// Lists mount directory `dir` from its entry `at` on, and remembers the listing in place of
-    /// its last if it made the files it names known to the kernel. It did not where the kernel
-    /// answered without attributes (a READDIR) or from its own copy of an earlier listing (kept
-    /// since a listing of `dir` to its end): a store to an inode the kernel does not hold is
-    /// dropped without an error (fuser's `Notifier::store` answers Ok), and the file would be
-    /// read from the daemon instead. A look at the last name the listing gave tells which: a
-    /// lookup counted where the kernel did not know it. The listing, where it did.
-    fn list(&self, dir: &str, at: u64) -> Option<Listing> {
-        let path = self.mountpoint.join(dir);
-        let (listing, last) = list_once(&path, at).ok()?;
-        let lookups = || self.stats.c.lookups.load(Ordering::Relaxed);
-        let before = lookups();
-        let known = std::fs::symlink_metadata(path.join(last?)).is_ok() && lookups() == before;
-        let listing = Arc::new(listing);
-        known.then(|| {
-            (self.listed.lock().unwrap()).put(dir.to_string(), listing.clone());
-            listing
-        })
+    /// Lists mount directory `dir` from its entry `at` on, its names remembered in place of its
+    /// last listing's.
+    fn list(&self, dir: &str, at: u64) {
+        if let Ok(names) = list_once(&self.mountpoint.join(dir), at) {
+            (self.listed.lock().unwrap()).put(dir.to_string(), Arc::new(names));
+        }
     }
 
     /// Stores `job`'s rows: the whole pages they cover (and the file's last, partial page), less
@@ -206,8 +173,10 @@ impl PageCache {
         Ok(true)
     }
 
-    /// As [`PageCache::store`], in inode `ino`, which the kernel knows (one it is opening); the
-    /// kernel ignores a store to an inode it no longer holds.
+    /// Stores the file that is the concatenation of `parts`, from its byte `from` on, in the
+    /// kernel's page cache of inode `ino`, which the kernel knows (one it is opening, or one
+    /// [`PageCache::make_file_known`] made known): it ignores a store to an inode it does not
+    /// hold.
     pub fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
         for (at, bytes) in pieces(parts, from) {
             self.notifier.store(INodeNo(ino), at, &bytes)?;
@@ -261,10 +230,10 @@ fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
     out
 }
 
-/// The entries of directory `path` from its entry `at` on (an offset its listing gives) that
-/// one `getdents64` returns, by name: their inodes; and the last name, `.` and `..` aside. One
-/// call, not a walk to the end (which costs one more round trip to learn there is no more).
-fn list_once(path: &Path, at: u64) -> std::io::Result<(HashMap<OsString, u64>, Option<OsString>)> {
+/// The names of directory `path`'s entries from its entry `at` on (an offset its listing gives)
+/// that one `getdents64` returns. One call, not a walk to the end (which costs one more round
+/// trip to learn there is no more).
+fn list_once(path: &Path, at: u64) -> std::io::Result<HashSet<OsString>> {
     use std::io::Seek;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::OpenOptionsExt;
@@ -277,7 +246,8 @@ fn list_once(path: &Path, at: u64) -> std::io::Result<(HashMap<OsString, u64>, O
     if at > 0 {
         dir.seek(std::io::SeekFrom::Start(at))?;
     }
-    // Room for what one READDIRPLUS (a page) can name.
+    // Room for what the kernel's READDIRPLUS answers to one call can name (on kernel 6.18
+    // about 190 entries: the batch files and directories of about 97 batches).
     let mut buf = vec![0u8; 32 << 10];
     // SAFETY: `buf` is writable for its length, and the descriptor is open for the call.
     let n = unsafe {
@@ -292,25 +262,19 @@ fn list_once(path: &Path, at: u64) -> std::io::Result<(HashMap<OsString, u64>, O
         return Err(std::io::Error::last_os_error());
     }
     // Each record: d_ino (u64), d_off (i64), d_reclen (u16), d_type (u8), the name, NUL-ended.
-    let mut entries = HashMap::new();
-    let mut last = None;
+    let mut names = HashSet::new();
     let mut at = 0;
     while at + 19 <= n as usize {
-        let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
         let reclen = u16::from_ne_bytes(buf[at + 16..at + 18].try_into().expect("2 bytes"));
         if reclen < 19 || at + reclen as usize > n as usize {
             break;
         }
         let name = &buf[at + 19..at + reclen as usize];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-        let name = OsStr::from_bytes(name).to_os_string();
-        if name != "." && name != ".." {
-            last = Some(name.clone());
-        }
-        entries.insert(name, ino);
+        names.insert(OsStr::from_bytes(name).to_os_string());
         at += reclen as usize;
     }
-    Ok((entries, last))
+    Ok(names)
 }
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.

@@ -236,13 +236,14 @@ impl Prefetcher {
         let (page_cache, layout) = (page_cache.clone(), self.layout.clone());
         let (kinds, naming) = (kinds.to_vec(), self.naming.clone());
         self.runtime.spawn_blocking(move || {
+            // Done with `dir` however this ends.
+            let _naming = Naming(naming, dir);
             for (d, j) in unnamed {
                 for &kind in &kinds {
                     // Where it cannot be made known, its reader looks it up.
                     let _ = page_cache.make_file_known(&layout, d, j, kind);
                 }
             }
-            naming.lock().unwrap().remove(&dir);
         });
     }
 
@@ -481,6 +482,16 @@ fn store_rows(
 /// on, while the reader still has the other half stored before it (with one every `prefetch`
 /// files, a reader at half the cold rate came to the file after each sighting before it was
 /// stored). A reader that comes faster than the files are stored is also seen at each file it
+/// A directory whose files' names a job makes known ([`Prefetcher::make_known`]), until the
+/// job ends.
+struct Naming(Arc<Mutex<HashSet<Batches>>>, Batches);
+
+impl Drop for Naming {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().remove(&self.1);
+    }
+}
+
 /// misses.
 fn stored_from(j: u64, every: u64) -> u64 {
     match j.is_multiple_of(every.max(1)) {

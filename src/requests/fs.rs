@@ -487,6 +487,12 @@ impl Fs {
 
     /// The `k`-th entry of an epoch or rank directory: each batch's file and directory, then
     /// the one-open files, then (in an epoch, with `world_size`) the rank views.
+    /// Whether entry `k` of epoch or rank directory `d` is a batch's file or directory.
+    fn is_batch_entry(&self, d: u32, k: u64) -> Result<bool> {
+        let (b, _) = self.dir_entry(d)?;
+        Ok(k < layout::batch_file_entry(self.plan().count(b)))
+    }
+
     fn dir_child(&self, d: u32, k: u64) -> Result<Option<DirEntry>> {
         let (b, gds) = self.dir_entry(d)?;
         let file = self.file_kind(d)?;
@@ -538,8 +544,17 @@ impl Fs {
         )))
     }
 
-    /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`.
-    pub fn readdir(&self, ino: u64, offset: u64, limit: usize) -> Result<Vec<DirEntry>> {
+    /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`;
+    /// where `batches_only` (a listing by the daemon itself, of the files it stores), an epoch
+    /// or rank directory's batches alone: the rank views after them would each take a
+    /// directory id of the 65,536 a mount has, for a listing nobody reads.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        limit: usize,
+        batches_only: bool,
+    ) -> Result<Vec<DirEntry>> {
         let node = self.node(ino)?;
         let child = |k: u64| -> Result<Option<DirEntry>> {
             match node {
@@ -548,6 +563,7 @@ impl Fs {
                 Node::Meta => {
                     Ok((k == 0).then(|| entry(Node::StatsJson, Kind::File, STATS_JSON.into())))
                 }
+                Node::Dir(d) if batches_only && !self.is_batch_entry(d, k)? => Ok(None),
                 Node::Dir(d) => self.dir_child(d, k),
                 Node::BatchDir(d, i) => self.npy_child(d, k, |t| Node::Npy(d, i, t)),
                 Node::AllDir(d) => self.npy_child(d, k, |t| Node::AllNpy(d, t)),
@@ -629,13 +645,7 @@ impl Fs {
     /// stored in the kernel's page cache of the files readers open, not written to the local
     /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
     /// (`shuffle=none`) they are read every epoch, and written.
-    pub fn store_in(
-        &self,
-        notifier: fuser::Notifier,
-        mountpoint: &std::path::Path,
-        kernel_opens: bool,
-    ) {
-        let page_cache = PageCache::new(notifier, mountpoint, self.stats.clone());
+    pub fn store_in(&self, page_cache: PageCache, kernel_opens: bool) {
         self.prefetcher.use_page_cache(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);
