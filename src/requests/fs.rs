@@ -547,7 +547,9 @@ impl Fs {
     /// Entries of a directory from index `offset` on (`.` and `..` first), at most `limit`;
     /// where `batches_only` (a listing by the daemon itself, of the files it stores), an epoch
     /// or rank directory's batches alone: the rank views after them would each take a
-    /// directory id of the 65,536 a mount has, for a listing nobody reads.
+    /// directory id of the 65,536 a mount has, for a listing nobody reads. A listing cut short
+    /// so is no end of the directory to the kernel, whose copy of a listing goes on from where
+    /// it stopped (and ends only at an empty answer): a reader's listing still gets every entry.
     pub fn readdir(
         &self,
         ino: u64,

@@ -129,10 +129,10 @@ def test_batch_files_stored_ahead_are_made_known_by_listings_not_a_lookup_each(m
     after = tfs.stats(m)
     lookups = after["lookups"] - before["lookups"]
     print(f"epochs 1-2 ({2 * n} files, epochs 2-3 stored ahead): {lookups} lookups")
-    # A lookup a file came to 2n (22); a listing per epoch directory takes a lookup of its
-    # first file and one of the directory itself (4), a few more where the files are stored out
-    # of order.
-    assert lookups <= n // 2, (before, after)
+    # A lookup a file came to 2n (22; 29 with the directories); a listing per epoch directory
+    # takes a lookup of its first file and one of the directory itself (4 here), a few more
+    # where files are stored out of order by jobs side by side (6 in a loaded CI run).
+    assert lookups < n, (before, after)
     assert after["page_cache_stores"] - before["page_cache_stores"] >= 2 * n, (before, after)
     assert after["daemon_reads"] == before["daemon_reads"], (before, after)
     want = {**digests(ref, rels(0)), **digests(ref, rels(1)), **digests(ref, rels(2))}
