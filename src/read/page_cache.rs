@@ -88,32 +88,19 @@ impl PageCache {
         j: u64,
         kind: FileKind,
     ) -> std::io::Result<u64> {
-        let dir = dir_name(dir);
-        match kind {
-            FileKind::Npy(t) => {
-                let batch = batch_name(j);
-                // Where the batch's directory cannot be made known, the path below looks it up.
-                let _ = self.make_known(&dir, DOT_ENTRIES + batch_dir_entry(j), &batch);
-                self.make_known(&format!("{dir}/{batch}"), 0, &layout.npy_name(t))
-            }
-            FileKind::Safetensors => self.make_known(
-                &dir,
-                DOT_ENTRIES + batch_file_entry(j),
-                &layout.file_name(j, kind),
-            ),
+        if let FileKind::Npy(_) = kind {
+            // Where the batch's directory cannot be made known, the path below looks it up.
+            let at = DOT_ENTRIES + batch_dir_entry(j);
+            let _ = self.make_known(&dir_name(dir), at, &batch_name(j));
         }
+        let (dir, at, name) = listed_in(layout, dir, j, kind);
+        self.make_known(&dir, at, &name)
     }
 
     /// Whether file `kind` of batch `j` of `dir` was named by the last listing of its directory
     /// (and so, as a rule, is known to the kernel). Not blocking.
     pub fn file_known(&self, layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> bool {
-        let (dir, name) = match kind {
-            FileKind::Npy(t) => (
-                format!("{}/{}", dir_name(dir), batch_name(j)),
-                layout.npy_name(t),
-            ),
-            FileKind::Safetensors => (dir_name(dir), layout.file_name(j, kind)),
-        };
+        let (dir, _, name) = listed_in(layout, dir, j, kind);
         self.was_listed(&dir, &name)
     }
 
@@ -228,6 +215,24 @@ fn pieces<'a>(parts: &[&'a [u8]], from: u64) -> Vec<(u64, Cow<'a, [u8]>)> {
         at = page_end;
     }
     out
+}
+
+/// Where file `kind` of batch `j` of `dir` is listed: its directory (relative to the mount
+/// point), the entry a listing of it starts at (a batch's directory of per-tensor files from
+/// its start: all of them in one answer), and its name.
+fn listed_in(layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> (String, u64, String) {
+    match kind {
+        FileKind::Npy(t) => (
+            format!("{}/{}", dir_name(dir), batch_name(j)),
+            0,
+            layout.npy_name(t),
+        ),
+        FileKind::Safetensors => (
+            dir_name(dir),
+            DOT_ENTRIES + batch_file_entry(j),
+            layout.file_name(j, kind),
+        ),
+    }
 }
 
 /// The names of directory `path`'s entries from its entry `at` on (an offset its listing gives)
