@@ -5,7 +5,8 @@
 //! tensor columns and gathers batches; `builder` builds row groups and batches on the worker
 //! `pool`, within the memory `budget`; `materialize` writes batch files into the cache; `readers` records where readers
 //! are; `prefetch` follows them, `ahead` builds the next epoch's one-open files, and
-//! `page_cache` stores built files in the kernel's page cache (`opens=kernel`).
+//! `page_cache` stores built files in the kernel's page cache, making them known to it through
+//! `own_mount`, the daemon's own calls into its mount.
 
 pub mod ahead;
 pub mod budget;
@@ -14,6 +15,7 @@ pub mod dtype;
 pub mod format;
 pub mod layout;
 pub mod materialize;
+pub mod own_mount;
 pub mod page_cache;
 pub mod plan;
 pub mod pool;

@@ -29,6 +29,7 @@ use crate::read::builder::{Batch, Builder};
 use crate::read::layout::{
     DOT_ENTRIES, FileKind, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
+use crate::read::own_mount::{OwnMount, cached_ino};
 use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -58,6 +59,8 @@ pub struct PageCache {
     mountpoint: PathBuf,
     /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
+    /// Where the calls into the mount that the kernel cannot answer alone are made.
+    own: Arc<OwnMount>,
 }
 
 impl PageCache {
@@ -68,6 +71,7 @@ impl PageCache {
             listed: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
+            own: Arc::new(OwnMount::start()),
         }
     }
 
@@ -118,7 +122,22 @@ impl PageCache {
     /// under memory pressure). Where the last listing of `dir` did not name it, `dir` is listed:
     /// from its start first (always a READDIRPLUS), else from the name on after the look at it,
     /// whose lookup makes the kernel's listing from an offset a READDIRPLUS.
+    ///
+    /// A name a listing gave is looked at without asking the daemon where the kernel still
+    /// holds it; everything else goes through the mount on [`OwnMount`]'s thread.
     fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
+        if self.was_listed(dir, name)
+            && let Some(ino) = cached_ino(&self.mountpoint.join(dir).join(name))
+        {
+            return Ok(ino);
+        }
+        let (me, dir, name) = (self.clone(), dir.to_string(), name.to_string());
+        self.own
+            .call(move || me.make_known_through_mount(&dir, at, &name))?
+    }
+
+    /// [`PageCache::make_known`] by calls into the mount. Only on [`OwnMount`]'s thread.
+    fn make_known_through_mount(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
         let listed = self.was_listed(dir, name);
         if !listed && at == 0 {
             self.list(dir, 0);
@@ -154,7 +173,13 @@ impl PageCache {
         if to <= from {
             return Ok(false);
         }
-        let ino = std::fs::metadata(self.mountpoint.join(&job.file))?.ino();
+        let path = self.mountpoint.join(&job.file);
+        let ino = match cached_ino(&path) {
+            Some(ino) => ino,
+            None => {
+                (self.own).call(move || std::fs::symlink_metadata(&path).map(|m| m.ino()))??
+            }
+        };
         let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
         self.notifier.store(INodeNo(ino), from, piece)?;
         Ok(true)
