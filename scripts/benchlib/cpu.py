@@ -2,16 +2,19 @@
 
 For each file kind (`all/NAME.npy` memory maps sliced batch by batch, `.safetensors` batch files,
 per-tensor `NNNNNN/NAME.npy` files), a mount of the bench dataset on a fresh cache with
-`shuffle=global,epochs=4` is read: epoch 0 (cold: it decodes and caches the columns), then, once
-the daemon's work for it has settled, epoch 1 and epoch 2 right after it. The daemon's
-utime+stime from that settled moment until its work for epochs 1 and 2 has settled (the files
-built ahead of epochs 2 and 3 included: the steady state of a job) is divided by the tensor
-bytes the two epochs delivered. The rates: epoch 1 (its files ready) and epoch 2 (read right
-after the one before, as a job reads, whatever was built ahead by then).
+`shuffle=global,epochs=6` is read: epoch 0 (cold: it decodes and caches the columns) and epoch 1,
+each until the daemon's work for it has settled. Then epoch 2, and the daemon's utime+stime from
+the settled end of epoch 1 to the settled end of epoch 2, divided by the tensor bytes epoch 2
+delivered, is what a job's every epoch costs it: the epoch read and the next one built
+(`built` says how many epochs of batches the daemon gathered in that window: 1.00). Two epochs
+read back to back in one window held one epoch's builds, not two: the first epoch's files were
+built while the work of the epoch before settled, outside the window, and the second's as it
+was read. The rates: epoch 2 (its files ready), and epoch 4 read right after epoch 3, as a job
+reads, with whatever was built ahead by then.
 
 Beside them, the peers of the same run: the same kind of shuffled batches gathered with
 `np.take` from the columns held in RAM by one thread (its process CPU per GB and its rate: the
-medians of passes spread through the run), and epoch 1's files copied to local disk and read the
+medians of passes spread through the run), and epoch 2's files copied to local disk and read the
 same way from the page cache.
 """
 
@@ -119,33 +122,38 @@ def run_rows(binary: Path, data: Path, data_files: list[Path], scratch: Path, ro
         cache = scratch / f"cache-cpu-{kind}"
         shutil.rmtree(cache, ignore_errors=True)
         m = Mount(binary, f"file://{data}", scratch / f"mnt-cpu-{kind}",
-                  [f"batch_size={batch_size}", "shuffle=global", "epochs=4", f"cache_dir={cache}", *extra])
+                  [f"batch_size={batch_size}", "shuffle=global", "epochs=6", f"cache_dir={cache}", *extra])
         mounts.append(m)
         try:
             n = m.dataset()["batches_per_epoch"]
-            read_kind(kind, m.mnt / "epoch-0", rows, batch_size, n)
+            for warm_up in ("epoch-0", "epoch-1"):
+                read_kind(kind, m.mnt / warm_up, rows, batch_size, n)
+                settle(m.pids)
             before, stats0 = settle(m.pids), m.stats()
-            e1 = read_kind(kind, m.mnt / "epoch-1", rows, batch_size, n)
-            e2 = read_kind(kind, m.mnt / "epoch-2", rows, batch_size, n)
+            ready = read_kind(kind, m.mnt / "epoch-2", rows, batch_size, n)
             after, stats1 = settle(m.pids), m.stats()
-            nbytes = e1[1] + e2[1]
-            # Epoch 1 copied to local disk, read the same way from the page cache.
+            nbytes = ready[1]
+            read_kind(kind, m.mnt / "epoch-3", rows, batch_size, n)
+            right_after = read_kind(kind, m.mnt / "epoch-4", rows, batch_size, n)
+            # Epoch 2 copied to local disk, read the same way from the page cache.
             local = scratch / f"local-cpu-{kind}"
             shutil.rmtree(local, ignore_errors=True)
-            shutil.copytree(m.mnt / "epoch-1", local, ignore=shutil.ignore_patterns("gds", "rank-*"))
+            shutil.copytree(m.mnt / "epoch-2", local, ignore=shutil.ignore_patterns("gds", "rank-*"))
             read_kind(kind, local, rows, batch_size, n)
             lr = read_kind(kind, local, rows, batch_size, n)
             shutil.rmtree(local, ignore_errors=True)
             k = out["kinds"][kind] = {
                 "label": label, "bytes": nbytes, "daemon_cpu_s": after - before,
                 "core_s_gb": (after - before) / (nbytes / 1e9),
-                "ready_mb_s": e1[1] / MB / e1[2], "next_mb_s": e2[1] / MB / e2[2],
+                "ready_mb_s": ready[1] / MB / ready[2], "next_mb_s": right_after[1] / MB / right_after[2],
                 "local_mb_s": lr[1] / MB / lr[2],
                 "batch_files_written": stats1.get("batch_files_written", 0) - stats0.get("batch_files_written", 0),
+                # Batches gathered in the window (the one-open files' included), in epochs.
+                "epochs_built": (stats1.get("batches_built", 0) - stats0.get("batches_built", 0)) / n,
             }
-            log(f"cpu: {label}, epochs 1-2: daemon {k['core_s_gb']:.2f} core-s/GB; epoch 1 {k['ready_mb_s']:.0f} MB/s, "
-                f"epoch 2 right after it {k['next_mb_s']:.0f} MB/s, local {k['local_mb_s']:.0f} MB/s, "
-                f"{k['batch_files_written']} batch files written")
+            log(f"cpu: {label}, epoch 2: daemon {k['core_s_gb']:.2f} core-s/GB; epoch 2 {k['ready_mb_s']:.0f} MB/s, "
+                f"epoch 4 right after epoch 3 {k['next_mb_s']:.0f} MB/s, local {k['local_mb_s']:.0f} MB/s, "
+                f"{k['epochs_built']:.2f} epochs built, {k['batch_files_written']} batch files written")
         finally:
             m.unmount()
             mounts.remove(m)
@@ -161,16 +169,19 @@ def print_rows(cpu: dict) -> list[str]:
     g = cpu["gather"]
     lines = [f"Daemon CPU, shuffled epochs from cached columns ({cpu['rows']} rows, batch {cpu['batch_size']}; "
              "target: <= 2x the gather's core-s/GB; the epoch read right after the one before >= 0.6x its rate)"]
-    head = (f"{'reader':<42}{'core-s/GB':>10}{'x gather':>9}{'MB/s e1':>9}{'MB/s e2':>9}"
-            f"{'e2 x gather':>12}{'e1 x local':>11}")
+    head = (f"{'reader (epoch 2)':<42}{'core-s/GB':>10}{'x gather':>9}{'MB/s e2':>9}{'MB/s e4':>9}"
+            f"{'e4 x gather':>12}{'e2 x local':>11}{'built':>7}")
     lines += [head, "-" * len(head)]
     rate = g["mb_s"]
     lines.append(f"{'np.take gather from RAM, 1 thread':<42}{g['core_s_gb']:>10.2f}{'1.00':>9}{rate:>9.0f}"
-                 f"{rate:>9.0f}{'1.00':>12}{'':>11}")
+                 f"{rate:>9.0f}{'1.00':>12}{'':>11}{'':>7}")
     for k in cpu["kinds"].values():
+        built = f"{k['epochs_built']:.2f}" if "epochs_built" in k else ""
         lines.append(f"{'tensorfs ' + k['label']:<42}{k['core_s_gb']:>10.2f}{k['core_s_gb'] / g['core_s_gb']:>9.2f}"
                      f"{k['ready_mb_s']:>9.0f}{k['next_mb_s']:>9.0f}{k['next_mb_s'] / rate:>12.2f}"
-                     f"{k['ready_mb_s'] / k['local_mb_s']:>11.2f}")
+                     f"{k['ready_mb_s'] / k['local_mb_s']:>11.2f}{built:>7}")
+    lines.append("(built: the epochs of batches the daemon gathered while epoch 2 was read and its work settled: "
+                 "1.00 where the next epoch was built, as in a job; e4: epoch 4 read right after epoch 3)")
     if "core_s_gb_range" in g:
         lo, hi = g["core_s_gb_range"]
         lines.append(f"(np.take: the medians of {len(g['passes'])} passes spread through the run, "
