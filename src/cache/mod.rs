@@ -889,6 +889,7 @@ fn write_parts(file: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
     }
     Ok(())
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

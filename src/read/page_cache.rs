@@ -150,8 +150,8 @@ impl PageCache {
     }
 
     /// Lists mount directory `dir` from its entry `at` on, its names remembered in place of its
-    /// last listing's, and looks at each name of `like`'s kind (its extension). Only on
-    /// [`OwnMount`]'s thread.
+    /// last listing's, and looks at each other name of `like`'s kind (its extension; `like`
+    /// itself is looked at by the caller). Only on [`OwnMount`]'s thread.
     ///
     /// The look is what lets [`cached_ino`] find the name later on any thread: the kernel marks
     /// an inode a READDIRPLUS made for a first look outside its cached-only walk
@@ -162,7 +162,8 @@ impl PageCache {
         let path = self.mountpoint.join(dir);
         if let Ok(names) = list_once(&path, at) {
             let kind = Path::new(like).extension();
-            for name in names.iter().filter(|n| Path::new(n).extension() == kind) {
+            let others = names.iter().filter(|n| n.as_os_str() != like);
+            for name in others.filter(|n| Path::new(n).extension() == kind) {
                 let _ = std::fs::symlink_metadata(path.join(name));
             }
             (self.listed.lock().unwrap()).put(dir.to_string(), Arc::new(names));
