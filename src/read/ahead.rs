@@ -441,8 +441,8 @@ impl Ahead {
 
     /// A reader is at file `kind` of `dir` (past its middle, or opened built ahead): build the
     /// same file of the directory's next epoch (check it, where an earlier mount kept it), with
-    /// the `.npy` files of the other tensors read in this chain that are not built yet, and
-    /// drop those of epochs before `dir`'s.
+    /// the `.npy` files of the other tensors read in this chain, or read together with it now,
+    /// that are not built yet, and drop those of epochs before `dir`'s.
     pub fn reader_at(&self, dir: Batches, kind: FileKind) {
         if !self.enabled {
             return;
@@ -458,6 +458,10 @@ impl Ahead {
                 let mut read = self.npy_read.lock().unwrap();
                 let tensors = read.entry(dir.chain()).or_default();
                 tensors.insert(t);
+                // With the rows of the tensors read together stored in the page cache, only the
+                // tensor the prefetcher leaves tripwires in is read from the daemon past the
+                // middle: the others come from the reads the daemon saw before the stores did.
+                tensors.extend(self.builder.read_with(t));
                 tensors.iter().map(|&t| FileKind::Npy(t)).collect()
             }
         };

@@ -482,6 +482,14 @@ fn store_rows(
 /// on, while the reader still has the other half stored before it (with one every `prefetch`
 /// files, a reader at half the cold rate came to the file after each sighting before it was
 /// stored). A reader that comes faster than the files are stored is also seen at each file it
+/// misses.
+fn stored_from(j: u64, every: u64) -> u64 {
+    match j.is_multiple_of(every.max(1)) {
+        true => TRIPWIRE_PAGE,
+        false => 0,
+    }
+}
+
 /// A directory whose files' names a job makes known ([`Prefetcher::make_known`]), until the
 /// job ends.
 struct Naming(Arc<Mutex<HashSet<Batches>>>, Batches);
@@ -489,14 +497,6 @@ struct Naming(Arc<Mutex<HashSet<Batches>>>, Batches);
 impl Drop for Naming {
     fn drop(&mut self) {
         self.0.lock().unwrap().remove(&self.1);
-    }
-}
-
-/// misses.
-fn stored_from(j: u64, every: u64) -> u64 {
-    match j.is_multiple_of(every.max(1)) {
-        true => TRIPWIRE_PAGE,
-        false => 0,
     }
 }
 

@@ -147,6 +147,38 @@ def test_a_cold_reader_of_all_files_finds_the_rows_ahead_of_it_in_the_page_cache
     assert np.array_equal(np.sort(np.frombuffer(b"".join(got["id"]), np.int64)), ids)
 
 
+def test_every_all_file_a_cold_reader_reads_in_step_is_built_ahead_for_the_next_epoch(mounter, tmp_path):
+    """A reader of several all/NAME.npy files, batch by batch, in a cold epoch: past the middle
+    its reads of every tensor but one come from the page cache (the rows stored ahead), yet the
+    next epoch's file of each tensor it reads is built ahead, and its next epoch opens them."""
+    rows, bs = 32 * 1024, 1024
+    ids = np.arange(rows, dtype=np.int64)
+    v = np.repeat(ids.astype(np.float32)[:, None], 64, axis=1)
+    table = pa.table({"id": ids, "x": ids.astype(np.float32), "v": tfs.fsl(v.ravel(), 64)})
+    tfs.write_dataset(tmp_path / "data", [("part-0.parquet", table)], 8192)
+    m = mounter(tmp_path / "data", f"batch_size={bs}", "shuffle=window", "prefetch=8", "epochs=2")
+    n, tensors = rows // bs, (("id", 8), ("v", 256), ("x", 4))
+    fds = {t: os.open(m.p("epoch-0", "all", f"{t}.npy"), os.O_RDONLY) for t, _ in tensors}
+    try:
+        for i in range(n):
+            for t, row in tensors:
+                assert len(os.pread(fds[t], bs * row, tfs.DATA_OFFSET + i * bs * row)) == bs * row
+            time.sleep(0.003)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    deadline = time.monotonic() + 60
+    while tfs.stats(m)["ahead_files_built"] < len(tensors) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = tfs.stats(m)
+    assert st["ahead_files_built"] == len(tensors) and st["ahead_skipped"] == 0, st
+    for t, _ in tensors:
+        got = np.load(m.p("epoch-1", "all", f"{t}.npy"))
+        want = np.concatenate([tfs.load_safetensors(m.p("epoch-1", batch_name(i) + ".safetensors"))[t] for i in range(n)])
+        assert got.tobytes() == want.tobytes(), t
+    assert tfs.stats(m)["ahead_opens"] >= len(tensors)
+
+
 @pytest.mark.parametrize("shuffle", ["none", "window"])
 def test_what_a_reader_of_the_all_files_decoded_is_kept_for_later_epochs_and_mounts(mounter, shuf_ds, shuffle):
     """No batch file is written for a reader of the one-open files: the decoded columns are what
