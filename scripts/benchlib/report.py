@@ -77,7 +77,7 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
               f"(half of tensorfs cold {s['cold_mb_s']:.1f} MB/s), prefetch={s['prefetch']}, {s['batches']} batches")
         print(f"  epoch wall {s['wall_s']:.2f} s; blocked in open+read after the first batch {s['blocked_s'] * 1e3:.1f} ms"
               f" = {100 * s['blocked_share']:.2f}% of the epoch (open {s['open_s'] * 1e3:.1f} ms, read {s['read_s'] * 1e3:.1f} ms)")
-        print(f"  the same open+reads once materialised take {s['ready_read_s'] * 1e3:.1f} ms: waiting beyond the copy "
+        print(f"  the same open+reads at the same pace once materialised take {s['ready_read_s'] * 1e3:.1f} ms: waiting beyond the copy "
               f"{100 * s['excess_share']:.2f}% of the epoch; per-batch wait p99 {s['p99_wait_ms']:.2f} ms, max {s['max_wait_ms']:.2f} ms")
         print(f"  daemon: stall_count {d['stall_count']}, stall_ns {d['stall_ns']} ({(d['stall_ns'] or 0) / 1e6:.1f} ms), "
               f"stall_p99_us {d['stall_p99_us']}, prefetch_scheduled {d['prefetch_scheduled']}, "
