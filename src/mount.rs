@@ -314,8 +314,10 @@ fn unescape_mountinfo(s: &str) -> String {
 /// Checks the mount point before any work: a directory without a FUSE mount on it, and empty
 /// unless `nonempty` (a mount over files would hide them).
 pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
+    // ECONNABORTED: a look that was waiting when the dead daemon's connection was aborted (its
+    // last thread still exiting as this mount began).
     let unusable = |e: std::io::Error| match e.raw_os_error() {
-        Some(libc::ENOTCONN) => anyhow!(
+        Some(libc::ENOTCONN | libc::ECONNABORTED) => anyhow!(
             "mount point '{mountpoint}' is a FUSE mount whose daemon has died; unmount it first (umount {mountpoint})"
         ),
         _ => anyhow!("mount point '{mountpoint}' cannot be used: {e}"),
