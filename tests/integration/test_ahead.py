@@ -12,24 +12,8 @@ import numpy as np
 import pytest
 
 import tfs
-from tfs import batch_name
 
 BS, N = 256, 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
-
-
-def concatenated(m: tfs.Mount, rel_dir: str, n: int, tensors=("id", "x")) -> bytes:
-    """The data of the directory's batch files, tensor by tensor: what its all files hold."""
-    got = [tfs.load_safetensors(m.p(rel_dir, batch_name(i) + ".safetensors")) for i in range(n)]
-    return b"".join(np.concatenate([b[t] for b in got]).tobytes() for t in tensors)
-
-
-def wait_built(m: tfs.Mount, at_least: int) -> dict:
-    deadline = time.monotonic() + 60
-    while True:
-        s = tfs.stats(m)
-        if s["ahead_files_built"] >= at_least or time.monotonic() > deadline:
-            return s
-        time.sleep(0.05)
 
 
 def kept_files(m: tfs.Mount) -> list[str]:
@@ -49,7 +33,7 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))
     tfs.read_exact(m.p("epoch-0", "all", "x.npy"))
     tfs.read_exact(m.p("epoch-0", "rank-2-of-3", "all.safetensors"))
-    s = wait_built(m, 3)
+    s = tfs.wait_ahead_built(m, 3)
     assert s["ahead_files_built"] == 3 and s["ahead_skipped"] == 0, s
     # Built ahead, the file has a backing path: under gds/ and as user.tensorfs.path.
     path = os.readlink(m.p("gds", "epoch-1", "all.safetensors"))
@@ -60,9 +44,9 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
         assert f.read() == tfs.read_exact(m.p("epoch-1", "all.safetensors"))
     for rel_dir, n in (("epoch-1", N), ("epoch-1/rank-2-of-3", N // 3)):
         raw = tfs.read_exact(m.p(rel_dir, "all.safetensors"))
-        assert raw[tfs.DATA_OFFSET :] == concatenated(m, rel_dir, n), rel_dir
+        assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(m, rel_dir, n), rel_dir
     x = np.load(m.p("epoch-1", "all", "x.npy"), mmap_mode="r")
-    assert np.asarray(x).tobytes() == concatenated(m, "epoch-1", N, ("x",))
+    assert np.asarray(x).tobytes() == tfs.concatenated(m, "epoch-1", N, ("x",))
     del x
     s = tfs.stats(m)
     assert s["ahead_opens"] >= 3, s
@@ -70,10 +54,10 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
         pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
     assert s["passthrough_opens"] >= 3, s
     # Opening epoch 1's files built ahead has epoch 2's built; nothing past the listed epochs.
-    s = wait_built(m, 6)
+    s = tfs.wait_ahead_built(m, 6)
     assert s["ahead_files_built"] == 6, s
     raw = tfs.read_exact(m.p("epoch-2", "all.safetensors"))
-    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-2", N)
+    assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-2", N)
     time.sleep(0.5)
     assert tfs.stats(m)["ahead_files_built"] == 6
     # Every epoch a permutation, read through the files built ahead.
@@ -88,7 +72,7 @@ def test_the_npy_files_a_reader_reads_are_built_together(mounter, shuf_ds):
     m = mounter(shuf_ds.path, "shuffle=global", f"batch_size={BS}", "epochs=3")
     for name in ("id", "x"):
         tfs.read_exact(m.p("epoch-0", "all", f"{name}.npy"))
-    s = wait_built(m, 2)
+    s = tfs.wait_ahead_built(m, 2)
     assert s["ahead_files_built"] == 2 and s["ahead_skipped"] == 0, s
     # Opening epoch 1's files built ahead has epoch 2's built, both at once (counted from the
     # moment the work for epoch 0's reader has ended).
@@ -98,25 +82,25 @@ def test_the_npy_files_a_reader_reads_are_built_together(mounter, shuf_ds):
         if tfs.stats(m)["batches_built"] != before:
             before, since = tfs.stats(m)["batches_built"], time.monotonic()
     got = {name: np.load(m.p("epoch-1", "all", f"{name}.npy")) for name in ("id", "x")}
-    s = wait_built(m, 4)
+    s = tfs.wait_ahead_built(m, 4)
     assert s["ahead_files_built"] == 4, s
     assert N <= s["batches_built"] - before < 2 * N, (before, s["batches_built"])
     for e, arrays in ((1, got), (2, {name: np.load(m.p("epoch-2", "all", f"{name}.npy")) for name in ("id", "x")})):
         for name, a in arrays.items():
-            assert a.tobytes() == concatenated(m, f"epoch-{e}", N, (name,)), (e, name)
+            assert a.tobytes() == tfs.concatenated(m, f"epoch-{e}", N, (name,)), (e, name)
 
 
 def test_a_file_changed_after_it_was_built_is_not_served(mounter, shuf_ds):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2")
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))
-    assert wait_built(m, 1)["ahead_files_built"] == 1
+    assert tfs.wait_ahead_built(m, 1)["ahead_files_built"] == 1
     built = kept_files(m)
     assert len(built) == 1, built
     with open(built[0], "r+b") as f:
         f.seek(tfs.DATA_OFFSET)
         f.write(b"\xff" * 64)
     raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
-    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1", N)
+    assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-1", N)
     assert tfs.stats(m)["ahead_opens"] == 0
 
 
@@ -135,7 +119,7 @@ def test_nothing_is_built_ahead_without_prefetch_or_room(mounter, shuf_ds):
     assert s["ahead_skipped"] == 1 and s["ahead_files_built"] == 0, s
     assert s["cache_bytes"] <= s["cache_capacity"], s
     raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
-    assert raw[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1", N)
+    assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-1", N)
 
 
 def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, shuf_ds):
@@ -145,7 +129,7 @@ def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, s
 
     def read_epoch(e: int) -> bytes:
         raw = tfs.read_exact(m.p(f"epoch-{e}", "all.safetensors"))
-        assert wait_built(m, e + 1)["ahead_files_built"] == e + 1
+        assert tfs.wait_ahead_built(m, e + 1)["ahead_files_built"] == e + 1
         return raw
 
     read_epoch(0)
@@ -153,14 +137,14 @@ def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, s
     # Reading epoch 2 lets epoch 1's file go, which epoch 3's build writes over.
     read_epoch(2)
     assert tfs.stats(m)["ahead_written_over"] == 1
-    expect3 = concatenated(m, "epoch-3", N)
+    expect3 = tfs.concatenated(m, "epoch-3", N)
     assert read_epoch(3)[tfs.DATA_OFFSET :] == expect3
     assert tfs.stats(m)["ahead_written_over"] == 2
     # Epoch 3's file held by a memory map alone (its descriptor closed) while epoch 4 is read:
     # not written over.
     with open(m.p("epoch-3", "all.safetensors"), "rb") as f:
         held = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    assert read_epoch(4)[tfs.DATA_OFFSET :] == concatenated(m, "epoch-4", N)
+    assert read_epoch(4)[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-4", N)
     assert tfs.stats(m)["ahead_written_over"] == 2
     assert held[tfs.DATA_OFFSET :] == expect3
     held.close()
@@ -172,8 +156,8 @@ def test_a_file_gone_by_is_written_over_only_where_nobody_can_read_it(mounter, s
         assert tfs.stats(m)["ahead_written_over"] == 3
         read_epoch(6)
         assert tfs.stats(m)["ahead_written_over"] == 3
-        assert by_path.read()[tfs.DATA_OFFSET :] == concatenated(m, "epoch-5", N)
-    assert tfs.read_exact(m.p("epoch-7", "all.safetensors"))[tfs.DATA_OFFSET :] == concatenated(m, "epoch-7", N)
+        assert by_path.read()[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-5", N)
+    assert tfs.read_exact(m.p("epoch-7", "all.safetensors"))[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-7", N)
 
 
 def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf_ds):
@@ -185,11 +169,11 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     a = mounter(shuf_ds.path, *opts)
     tfs.read_exact(a.p("epoch-0", "all.safetensors"))
     tfs.read_exact(a.p("epoch-0", *rank_x))
-    assert wait_built(a, 2)["ahead_files_built"] == 2
+    assert tfs.wait_ahead_built(a, 2)["ahead_files_built"] == 2
     # Reading epoch 1's files has epoch 2's built.
     first = tfs.read_exact(a.p("epoch-1", "all.safetensors"))
     first_x = tfs.read_exact(a.p("epoch-1", *rank_x))
-    assert wait_built(a, 4)["ahead_files_built"] == 4
+    assert tfs.wait_ahead_built(a, 4)["ahead_files_built"] == 4
     a.unmount()
     kept = kept_names(a)
     assert kept == [
@@ -213,9 +197,9 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     assert s["cache_bytes"] <= s["cache_capacity"], s
     if s["passthrough_opens"] == 0:
         pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
-    assert first[tfs.DATA_OFFSET :] == concatenated(b, "epoch-1", N)
+    assert first[tfs.DATA_OFFSET :] == tfs.concatenated(b, "epoch-1", N)
     x = np.load(b.p("epoch-1", *rank_x))
-    assert x.tobytes() == concatenated(b, "epoch-1/rank-1-of-2", N // 2, ("x",))
+    assert x.tobytes() == tfs.concatenated(b, "epoch-1/rank-1-of-2", N // 2, ("x",))
     b.unmount()
 
     # Epoch 2's all.safetensors changed while nothing was mounted: dropped on its first open.
@@ -225,7 +209,7 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
         f.write(b"\x00\x01" * 32)
     c = mounter(shuf_ds.path, *opts, cache=a.cache)
     raw = tfs.read_exact(c.p("epoch-2", "all.safetensors"))
-    assert raw[tfs.DATA_OFFSET :] == concatenated(c, "epoch-2", N)
+    assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(c, "epoch-2", N)
     s = tfs.stats(c)
     assert s["cache_corrupt_dropped"] == 1 and s["ahead_opens"] == 0, s
     assert not os.path.exists(changed)
@@ -252,11 +236,11 @@ def test_a_file_built_on_several_threads_holds_every_batch_and_its_checksum(moun
     a = mounter(shuf_ds.path, *opts)
     tfs.read_exact(a.p("epoch-0", "all.safetensors"))
     tfs.read_exact(a.p("epoch-0", "all", "x.npy"))
-    assert wait_built(a, 2)["ahead_files_built"] == 2
+    assert tfs.wait_ahead_built(a, 2)["ahead_files_built"] == 2
     built = tfs.read_exact(a.p("epoch-1", "all.safetensors"))
-    assert built[tfs.DATA_OFFSET :] == concatenated(a, "epoch-1", n)
+    assert built[tfs.DATA_OFFSET :] == tfs.concatenated(a, "epoch-1", n)
     x = tfs.read_exact(a.p("epoch-1", "all", "x.npy"))
-    assert x[tfs.DATA_OFFSET :] == concatenated(a, "epoch-1", n, ("x",))
+    assert x[tfs.DATA_OFFSET :] == tfs.concatenated(a, "epoch-1", n, ("x",))
     assert tfs.stats(a)["ahead_opens"] == 2
     a.unmount()
     b = mounter(shuf_ds.path, *opts, cache=a.cache)
@@ -272,7 +256,7 @@ def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
     opts = (f"batch_size={BS}", "shuffle=none", "epochs=2")
     a = mounter(shuf_ds.path, *opts)
     raw = tfs.read_exact(a.p("epoch-0", "all", "x.npy"))
-    assert wait_built(a, 1)["ahead_files_built"] == 1
+    assert tfs.wait_ahead_built(a, 1)["ahead_files_built"] == 1
     assert tfs.read_exact(a.p("epoch-0", "all", "x.npy")) == raw
     assert tfs.stats(a)["ahead_opens"] == 1
     a.unmount()
@@ -281,7 +265,7 @@ def test_with_shuffle_none_the_file_read_is_built_and_kept(mounter, shuf_ds):
     assert tfs.read_exact(b.p("epoch-0", "all", "x.npy")) == raw
     s = tfs.stats(b)
     assert s["ahead_kept_checked"] == 1 and s["ahead_opens"] == 1 and s["ahead_files_built"] == 0, s
-    assert np.load(b.p("epoch-0", "all", "x.npy")).tobytes() == concatenated(b, "epoch-0", N, ("x",))
+    assert np.load(b.p("epoch-0", "all", "x.npy")).tobytes() == tfs.concatenated(b, "epoch-0", N, ("x",))
 
 
 def test_warm_builds_one_open_files_that_a_reader_opens_by_passthrough(mounter, shuf_ds):
@@ -314,9 +298,9 @@ def test_warm_builds_one_open_files_that_a_reader_opens_by_passthrough(mounter, 
     if s["passthrough_opens"] < 3:
         pytest.skip(f"the kernel did not take FUSE passthrough ({s})")
     for rel_dir, n in (("epoch-0", N), ("epoch-1", N)):
-        assert got[f"{rel_dir}/all.safetensors"][tfs.DATA_OFFSET :] == concatenated(m, rel_dir, n)
+        assert got[f"{rel_dir}/all.safetensors"][tfs.DATA_OFFSET :] == tfs.concatenated(m, rel_dir, n)
     x = got["epoch-1/rank-1-of-2/all/x.npy"]
-    assert x[tfs.DATA_OFFSET :] == concatenated(m, "epoch-1/rank-1-of-2", N // 2, ("x",))
+    assert x[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-1/rank-1-of-2", N // 2, ("x",))
     # A cache without room for the file: warm says so in one line, and fails.
     m = mounter(shuf_ds.path, f"batch_size={BS}", "cache_size=16K")
     bad = tfs.run(["warm", m.path, "--format", "all"])

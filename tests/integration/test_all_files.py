@@ -167,15 +167,11 @@ def test_every_all_file_a_cold_reader_reads_in_step_is_built_ahead_for_the_next_
     finally:
         for fd in fds.values():
             os.close(fd)
-    deadline = time.monotonic() + 60
-    while tfs.stats(m)["ahead_files_built"] < len(tensors) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    st = tfs.stats(m)
+    st = tfs.wait_ahead_built(m, len(tensors))
     assert st["ahead_files_built"] == len(tensors) and st["ahead_skipped"] == 0, st
     for t, _ in tensors:
         got = np.load(m.p("epoch-1", "all", f"{t}.npy"))
-        want = np.concatenate([tfs.load_safetensors(m.p("epoch-1", batch_name(i) + ".safetensors"))[t] for i in range(n)])
-        assert got.tobytes() == want.tobytes(), t
+        assert got.tobytes() == tfs.concatenated(m, "epoch-1", n, (t,)), t
     assert tfs.stats(m)["ahead_opens"] >= len(tensors)
 
 

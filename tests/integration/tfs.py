@@ -279,6 +279,22 @@ def load_safetensors(path) -> dict[str, np.ndarray]:
     return stn.load_file(str(path))
 
 
+def concatenated(m: "Mount", rel_dir: str, n: int, tensors=("id", "x")) -> bytes:
+    """The data of the directory's batch files, tensor by tensor: what its all files hold."""
+    got = [load_safetensors(m.p(rel_dir, batch_name(i) + ".safetensors")) for i in range(n)]
+    return b"".join(np.concatenate([b[t] for b in got]).tobytes() for t in tensors)
+
+
+def wait_ahead_built(m: "Mount", at_least: int) -> dict:
+    """The mount's stats once AT_LEAST one-open files were built ahead (or 60 s passed)."""
+    deadline = time.monotonic() + 60
+    while True:
+        s = stats(m)
+        if s["ahead_files_built"] >= at_least or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
 def parse_safetensors_header(raw: bytes) -> dict:
     (n,) = struct.unpack("<Q", raw[:8])
     return json.loads(raw[8 : 8 + n])
