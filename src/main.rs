@@ -63,6 +63,10 @@ enum Command {
         snapshot: String,
         #[arg(short = 'o', value_name = "OPT[,OPT...]")]
         options: Vec<String>,
+        /// An earlier snapshot of SOURCE: the objects it holds, unchanged since, are taken as
+        /// it pinned them, and only the footers of the others are read.
+        #[arg(long, value_name = "OLD")]
+        from: Option<String>,
     },
     /// Show the tensor view a mount of SOURCE would show, and what it would refuse.
     Inspect {
@@ -78,13 +82,14 @@ enum Command {
 /// What `tensorfs mount --help` lists of `-o`; docs/options.md says everything.
 const MOUNT_OPTIONS: &str = "\
 Mount options (-o, comma-separated; docs/options.md describes each):
-  content  batch_size=N  drop_last  columns=A:B  seed=N  shuffle=none|window|global
-           shuffle_window=K  partitions=P  cast=COL:DTYPE  stack=NAME:C1+C2  pad=COL:L
-           nulls=error|zero
+  content  batch_size=N  drop_last  columns=A:B  seed=N  shuffle=block|window|global|none
+           shuffle_block=ROWS  shuffle_window=K  partitions=P  cast=COL:DTYPE
+           stack=NAME:C1+C2  pad=COL:L  nulls=error|zero
   runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
            memory_limit=SIZE  threads=N  passthrough=auto|off  opens=daemon|kernel
            allow_other  auto_unmount[=off]  nonempty  metrics=ADDR:PORT  log=LEVEL
   dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
+           version=V (a Delta table's version)
   store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
            HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T
 Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
@@ -199,11 +204,12 @@ fn main() -> ExitCode {
             source,
             snapshot,
             options,
+            from,
         } => {
             let run = || -> anyhow::Result<String> {
                 let opts = Options::parse(&options)?;
                 init_logging(&opts.log);
-                mount::snapshot(&source, &snapshot, &opts)
+                mount::snapshot(&source, &snapshot, &opts, from.as_deref())
             };
             match run() {
                 Ok(fingerprint) => {
@@ -290,15 +296,17 @@ fn print_view(d: &Dataset, opts: &Options) {
     );
     let p = d.plan.partitions();
     if p > 1 {
-        let sizes: Vec<u64> = (0..p)
-            .map(|i| d.plan.partition_rows(i))
-            .map(|r| r.end - r.start)
-            .collect();
+        let sizes: Vec<u64> = (0..p).map(|i| d.plan.partition_len(i)).collect();
         let (lo, hi) = (sizes.iter().min(), sizes.iter().max());
         println!(
-            "partitions   {p} of {}..{} rows: {} batches each ({} single-partition batches), then {} leftover rows in {} batches",
+            "partitions   {p} of {}..{} rows ({}): {} batches each ({} single-partition batches), then {} leftover rows in {} batches",
             lo.unwrap_or(&0),
             hi.unwrap_or(&0),
+            if d.plan.whole_objects() {
+                "whole objects drawn from the seed"
+            } else {
+                "row groups drawn from the seed"
+            },
             d.plan.batches_per_partition(),
             d.plan.single_partition_batches(),
             d.plan.leftover_rows(),

@@ -11,7 +11,8 @@ use crate::read::builder::{Builder, Limits, Parts};
 use crate::read::layout::Layout;
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::PageCache;
-use crate::read::plan::{Orders, Plan};
+use crate::read::partitions::PlanFile;
+use crate::read::plan::{Orders, Plan, Shuffle};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::Readers;
 use crate::requests::Requests;
@@ -57,10 +58,13 @@ impl Dataset {
             crate::source::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
         }
         let view = Arc::new(view::build(&source, opts).await?);
-        let rg_rows: Vec<u64> = (source.files.iter())
-            .flat_map(|f| f.rg_rows.iter().copied())
+        let files: Vec<PlanFile> = (source.files.iter())
+            .map(|f| PlanFile {
+                key: &f.name,
+                rg_rows: &f.rg_rows,
+            })
             .collect();
-        let plan = Plan::new(&rg_rows, opts.order());
+        let plan = Plan::new(&files, opts.order());
         Ok(Dataset {
             source,
             view,
@@ -81,24 +85,31 @@ impl Dataset {
     }
 
     /// `shuffle=global` gathers every batch from every row group's columns of its partition, so
-    /// all of them must fit the local cache, with room for the batch files kept ready ahead. With
-    /// `world_size=W` dividing `partitions=P`, a host reading one rank's view needs only that
-    /// rank's partitions: the largest such share is what must fit.
-    pub fn check_global(&self, opts: &Options, capacity: u64) -> Result<()> {
-        if opts.shuffle != crate::read::plan::Shuffle::Global {
+    /// all of them must fit the local cache, with room for the batch files kept ready ahead: a
+    /// mount where they cannot is refused. `shuffle=block` gathers from a block of each
+    /// partition at a time and decodes the next one ahead: where two blocks of every partition a
+    /// host reads do not fit, it is served (row groups decoded again where the cache cannot
+    /// keep them), with a warning. With `world_size=W` dividing `partitions=P`, a host reading
+    /// one rank's view needs only that rank's partitions: the largest such share is what must
+    /// fit.
+    pub fn check_cache_room(&self, opts: &Options, capacity: u64) -> Result<()> {
+        let wide = opts.shuffle;
+        if !wide.mixes_wide() {
             return Ok(());
         }
         let plan = &self.plan;
         let row: u64 = self.view.tensors.iter().map(|t| t.row_bytes() as u64).sum();
         let parts = plan.partitions();
+        // Rows a partition's columns need in the cache at once.
+        let in_flight = |p: u64| -> u64 {
+            let len = plan.partition_len(p);
+            match wide {
+                Shuffle::Block => (2 * plan.block_rows(p)).min(len),
+                _ => len,
+            }
+        };
         let share = |rank: u64, world: u64| -> u64 {
-            (rank..parts)
-                .step_by(world as usize)
-                .map(|p| {
-                    let r = plan.partition_rows(p);
-                    r.end - r.start
-                })
-                .sum()
+            (rank..parts).step_by(world as usize).map(in_flight).sum()
         };
         let (rows, what) = match opts.world_size {
             Some(w) if parts > 1 && parts.is_multiple_of(w) && w > 1 => (
@@ -107,7 +118,7 @@ impl Dataset {
                     "one rank's share of the decoded dataset (partitions R, R+{w}, … of {parts})"
                 ),
             ),
-            _ => (plan.rows(), "the whole decoded dataset".to_string()),
+            _ => (share(0, 1), "the whole decoded dataset".to_string()),
         };
         // Each partition's share of a row group split between two counts as a whole one.
         let groups = (plan.row_groups() as u64 * rows).div_ceil(plan.rows().max(1)) + parts;
@@ -117,13 +128,22 @@ impl Dataset {
         let columns = rows * row + groups * page;
         let batches = (opts.prefetch + 2) * (opts.batch_size * row + page);
         let need = columns + batches;
-        if need > capacity {
+        if need <= capacity {
+            return Ok(());
+        }
+        let (need, capacity) = (
+            crate::options::human_size(need),
+            crate::options::human_size(capacity),
+        );
+        if wide == Shuffle::Global {
             bail!(
-                "shuffle=global needs {what} in the local cache ({} with the batches kept ready), but cache_size is {}; raise cache_size, use more partitions= across hosts with world_size=, or use shuffle=window",
-                crate::options::human_size(need),
-                crate::options::human_size(capacity)
+                "shuffle=global needs {what} in the local cache ({need} with the batches kept ready), but cache_size is {capacity}; raise cache_size, use more partitions= across hosts with world_size=, or use shuffle=block or shuffle=window"
             );
         }
+        tracing::warn!(
+            "shuffle=block gathers each batch from a block of {} rows of its partition and decodes the next block ahead: for {what} that needs {need} in the local cache, but cache_size is {capacity}, so row groups will be decoded again as batches need them (slow); raise cache_size, lower shuffle_block=, or use shuffle=window",
+            plan.block_rows(0)
+        );
         Ok(())
     }
 
@@ -136,19 +156,31 @@ impl Dataset {
     pub fn open_cache(&self, opts: &Options, layout: Arc<Layout>) -> Result<DiskCache> {
         let content = opts.content();
         let fingerprint = self.source.fingerprint();
+        let decode = self.source.decode_identity();
         let columns = content.columns.to_string();
         let order = content.order.to_string();
-        let ckey = crate::cache::kept::key_name(&[fingerprint.as_bytes(), columns.as_bytes()]);
+        let ckey = crate::cache::kept::key_name(&[decode.as_bytes(), columns.as_bytes()]);
         let bkey = crate::cache::kept::key_name(&[
             fingerprint.as_bytes(),
             columns.as_bytes(),
             order.as_bytes(),
         ]);
+        let names = (self.source.files.iter())
+            .flat_map(|f| (0..f.rg_rows.len()).map(|rg| crate::cache::columns_name(&f.id, rg)))
+            .collect();
         let capacity = match opts.cache_size {
             Some(n) => n,
             None => free_space(&opts.cache_dir)? / 5 * 4,
         };
-        DiskCache::open(&opts.cache_dir, ckey, bkey, capacity, layout, &self.stats)
+        DiskCache::open(
+            &opts.cache_dir,
+            ckey,
+            bkey,
+            capacity,
+            layout,
+            names,
+            &self.stats,
+        )
     }
 
     /// The filesystem core over this dataset and its cache: the parts that build, cache,
@@ -157,7 +189,7 @@ impl Dataset {
     pub fn filesystem(&self, opts: &Options, runtime: tokio::runtime::Handle) -> Result<Fs> {
         let layout = self.layout();
         let cache = Arc::new(self.open_cache(opts, layout.clone())?);
-        self.check_global(opts, cache.capacity())?;
+        self.check_cache_room(opts, cache.capacity())?;
         let dataset_json = serde_json::to_vec_pretty(&self.dataset_json(opts))?;
         let buffers = self.buffer_memory(opts, dataset_json.len() as u64)?;
         let orders = Arc::new(Orders::new(self.plan.clone()));
@@ -549,17 +581,44 @@ fn open_checked(
     Ok(d)
 }
 
-/// `tensorfs snapshot`: lists the source and reads every footer once, refuses what a mount with
-/// these options would (with the same line), and pins the dataset in `dest` (a local path or
-/// an object URL the store options reach). Returns its fingerprint.
-pub fn snapshot(source: &str, dest: &str, opts: &Options) -> Result<String> {
+/// `tensorfs snapshot`: lists the source and reads every footer once (with `from`, an earlier
+/// snapshot of it, only those of the objects it does not hold), refuses what a mount with these
+/// options would (with the same line), and pins the dataset in `dest` (a local path or an
+/// object URL the store options reach). Returns its fingerprint.
+pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) -> Result<String> {
     let runtime = runtime(opts.threads)?;
-    let d = open_checked(source, opts, &runtime, None)?;
+    let d = match from {
+        None => open_checked(source, opts, &runtime, None)?,
+        Some(at) => {
+            let earlier = runtime.block_on(crate::source::snapshot::read(at, &opts.store))?;
+            let open = || {
+                runtime.block_on(async {
+                    let stats = Arc::new(Stats::default());
+                    let source = Source::open_from(
+                        source,
+                        &opts.store,
+                        opts.version,
+                        &earlier,
+                        stats.clone(),
+                    )
+                    .await?;
+                    Dataset::over(Arc::new(source), opts, stats).await
+                })
+            };
+            let d = crate::catch_panic(open).unwrap_or_else(|panic| {
+                Err(anyhow!(
+                    "source '{source}': a file is malformed beyond what the Parquet reader can report ({panic})"
+                ))
+            })?;
+            d.check()?;
+            d
+        }
+    };
     let dataset_json = serde_json::to_vec_pretty(&d.dataset_json(opts))?;
     d.buffer_memory(opts, dataset_json.len() as u64)?;
     // Without cache_size=, the room a mount gets depends on the host's disk.
     if let Some(capacity) = opts.cache_size {
-        d.check_global(opts, capacity)?;
+        d.check_cache_room(opts, capacity)?;
     }
     let bytes = crate::source::snapshot::encode(&d.source, &d.view)?;
     runtime.block_on(crate::source::snapshot::write(dest, bytes, &opts.store))?;

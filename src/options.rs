@@ -62,6 +62,8 @@ pub struct Options {
     pub seed: u64,
     pub shuffle: Shuffle,
     pub shuffle_window: u64,
+    /// Rows per block of `shuffle=block`; `None`: the default for the partitions.
+    pub shuffle_block: Option<u64>,
     pub casts: Vec<(String, DType)>,
     pub stacks: Vec<(String, Vec<String>)>,
     pub pads: Vec<(String, usize)>,
@@ -172,8 +174,9 @@ impl Default for Options {
             drop_last: false,
             columns: None,
             seed: 0,
-            shuffle: Shuffle::Window,
+            shuffle: Shuffle::Block,
             shuffle_window: 4,
+            shuffle_block: None,
             casts: Vec::new(),
             stacks: Vec::new(),
             pads: Vec::new(),
@@ -211,6 +214,7 @@ const KNOWN: &[&str] = &[
     "seed",
     "shuffle",
     "shuffle_window",
+    "shuffle_block",
     "epochs",
     "world_size",
     "partitions",
@@ -480,11 +484,13 @@ impl Options {
                 self.shuffle = match value {
                     "none" => Shuffle::None,
                     "window" => Shuffle::Window,
+                    "block" => Shuffle::Block,
                     "global" => Shuffle::Global,
-                    _ => return Err(bad(key, value, "expected none, window or global")),
+                    _ => return Err(bad(key, value, "expected none, block, window or global")),
                 }
             }
             "shuffle_window" => self.shuffle_window = positive(key, value)?,
+            "shuffle_block" => self.shuffle_block = Some(positive(key, value)?),
             "epochs" => self.epochs = positive(key, value)?,
             "partitions" => self.partitions = positive(key, value)?,
             "world_size" => self.world_size = Some(positive(key, value)?),
@@ -649,9 +655,16 @@ impl Options {
             drop_last: self.drop_last,
             shuffle: self.shuffle,
             window: self.shuffle_window,
+            block: self.block(),
             seed: self.seed,
             partitions: self.partitions,
         }
+    }
+
+    /// Rows per block of `shuffle=block`: as given, else MosaicML Streaming's default block for
+    /// as many canonical nodes as partitions.
+    pub fn block(&self) -> u64 {
+        (self.shuffle_block).unwrap_or_else(|| crate::read::plan::default_block(self.partitions))
     }
 
     /// The content options, as two values the cache keys are derived from: what decides the
@@ -668,6 +681,7 @@ impl Options {
             seed,
             shuffle,
             shuffle_window,
+            shuffle_block: _,
             casts,
             stacks,
             pads,
@@ -713,6 +727,7 @@ impl Options {
                 "seed": seed,
                 "shuffle": shuffle.name(),
                 "shuffle_window": shuffle_window,
+                "shuffle_block": self.block(),
                 "partitions": partitions,
             }),
         }
@@ -728,6 +743,7 @@ impl Options {
         m.insert("seed", json!(self.seed));
         m.insert("shuffle", json!(self.shuffle.name()));
         m.insert("shuffle_window", json!(self.shuffle_window));
+        m.insert("shuffle_block", json!(self.block()));
         m.insert(
             "cast",
             json!(
@@ -846,7 +862,7 @@ mod tests {
         let d = Options::parse::<&str>(&[]).unwrap();
         assert_eq!(
             (d.batch_size, d.shuffle, d.shuffle_window, d.epochs),
-            (1024, Shuffle::Window, 4, 1)
+            (1024, Shuffle::Block, 4, 1)
         );
     }
 
@@ -929,11 +945,11 @@ mod tests {
 
         #[test]
         fn known_keys_with_any_value_never_panic(
-            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "opens", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
+            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "shuffle_block", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "opens", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
             value in "[ -+--~]{0,40}",
         ) {
             match Options::parse(&[format!("{key}={value}")]) {
-                Ok(o) => proptest::prop_assert!(o.batch_size > 0 && o.shuffle_window > 0),
+                Ok(o) => proptest::prop_assert!(o.batch_size > 0 && o.shuffle_window > 0 && o.block() > 0),
                 Err(e) => proptest::prop_assert!(e.to_string().contains(key)),
             }
         }

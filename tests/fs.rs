@@ -22,7 +22,8 @@ use tensorfs::options::Options;
 use tensorfs::read::layout;
 use tensorfs::requests::fs::{Fs, Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
-use tensorfs::source::Source;
+use tensorfs::source::catalog::Pinned;
+use tensorfs::source::{Listing, Source};
 use tensorfs::stats::Stats;
 
 /// An in-memory store whose reads fail while `failing` is set, as a server that went away,
@@ -33,12 +34,15 @@ struct Flaky {
     failing: AtomicBool,
     gets: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
     lists: std::sync::atomic::AtomicUsize,
+    /// Bytes the reads asked for.
+    bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Flaky {
     fn reset_counts(&self) {
         self.gets.lock().unwrap().clear();
         self.lists.store(0, Ordering::SeqCst);
+        self.bytes.store(0, Ordering::SeqCst);
     }
 
     /// The objects read since the counts were reset.
@@ -89,7 +93,10 @@ impl ObjectStore for Flaky {
             .unwrap()
             .entry(location.to_string())
             .or_default() += 1;
-        self.inner.get_opts(location, options).await
+        let got = self.inner.get_opts(location, options).await?;
+        let len = got.range.end - got.range.start;
+        self.bytes.fetch_add(len, Ordering::SeqCst);
+        Ok(got)
     }
 
     fn delete_stream(
@@ -181,9 +188,8 @@ async fn mount_on(store: Arc<Flaky>, options: &str, cache: &std::path::Path) -> 
         &url,
         Path::from("data"),
         "memory:///data",
-        None,
         stats.clone(),
-        None,
+        Listing::default(),
     )
     .await
     .unwrap();
@@ -561,11 +567,11 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// Eight files of 100 rows (row groups of 50): rows 100·k.. of file k.
-async fn store_of_eight() -> Arc<Flaky> {
+/// `n` files of 100 rows (row groups of 50): rows 100·k.. of file k.
+async fn store_of(n: usize) -> Arc<Flaky> {
     let store = Arc::new(Flaky::default());
-    for k in 0..8 {
-        let path = Path::from(format!("data/part-{k}.parquet"));
+    for k in 0..n as i64 {
+        let path = Path::from(format!("data/part-{k:02}.parquet"));
         store
             .put(&path, parquet(100 * k, 100, 50).into())
             .await
@@ -608,7 +614,8 @@ async fn dataset_json(fs: &Fs) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_mount_lists_nothing_and_touches_only_its_share() {
     let options = "batch_size=50,partitions=4,world_size=4,prefetch=0";
-    let store = store_of_eight().await;
+    // 32 objects: 8 a partition, so that each partition's home holds whole objects.
+    let store = store_of(32).await;
     let listed = mount(store.clone(), options).await;
     let snapshot =
         tensorfs::source::snapshot::encode(&listed.dataset.source, &listed.dataset.view).unwrap();
@@ -633,23 +640,185 @@ async fn a_snapshot_mount_lists_nothing_and_touches_only_its_share() {
     let json = dataset_json(&fs).await;
     assert_eq!(json["origin"]["from"], "snapshot");
     assert_eq!(json["origin"]["objects_touched"], 0);
-    // Rank 1 of 4 reads partition 1: rows 200..400, two of the eight objects.
+    // Rank 1 of 4 reads partition 1: the objects the plan gives it (whole objects drawn from
+    // the seed, and the row groups it borrows to fill its batches), and no other.
     let rank = dataset.plan.rank_batches(4);
     for i in 0..rank {
         let bytes = read_all(&fs, &format!("epoch-0/rank-1-of-4/{i:06}.safetensors")).await;
         let global = i * 4 + 1;
         assert_eq!(bytes, want[global as usize], "rank batch {i}");
     }
-    assert_eq!(
-        store.objects_read(),
-        ["data/part-2.parquet", "data/part-3.parquet"]
-    );
-    assert_eq!(dataset_json(&fs).await["origin"]["objects_touched"], 2);
+    assert!(dataset.plan.whole_objects());
+    let mut own: Vec<String> = (dataset.plan.partition_row_groups(1))
+        .map(|g| format!("data/part-{:02}.parquet", g / 2))
+        .collect();
+    own.dedup();
+    assert_eq!(store.objects_read(), own);
+    assert!(own.len() < 16, "partition 1 draws from {own:?}");
     for (i, want) in want.iter().enumerate() {
         let bytes = read_all(&fs, &format!("epoch-0/{i:06}.safetensors")).await;
         assert_eq!(&bytes, want, "batch {i}");
     }
-    assert_eq!(dataset_json(&fs).await["origin"]["objects_touched"], 8);
+    assert_eq!(dataset_json(&fs).await["origin"]["objects_touched"], 32);
+}
+
+/// A table that grows keeps its caches (PRODUCT.md §8): four hosts read their rank views of
+/// snapshot 1, objects are added (keys sorting before, between and after the old ones), and the
+/// same hosts remount snapshot 2 on the same caches: together they fetch the new objects and
+/// little else, at most a quarter of the first day's bytes, and serve the listing's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grown_table_on_the_same_caches_fetches_what_is_new() {
+    let options = "batch_size=50,partitions=4,world_size=4,prefetch=0";
+    let store = Arc::new(Flaky::default());
+    let put = |name: String, start: i64| {
+        let store = store.clone();
+        async move {
+            let path = Path::from(format!("data/{name}"));
+            store
+                .put(&path, parquet(start, 100, 50).into())
+                .await
+                .unwrap();
+        }
+    };
+    for k in 0..32 {
+        put(format!("b-{k:02}.parquet"), 100 * k).await;
+    }
+    let caches: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut fetched = Vec::new();
+    for day in 0..2 {
+        if day == 1 {
+            for (i, name) in [
+                "a-00.parquet",
+                "b-05x.parquet",
+                "b-20x.parquet",
+                "c-00.parquet",
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                put(name.to_string(), 10_000 + 100 * i as i64).await;
+            }
+        }
+        let listed = mount(store.clone(), options).await;
+        let snapshot =
+            tensorfs::source::snapshot::encode(&listed.dataset.source, &listed.dataset.view)
+                .unwrap();
+        let want: Vec<Vec<u8>> = {
+            let mut want = Vec::new();
+            for i in 0..listed.dataset.plan.batches() {
+                want.push(read_all(&listed.fs, &format!("epoch-0/{i:06}.safetensors")).await);
+            }
+            want
+        };
+        store.reset_counts();
+        let mut read = std::collections::BTreeSet::new();
+        for (rank, cache) in caches.iter().enumerate() {
+            let (fs, dataset) = mount_pinned(store.clone(), &snapshot, options, cache.path()).await;
+            for j in 0..dataset.plan.rank_batches(4) {
+                let path = format!("epoch-0/rank-{rank}-of-4/{j:06}.safetensors");
+                let global = j * 4 + rank as u64;
+                assert_eq!(
+                    read_all(&fs, &path).await,
+                    want[global as usize],
+                    "day {day} {path}"
+                );
+            }
+            read.extend(store.objects_read());
+        }
+        fetched.push(store.bytes.load(Ordering::SeqCst));
+        if day == 1 {
+            for new in ["a-00", "b-05x", "b-20x", "c-00"] {
+                assert!(
+                    read.contains(&format!("data/{new}.parquet")),
+                    "{new} was not read: {read:?}"
+                );
+            }
+        }
+    }
+    let (first, second) = (fetched[0], fetched[1]);
+    assert!(
+        second * 4 <= first,
+        "day 2 fetched {second} bytes, day 1 {first}: more than a quarter"
+    );
+}
+
+/// The listing of `store`'s dataset, taking what `from` pinned where it can.
+async fn listed(store: Arc<Flaky>, from: Option<&Pinned>) -> Source {
+    let url = url::Url::parse("memory:///data").unwrap();
+    let listing = Listing {
+        from,
+        ..Listing::default()
+    };
+    let stats = Arc::new(Stats::default());
+    Source::over(
+        store,
+        &url,
+        Path::from("data"),
+        "memory:///data",
+        stats,
+        listing,
+    )
+    .await
+    .unwrap()
+}
+
+/// What a snapshot of `source` (with the default options) pins.
+async fn pinned_by(source: &Source) -> Pinned {
+    let opts = Options::parse::<&str>(&[]).unwrap();
+    let view = tensorfs::source::view::build(source, &opts).await.unwrap();
+    let bytes = tensorfs::source::snapshot::encode(source, &view).unwrap();
+    tensorfs::source::snapshot::decode(&bytes, "test.snapshot").unwrap()
+}
+
+/// `tensorfs snapshot --from OLD` of a grown table reads the footers of the new objects only
+/// (and of one replaced), and pins what a snapshot reading every footer pins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_from_an_earlier_one_reads_only_the_new_footers() {
+    let store = store_of(12).await;
+    let old = pinned_by(&listed(store.clone(), None).await).await;
+    for (name, start) in [
+        ("part-00a.parquet", 5000),
+        ("part-05a.parquet", 6000),
+        ("part-99.parquet", 7000),
+    ] {
+        let path = Path::from(format!("data/{name}"));
+        store
+            .put(&path, parquet(start, 100, 50).into())
+            .await
+            .unwrap();
+    }
+    let replaced = Path::from("data/part-03.parquet");
+    store
+        .put(&replaced, parquet(300, 150, 50).into())
+        .await
+        .unwrap();
+    store.reset_counts();
+    let grown = listed(store.clone(), Some(&old)).await;
+    let read: Vec<String> = (store.objects_read().into_iter())
+        .filter(|o| o.ends_with(".parquet"))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            "data/part-00a.parquet",
+            "data/part-03.parquet",
+            "data/part-05a.parquet",
+            "data/part-99.parquet"
+        ]
+    );
+    let fresh = listed(store.clone(), None).await;
+    assert_eq!(grown.fingerprint(), fresh.fingerprint());
+    let (mut a, b) = (
+        pinned_by(&grown).await.catalog,
+        pinned_by(&fresh).await.catalog,
+    );
+    assert_eq!(a.objects, b.objects);
+    // The memory footers take is the earlier snapshot's share for the objects taken from it.
+    let ratio = a.facts.footer_memory as f64 / b.facts.footer_memory as f64;
+    assert!((0.8..1.25).contains(&ratio), "footer memory {ratio}");
+    a.facts.footer_memory = b.facts.footer_memory;
+    assert_eq!(a.facts, b.facts);
+    assert_eq!(a.schema, b.schema);
 }
 
 /// Objects added, replaced or removed after the snapshot change nothing a mount of it shows:

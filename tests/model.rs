@@ -24,6 +24,7 @@ use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
 use tensorfs::read::dtype::DType;
 use tensorfs::read::format::{self, TensorLayout};
+use tensorfs::read::partitions::PlanFile;
 use tensorfs::read::plan::{OrderOptions, Plan, Shuffle};
 use tensorfs::requests::fs::{Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
@@ -32,8 +33,8 @@ use tensorfs::requests::{Answer, Registrar, Requests, Served};
 const FILES: [(i64, usize); 3] = [(37, 10), (50, 16), (23, 23)];
 const EPOCHS: u64 = 2;
 
-fn write_dataset(dir: &Path) -> Vec<u64> {
-    let mut rg_rows = Vec::new();
+fn write_dataset(dir: &Path) -> Vec<(String, Vec<u64>)> {
+    let mut files = Vec::new();
     let mut start = 0i64;
     for (f, (rows, rg)) in FILES.iter().enumerate() {
         let ids: Vec<i64> = (start..start + rows).collect();
@@ -71,14 +72,16 @@ fn write_dataset(dir: &Path) -> Vec<u64> {
         let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
         w.write(&batch).unwrap();
         w.close().unwrap();
+        let mut rg_rows = Vec::new();
         let mut left = *rows as u64;
         while left > 0 {
             rg_rows.push(left.min(*rg as u64));
             left -= left.min(*rg as u64);
         }
+        files.push((format!("part-{f}.parquet"), rg_rows));
         start += rows;
     }
-    rg_rows
+    files
 }
 
 #[derive(Clone, Debug)]
@@ -341,6 +344,7 @@ fn config() -> impl Strategy<Value = Config> {
         prop_oneof![
             Just(Shuffle::None),
             Just(Shuffle::Window),
+            Just(Shuffle::Block),
             Just(Shuffle::Global)
         ],
         3u64..40,
@@ -604,17 +608,21 @@ impl Setup {
     fn new(cfg: &Config) -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(tmp.path().join("data")).unwrap();
-        let rg_rows = write_dataset(&tmp.path().join("data"));
+        let files = write_dataset(&tmp.path().join("data"));
         let order = OrderOptions {
             batch_size: cfg.batch_size,
             drop_last: cfg.drop_last,
             shuffle: cfg.shuffle,
             window: 4,
+            block: tensorfs::read::plan::default_block(cfg.partitions),
             seed: cfg.seed,
             partitions: cfg.partitions,
         };
+        let plan_files: Vec<PlanFile> = (files.iter())
+            .map(|(key, rg_rows)| PlanFile { key, rg_rows })
+            .collect();
         let model = Model {
-            plan: Plan::new(&rg_rows, order),
+            plan: Plan::new(&plan_files, order),
             cfg: cfg.clone(),
             names: vec!["id", "x", "emb", "flag"],
         };

@@ -82,6 +82,18 @@ class View:
         shared = single if partitions > 1 else int(self.meta["batches_per_epoch"])
         return shared // self.world_size
 
+    def shared(self) -> int:
+        """The epoch's batches this view's world reads: all of them for the global view; for rank
+        views the first W × (batches per rank), the tail being left out of rank views (§2)."""
+        return len(self) * (self.world_size or 1)
+
+    def first_at(self, global_index: int) -> int:
+        """The first batch of this directory whose global index (R + j·W, or j for the global
+        view) is at least `global_index`."""
+        if self.world_size is None:
+            return max(0, global_index)
+        return max(0, -(-(global_index - self.rank) // self.world_size))
+
     def arrays(self) -> dict[str, np.ndarray]:
         """Each tensor's `all/NAME.npy` of the directory, memory-mapped in this process."""
         if self._arrays is None or self._pid != os.getpid():

@@ -16,9 +16,18 @@ from tensorfs._view import View, env_rank
 
 
 def batches(
-    mountpoint, epoch: int = 0, rank: int | None = None, world_size: int | None = None, start: int = 0
+    mountpoint,
+    epoch: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    start: int = 0,
+    global_start: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batch `start`, `start + 1`, … of `epoch-E/` (or of `epoch-E/rank-R-of-W/`), in order.
+
+    `global_start=G` starts instead at the first batch whose global index (R + j·W for rank R
+    of W) is at least G: where a job that has read global batches [0, G) resumes, whatever its
+    world size was (PRODUCT.md §5; `tensorfs.torch.BatchDataset.state_dict` counts G).
 
     Each is a dict of arrays that view the directory's `all/NAME.npy` memory maps (read-only;
     copy one to keep it past the next batch's use, or to write to it). `rank` and `world_size`
@@ -27,5 +36,7 @@ def batches(
     if rank is None and world_size is None:
         rank, world_size = env_rank()
     view = View(mountpoint, epoch, rank, world_size)
+    if global_start is not None:
+        start = view.first_at(global_start)
     for i in range(start, len(view)):
         yield {k: np.asarray(v) for k, v in view.batch(i).items()}

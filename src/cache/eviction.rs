@@ -124,13 +124,14 @@ mod tests {
     #[test]
     fn with_two_readers_each_item_is_as_near_as_the_nearer_reader_needs_it() {
         // 40 rows in batches of 5: 8 batches an epoch, shuffled per epoch.
-        let plan = Plan::new(
+        let plan = Plan::of_row_groups(
             &[10, 10, 10, 10],
             OrderOptions {
                 batch_size: 5,
                 drop_last: false,
                 shuffle: Shuffle::Global,
                 window: 1,
+                block: 1,
                 seed: 0,
                 partitions: 1,
             },
@@ -163,13 +164,14 @@ mod tests {
     fn a_repeated_epoch_finds_the_batch_files_of_the_epoch_it_repeats() {
         // shuffle=none: 40 rows in 4 row groups of 10, batches of 5; row group 0 feeds batches
         // 0 and 1 of every epoch, whose files are epoch 0's.
-        let plan = Plan::new(
+        let plan = Plan::of_row_groups(
             &[10, 10, 10, 10],
             OrderOptions {
                 batch_size: 5,
                 drop_last: false,
                 shuffle: Shuffle::None,
                 window: 1,
+                block: 1,
                 seed: 0,
                 partitions: 1,
             },

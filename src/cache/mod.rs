@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! v1/tmp/PID-N                          files being written (a dead PID's are removed at start)
-//! v1/cols-CKEY/rg-000042.cols           one row group's tensor columns: header + data
+//! v1/cols-CKEY/OBJECT-000003.cols       one row group's tensor columns: header + data
 //! v1/batches-BKEY/epoch-E/000042.safetensors       a batch file, byte for byte what the mount
 //! v1/batches-BKEY/epoch-E/000042/x.npy             shows, so the kernel can pass reads through
 //! ```
@@ -17,8 +17,15 @@
 //! removed at start). One file per batch instead of two: creating files (an inode, a rename
 //! that locks two directories) cost a shuffled epoch more than gathering its rows.
 //!
-//! CKEY hashes the dataset fingerprint and the column transforms; BKEY adds the order options,
-//! so a changed option can never serve stale bytes. Every item is checked against its crc32c
+//! A row group's columns are named by the version of the object they come from (OBJECT: its
+//! URL, key, size and ETag or version, hashed) and its row group in it, so a dataset that grows
+//! keeps the columns of the objects it had: a job moved to a newer snapshot decodes only the
+//! new objects. CKEY hashes what else decides the columns (the dataset's schema and the column
+//! options); BKEY hashes the dataset's fingerprint, the column options and the order options,
+//! so a changed option can never serve stale bytes. A columns file of an object the dataset no
+//! longer holds is evicted before anything of the dataset's. Each mount holds a shared lock on
+//! its two directories; directories of other keys that no mount holds are removed at start, so
+//! the cache stays within `cache_size` as datasets and options come and go. Every item is checked against its crc32c
 //! when it is served; a corrupt, truncated or missing item is dropped and counted as a miss.
 //! Writes go to a temp file, then are renamed into place. They are not fsynced: this is a
 //! cache, and what a crash may leave short or zeroed fails its crc32c, which is checked on the
@@ -176,6 +183,15 @@ impl std::ops::Deref for ColumnBuf {
 pub struct DiskCache {
     root: PathBuf,
     cols: PathBuf,
+    /// Each row group's columns file name (global row-group index), and back.
+    columns: Vec<String>,
+    columns_of: HashMap<String, usize>,
+    /// Columns files in `cols` of objects this dataset does not hold (another snapshot's):
+    /// evicted first.
+    foreign: Mutex<Vec<(PathBuf, u64)>>,
+    /// Shared locks on `cols` and `batches`, held while the cache is open: other mounts leave
+    /// directories in use alone.
+    _locks: Vec<File>,
     batches: PathBuf,
     tmp: PathBuf,
     ckey: String,
@@ -216,7 +232,9 @@ fn pid_alive(pid: u32) -> bool {
 
 impl DiskCache {
     /// Opens the cache for one dataset and option set: creates its directories, removes what a
-    /// crashed daemon left, and indexes what is there (checksums are checked on use, not here).
+    /// crashed daemon left and the directories of other keys no mount uses, and indexes what is
+    /// there (checksums are checked on use, not here). `columns`: each row group's columns file
+    /// name ([`columns_name`]).
     #[allow(clippy::too_many_arguments)]
     pub fn open(
         cache_dir: &Path,
@@ -224,12 +242,32 @@ impl DiskCache {
         bkey: String,
         capacity: u64,
         layout: std::sync::Arc<Layout>,
+        columns: Vec<String>,
         stats: &Stats,
     ) -> Result<DiskCache> {
         let root = cache_dir.join("v1");
+        let columns_of = (columns.iter().enumerate())
+            .map(|(g, n)| (n.clone(), g))
+            .collect();
+        let (cols, batches) = (
+            root.join(format!("cols-{ckey}")),
+            root.join(format!("batches-{bkey}")),
+        );
+        for d in [&root, &cols, &batches] {
+            private_dir(d)?;
+        }
+        let locks = vec![
+            lock_dir(&cols, libc::LOCK_SH)?,
+            lock_dir(&batches, libc::LOCK_SH)?,
+        ];
+        remove_unused_keys(&root, &cols, &batches);
         let cache = DiskCache {
-            cols: root.join(format!("cols-{ckey}")),
-            batches: root.join(format!("batches-{bkey}")),
+            columns,
+            columns_of,
+            foreign: Mutex::default(),
+            _locks: locks,
+            cols,
+            batches,
             tmp: root.join("tmp"),
             root,
             ckey,
@@ -292,12 +330,19 @@ impl DiskCache {
         if let Ok(dir) = std::fs::read_dir(&self.cols) {
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                match (Layout::parse_columns_name(&name), e.metadata()) {
-                    (Some(item), Ok(md)) => {
+                let Ok(md) = e.metadata() else {
+                    continue;
+                };
+                match self.columns_of.get(&name) {
+                    Some(&rg) => {
                         used += md.len();
-                        entries.insert(item, Entry::found(md.len()));
+                        entries.insert(Item::Columns { rg }, Entry::found(md.len()));
                     }
-                    _ => {
+                    None if name.ends_with(".cols") && md.is_file() => {
+                        used += md.len();
+                        self.foreign.lock().unwrap().push((e.path(), md.len()));
+                    }
+                    None => {
                         let _ = std::fs::remove_file(e.path());
                     }
                 }
@@ -369,11 +414,10 @@ impl DiskCache {
 
     /// Where an item lives.
     pub fn path(&self, item: Item) -> PathBuf {
-        let dir = match item {
-            Item::Columns { .. } => &self.cols,
-            _ => &self.batches,
-        };
-        dir.join(self.layout.item_path(item))
+        match item {
+            Item::Columns { rg } => self.cols.join(&self.columns[rg]),
+            _ => self.batches.join(self.layout.item_path(item)),
+        }
     }
 
     fn identity(&self, item: Item) -> [u8; 32] {
@@ -812,6 +856,20 @@ impl DiskCache {
         if self.used() + bytes <= self.capacity {
             return;
         }
+        // Columns of objects the dataset no longer holds go first: nothing here needs them.
+        let mut foreign = self.foreign.lock().unwrap();
+        while self.used() + bytes > self.capacity
+            && let Some((path, size)) = foreign.pop()
+        {
+            let _ = std::fs::remove_file(&path);
+            self.used.fetch_sub(size, Ordering::Relaxed);
+            Stats::add(&stats.c.cache_evictions, 1);
+            Stats::add(&stats.c.cache_evicted_bytes, size);
+        }
+        drop(foreign);
+        if self.used() + bytes <= self.capacity {
+            return;
+        }
         let now = Instant::now();
         let unpinned: Vec<(Item, u64)> = self
             .entries
@@ -843,6 +901,48 @@ impl DiskCache {
             self.remove(item, stats);
             Stats::add(&stats.c.cache_evictions, 1);
             Stats::add(&stats.c.cache_evicted_bytes, size);
+        }
+    }
+}
+
+/// The name of a row group's columns file: the object version's identity (`object`, hashed
+/// from its URL, key, size and version) and the row group's index in the object.
+pub fn columns_name(object: &[u8; 32], rg: usize) -> String {
+    let id: String = object[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{id}-{rg:06}.cols")
+}
+
+/// `dir` opened and locked with `flock(how)`; the lock lasts as long as the file.
+fn lock_dir(dir: &Path, how: libc::c_int) -> Result<File> {
+    let f = File::open(dir)?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), how) } != 0 {
+        bail!(
+            "'{}' cannot be locked: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(f)
+}
+
+/// Removes the `cols-*` and `batches-*` directories under `root` other than `cols` and
+/// `batches` that no mount holds (an exclusive lock is had at once): those of earlier
+/// snapshots, or of other options, whose bytes the cache would otherwise never count again.
+fn remove_unused_keys(root: &Path, cols: &Path, batches: &Path) {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let keyed = name.starts_with("cols-") || name.starts_with("batches-");
+        if !keyed || path == cols || path == batches || !path.is_dir() {
+            continue;
+        }
+        if lock_dir(&path, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+            tracing::info!("removing '{name}' from the cache: no mount uses it");
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
@@ -946,6 +1046,7 @@ mod tests {
                     })
                     .to_vec(),
             )),
+            (0..16384).map(|g| format!("rg-{g:06}.cols")).collect(),
             &Stats::default(),
         )
         .unwrap()

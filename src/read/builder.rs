@@ -15,7 +15,7 @@ use crate::source::view::View;
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use lru::LruCache;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -465,6 +465,9 @@ pub struct Builder {
     keep_repeated_columns: AtomicBool,
     /// The tensors read through `all/NAME.npy` files, and when last ([`Builder::tensor`]).
     npy_read: Mutex<HashMap<usize, Instant>>,
+    /// The blocks of `shuffle=block` whose row groups were asked for ahead, as (epoch,
+    /// partition, block): each is asked for once ([`Builder::warm_blocks`]).
+    blocks_asked: Mutex<HashSet<(u64, usize, usize)>>,
 }
 
 /// How long a tensor read through an `all/NAME.npy` file counts as one its readers read now:
@@ -538,6 +541,7 @@ impl Builder {
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
             keep_repeated_columns: AtomicBool::new(false),
+            blocks_asked: Mutex::default(),
             npy_read: Mutex::default(),
         })
     }
@@ -778,6 +782,40 @@ impl Builder {
         Ok(())
     }
 
+    /// Under `shuffle=block`, decodes (or loads) the row groups of the blocks the batches
+    /// `batches` (epoch, batch) draw from, and of the block after each: a block is thousands of
+    /// batches, so the next one is decoded while the reader goes through this one, and each
+    /// block is asked for once, not once a batch.
+    pub async fn warm_blocks(&self, batches: &[(u64, u64)]) -> Result<()> {
+        let mut needed = Vec::new();
+        for &(epoch, i) in batches {
+            let order = self.orders.epoch(epoch);
+            for (p, w) in self.plan().batch_blocks(&order, i) {
+                for w in [w, w + 1] {
+                    if w >= self.plan().windows_in(&order, p) {
+                        continue;
+                    }
+                    let new = {
+                        let mut asked = self.blocks_asked.lock().unwrap();
+                        // What was asked for long ago is decoded, evicted or read by now.
+                        if asked.len() > 1 << 16 {
+                            asked.clear();
+                        }
+                        asked.insert((epoch, p, w))
+                    };
+                    if new {
+                        needed.extend(self.plan().window_row_groups(&order, p, w));
+                    }
+                }
+            }
+        }
+        let decodes = needed
+            .into_iter()
+            .map(|g| async move { self.row_group(g, true).await.map(drop) });
+        futures::future::try_join_all(decodes).await?;
+        Ok(())
+    }
+
     /// Batches a row group (or a shuffle window of them) spans: how far ahead the prefetcher
     /// starts decoding so that a reader never waits for a whole row group at its boundary.
     pub fn row_group_lookahead(&self) -> u64 {
@@ -785,8 +823,9 @@ impl Builder {
         let per_window = match o.shuffle {
             Shuffle::None => 1,
             Shuffle::Window => o.window,
-            // Every batch needs every row group: nothing to look ahead to.
-            Shuffle::Global => return 0,
+            // Every batch needs every row group of its partition (or of its block, which
+            // `warm_blocks` decodes ahead): nothing to look ahead to batch by batch.
+            Shuffle::Global | Shuffle::Block => return 0,
         };
         // With P partitions, batches draw from them in turn: a row group's rows are spread over
         // P times as many batches of the epoch.
@@ -830,17 +869,18 @@ impl Builder {
     }
 
     /// Cached columns files of this many bytes or more are mapped rather than read into memory
-    /// (their pages are then the page cache's). Under `shuffle=global`, where every batch
-    /// gathers from every row group, all but the smallest. Else only those too large for the
+    /// (their pages are then the page cache's). Under `shuffle=global` and `shuffle=block`,
+    /// where every batch gathers from every row group of its partition or block, all but the
+    /// smallest. Else only those too large for the
     /// memory of decoded row groups to hold several of: a row group of a gigabyte (a million
     /// rows of a kilobyte, which writers' default row group sizes make) would otherwise be read
     /// whole, or decoded again, for each few of its batches. A row group read is checked once
     /// and held, whereas a mapping shows a change made to its file after the check: so never
     /// below [`MAP_WHEN_TOO_LARGE_FROM`].
     fn map_from(&self) -> u64 {
-        match self.plan().options().shuffle {
-            Shuffle::Global => 0,
-            _ => (self.decoded.capacity() as u64 / 8).max(MAP_WHEN_TOO_LARGE_FROM),
+        match self.plan().options().shuffle.mixes_wide() {
+            true => 0,
+            false => (self.decoded.capacity() as u64 / 8).max(MAP_WHEN_TOO_LARGE_FROM),
         }
     }
 

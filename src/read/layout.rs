@@ -230,23 +230,13 @@ impl Layout {
     /// Where the cache keeps an item, relative to its directory of columns or of batches.
     pub fn item_path(&self, item: Item) -> PathBuf {
         match item {
-            Item::Columns { rg } => PathBuf::from(format!("rg-{rg:06}.cols")),
+            Item::Columns { .. } => unreachable!("the cache names columns files by object"),
             Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
                 let kind = item.kind().expect("a batch file");
                 PathBuf::from(epoch_name(epoch)).join(self.file_name(batch, kind))
             }
             Item::All { dir, kind } => PathBuf::from(KEPT_ALL).join(all_name(dir, kind)),
         }
-    }
-
-    /// The item a cached columns file name is.
-    pub fn parse_columns_name(name: &str) -> Option<Item> {
-        let rg = name
-            .strip_prefix("rg-")?
-            .strip_suffix(".cols")?
-            .parse()
-            .ok()?;
-        Some(Item::Columns { rg })
     }
 
     /// The one-open file a name in the cache's [`KEPT_ALL`] directory is ([`all_name`]).

@@ -17,6 +17,7 @@ pub mod layout;
 pub mod materialize;
 pub mod own_mount;
 pub mod page_cache;
+pub mod partitions;
 pub mod plan;
 pub mod pool;
 pub mod prefetch;

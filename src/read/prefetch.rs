@@ -20,7 +20,7 @@ use crate::read::builder::Builder;
 use crate::read::layout::{ALL, ALL_SAFETENSORS, FileKind, Item, Layout, dir_name};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::{Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore};
-use crate::read::plan::{BatchRef, Batches, Chain, Plan};
+use crate::read::plan::{BatchRef, Batches, Chain, Plan, Shuffle};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -163,6 +163,7 @@ impl Prefetcher {
         let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
         self.build_files(files, &step.kinds, event.what, last);
         self.decode_row_groups(dir, beyond, &step.kinds, last);
+        self.decode_blocks(files, &step.kinds, last);
         if !step.kinds.is_empty() {
             (self.next_epoch).reader_at(&self.runtime, dir, i, &step.kinds, self.epochs);
         }
@@ -389,6 +390,32 @@ impl Prefetcher {
                 tracing::warn!(
                     "prefetch of the row groups of (epoch, batch) {:?}: {}",
                     fresh.first(),
+                    crate::describe(&e)
+                );
+            }
+        });
+    }
+
+    /// Under `shuffle=block`, the blocks the next batches draw from, and the blocks after them,
+    /// have their row groups asked for once each ([`Builder::warm_blocks`]).
+    fn decode_blocks(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
+        if self.plan().options().shuffle != Shuffle::Block {
+            return;
+        }
+        let wanted: Vec<(u64, u64)> = (files.iter())
+            .filter(|&&(d, j)| !self.ready(kinds, d, j))
+            .map(|&(d, j)| d.global(j))
+            .filter(|g| g.0 < last)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let builder = self.builder.clone();
+        self.runtime.spawn(async move {
+            if let Err(e) = builder.warm_blocks(&wanted).await {
+                tracing::warn!(
+                    "prefetch of the blocks of (epoch, batch) {:?}: {}",
+                    wanted.first(),
                     crate::describe(&e)
                 );
             }
@@ -861,17 +888,18 @@ impl NextEpoch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::plan::{OrderOptions, Shuffle};
+    use crate::read::plan::OrderOptions;
 
     /// 10 batches of one row.
     fn plan(rows: u64) -> Plan {
-        Plan::new(
+        Plan::of_row_groups(
             &[rows],
             OrderOptions {
                 batch_size: 1,
                 drop_last: false,
                 shuffle: Shuffle::None,
                 window: 1,
+                block: 1,
                 seed: 0,
                 partitions: 1,
             },

@@ -152,17 +152,8 @@ impl Facts {
                 None => NullFact::None,
             }),
         );
-        let clash = (partitions.fields.iter())
-            .find(|p| schema.field_with_name(p.name()).is_ok())
-            .map(|p| {
-                format!(
-                    "column '{}' is both in the files and a partition directory ({}=…/); rename one",
-                    p.name(),
-                    p.name()
-                )
-            });
         Facts {
-            schema_problem: clash,
+            schema_problem: partition_clash(schema, partitions),
             undecodable: undecodable_columns(files),
             nulls,
             footer_memory: (files.iter())
@@ -170,6 +161,212 @@ impl Facts {
                 .sum(),
         }
     }
+}
+
+/// What an earlier snapshot pinned of a dataset, for a new one (`tensorfs snapshot --from`):
+/// its objects, unchanged since, need no footer read, and the facts of their footers are the
+/// earlier snapshot's.
+pub struct Earlier<'a> {
+    objects: std::collections::HashMap<&'a str, &'a Object>,
+    /// Its objects in order, as its facts number them.
+    names: Vec<&'a str>,
+    facts: &'a Facts,
+    /// The files' own columns (its schema less the partition columns).
+    pub file_schema: SchemaRef,
+}
+
+impl<'a> Earlier<'a> {
+    /// What `pinned` holds that a listing of the same dataset can take as it is: nothing for a
+    /// summary file (read whole anyway), nor for a table whose schema changed since (its files
+    /// must be checked against the new one).
+    pub fn of(pinned: &'a Pinned, table: Option<&SchemaRef>) -> Option<Earlier<'a>> {
+        let c = &pinned.catalog;
+        let files = c.schema.fields().len() - c.partitions.fields.len();
+        let file_schema = Arc::new(c.schema.project(&(0..files).collect::<Vec<_>>()).ok()?);
+        let usable = match (table, c.table_version) {
+            _ if c.summary.is_some() => false,
+            (None, None) => true,
+            (Some(t), Some(_)) => **t == *file_schema,
+            _ => false,
+        };
+        usable.then(|| Earlier {
+            objects: c.objects.iter().map(|o| (o.name.as_str(), o)).collect(),
+            names: c.objects.iter().map(|o| o.name.as_str()).collect(),
+            facts: &c.facts,
+            file_schema,
+        })
+    }
+
+    /// The object as pinned, if `now` is it unchanged (the same size and version).
+    pub fn same(&self, now: &Object) -> Option<&'a Object> {
+        let then = self.objects.get(now.name.as_str())?;
+        let same = then.size == now.size
+            && then.e_tag == now.e_tag
+            && then.version == now.version
+            && then.modified == now.modified;
+        same.then_some(*then)
+    }
+}
+
+/// A listing of which some objects were taken from an [`Earlier`] snapshot: the facts of the
+/// whole, from the footers read (`loaded`, at `positions` among all `names`) and the earlier
+/// snapshot's, equal to what reading every footer finds.
+pub struct Grown<'a> {
+    pub earlier: &'a Earlier<'a>,
+    pub positions: &'a [usize],
+    pub names: &'a [&'a str],
+}
+
+impl Grown<'_> {
+    /// [`Facts::of`] of the whole listing. `schema`: its first file's.
+    pub fn facts(
+        &self,
+        schema: &Schema,
+        loaded: &[(&str, &ArrowReaderMetadata)],
+        partitions: &Partitions,
+    ) -> Facts {
+        let new = Facts::mapped(schema, loaded, &Partitions::default(), |_, i| Some(i));
+        // Every file against the first, in order; the earlier ones all have its file schema.
+        let schema_of = |i: usize| -> &Schema {
+            match self.positions.binary_search(&i) {
+                Ok(k) => loaded[k].1.schema(),
+                Err(_) => &self.earlier.file_schema,
+            }
+        };
+        let differs = (1..self.names.len()).find_map(|i| {
+            let diff = schema_difference(schema, schema_of(i))?;
+            Some(format!(
+                "files '{}' and '{}' have different schemas: {diff}",
+                self.names[0], self.names[i]
+            ))
+        });
+        self.merged(
+            new,
+            partitions,
+            partition_clash(schema, partitions).or(differs),
+        )
+    }
+
+    /// [`Facts::of_table`] of the whole listing.
+    pub fn facts_of_table(
+        &self,
+        schema: &Schema,
+        loaded: &[(&str, &ArrowReaderMetadata)],
+        partitions: &Partitions,
+    ) -> Facts {
+        let new = Facts::of_table(schema, loaded, &Partitions::default());
+        let problem = partition_clash(schema, partitions).or(new.schema_problem.clone());
+        self.merged(new, partitions, problem)
+    }
+
+    /// The facts of the footers read (`new`, numbering files among `loaded`) and the earlier
+    /// snapshot's, with the partition columns' nulls.
+    fn merged(&self, new: Facts, partitions: &Partitions, schema_problem: Option<String>) -> Facts {
+        let index: std::collections::HashMap<&str, usize> = (self.names.iter().enumerate())
+            .map(|(i, n)| (*n, i))
+            .collect();
+        let at = |name: &str| index.get(name).copied();
+        let earlier = self.earlier.facts;
+        let reused: Vec<usize> = (0..self.names.len())
+            .filter(|i| self.positions.binary_search(i).is_err())
+            .collect();
+        let mut nulls: Vec<NullFact> = Vec::with_capacity(new.nulls.len());
+        for (column, fact) in new.nulls.into_iter().enumerate() {
+            let new = match fact {
+                NullFact::Unknown(rgs) => NullFact::Unknown(
+                    (rgs.into_iter())
+                        .map(|(f, rg)| (self.positions[f as usize] as u32, rg))
+                        .collect(),
+                ),
+                fact => fact,
+            };
+            let old = match earlier.nulls.get(column) {
+                Some(NullFact::Unknown(rgs)) => NullFact::Unknown(
+                    (rgs.iter())
+                        .filter_map(|&(f, rg)| {
+                            let name = self.earlier.names.get(f as usize)?;
+                            Some((at(name)? as u32, rg))
+                        })
+                        .collect(),
+                ),
+                // The first file with nulls then is gone: which of the others have some, its
+                // facts cannot say, so every row group of theirs is to be read.
+                Some(NullFact::In(name)) if at(name).is_none() => NullFact::Unknown(
+                    (reused.iter())
+                        .flat_map(|&f| {
+                            let rgs = self.earlier.objects[self.names[f]].rg_rows.len();
+                            (0..rgs as u32).map(move |rg| (f as u32, rg))
+                        })
+                        .collect(),
+                ),
+                Some(fact) => fact.clone(),
+                None => NullFact::None,
+            };
+            nulls.push(match (old, new) {
+                (NullFact::In(a), NullFact::In(b)) => {
+                    NullFact::In(if at(&a) < at(&b) { a } else { b })
+                }
+                (NullFact::In(a), _) | (_, NullFact::In(a)) => NullFact::In(a),
+                (NullFact::Unknown(mut a), NullFact::Unknown(b)) => {
+                    a.extend(b);
+                    a.sort_unstable();
+                    NullFact::Unknown(a)
+                }
+                (NullFact::Unknown(a), NullFact::None) | (NullFact::None, NullFact::Unknown(a)) => {
+                    NullFact::Unknown(a)
+                }
+                (NullFact::None, NullFact::None) => NullFact::None,
+            });
+        }
+        nulls.extend(
+            (0..partitions.fields.len()).map(|k| match partitions.first_null(k) {
+                Some(f) => NullFact::In(self.names[f].to_string()),
+                None => NullFact::None,
+            }),
+        );
+        // Each column's first file (in order) compressed with a codec that cannot be read.
+        let first_file = |why: &str| {
+            let name = why
+                .split("of file '")
+                .nth(1)?
+                .split("' is compressed")
+                .next()?;
+            at(name)
+        };
+        let mut undecodable = new.undecodable;
+        for (column, why) in &earlier.undecodable {
+            if first_file(why).is_none() {
+                continue;
+            }
+            let earlier_first = undecodable
+                .get(column)
+                .is_none_or(|now| first_file(why) < first_file(now));
+            if earlier_first {
+                undecodable.insert(column.clone(), why.clone());
+            }
+        }
+        let kept =
+            reused.len() as u64 * earlier.footer_memory / self.earlier.names.len().max(1) as u64;
+        Facts {
+            schema_problem,
+            undecodable,
+            nulls,
+            footer_memory: kept + new.footer_memory,
+        }
+    }
+}
+
+/// A partition column that is also a column of the files, as the refusal says it.
+fn partition_clash(schema: &Schema, partitions: &Partitions) -> Option<String> {
+    (partitions.fields.iter())
+        .find(|p| schema.field_with_name(p.name()).is_ok())
+        .map(|p| {
+            format!(
+                "column '{}' is both in the files and a partition directory ({}=…/); rename one",
+                p.name(),
+                p.name()
+            )
+        })
 }
 
 /// Compares every file's schema with the first one's, by column names and types.

@@ -25,7 +25,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use bytes::Bytes;
-use catalog::{Catalog, Facts, Object, Pinned, Summary};
+use catalog::{Catalog, Earlier, Facts, Object, Pinned, Summary};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -200,6 +200,15 @@ impl Progress {
     }
 }
 
+/// How a source is listed: where footers are kept between mounts, the table version asked for,
+/// and an earlier snapshot of the dataset whose unchanged objects need no footer read.
+#[derive(Clone, Copy, Default)]
+pub struct Listing<'a> {
+    pub footers: Option<&'a std::path::Path>,
+    pub version: Option<u64>,
+    pub from: Option<&'a Pinned>,
+}
+
 /// A source's listing: its `*.parquet` objects, and whether it is a Delta table's root.
 struct Listed {
     objects: Vec<(String, ObjectMeta)>,
@@ -242,6 +251,27 @@ pub struct Source {
     kept: Option<std::path::PathBuf>,
     pub files: Vec<SourceFile>,
     fingerprint: std::sync::OnceLock<String>,
+}
+
+/// A field's name, nullability and type, nested fields alike, as a stable string (a `Debug` of
+/// a field would hold its metadata, a hash map in no fixed order).
+fn field_key(f: &arrow::datatypes::Field) -> String {
+    use arrow::datatypes::DataType;
+    let ty = match f.data_type() {
+        DataType::List(c) => format!("List<{}>", field_key(c)),
+        DataType::LargeList(c) => format!("LargeList<{}>", field_key(c)),
+        DataType::ListView(c) => format!("ListView<{}>", field_key(c)),
+        DataType::LargeListView(c) => format!("LargeListView<{}>", field_key(c)),
+        DataType::FixedSizeList(c, n) => format!("FixedSizeList<{}, {n}>", field_key(c)),
+        DataType::Struct(fields) => {
+            let inner: Vec<String> = fields.iter().map(|c| field_key(c)).collect();
+            format!("Struct<{}>", inner.join(", "))
+        }
+        DataType::Map(c, sorted) => format!("Map<{}, {sorted}>", field_key(c)),
+        DataType::Dictionary(k, v) => format!("Dictionary<{k}, {v}>"),
+        other => format!("{other}"),
+    };
+    format!("{}: {ty} {}", f.name(), f.is_nullable())
 }
 
 /// Turns SOURCE (a URL or a local path) into a URL object_store understands.
@@ -455,7 +485,39 @@ impl Source {
         version: Option<u64>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
-        Self::over(store, &url, prefix, source, footers, stats, version).await
+        let at = Listing {
+            footers,
+            version,
+            from: None,
+        };
+        Self::over(store, &url, prefix, source, stats, at).await
+    }
+
+    /// [`Source::open`] of a dataset pinned before as `from` (`tensorfs snapshot --from`): the
+    /// objects `from` holds, unchanged, are taken as it pinned them, and only the footers of the
+    /// others are read.
+    pub async fn open_from(
+        source: &str,
+        store_options: &[(String, String)],
+        version: Option<u64>,
+        from: &Pinned,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        let (store, url, prefix) = Self::store_for(source, store_options)?;
+        let same = |u: &Url| u.as_str().trim_end_matches('/').to_string();
+        if same(&url) != same(&from.url) {
+            bail!(
+                "snapshot '{}' pins the dataset at '{}', not source '{source}'",
+                from.at,
+                from.url
+            );
+        }
+        let at = Listing {
+            footers: None,
+            version,
+            from: Some(from),
+        };
+        Self::over(store, &url, prefix, source, stats, at).await
     }
 
     /// The store, URL and path a source names.
@@ -476,10 +538,14 @@ impl Source {
         url: &Url,
         prefix: Path,
         source: &str,
-        footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
-        version: Option<u64>,
+        at: Listing<'_>,
     ) -> Result<Source> {
+        let Listing {
+            footers,
+            version,
+            from,
+        } = at;
         let summary = prefix.filename() == Some(SUMMARY) && !source.ends_with('/');
         if summary && version.is_none() {
             return Self::summarised(store, url, prefix, source, footers, stats).await;
@@ -527,11 +593,19 @@ impl Source {
             false => prefix.clone(),
         };
         let by_name = table.as_ref().map(|t| t.data_schema.as_ref());
+        let earlier = from.and_then(|f| Earlier::of(f, table.as_ref().map(|t| &t.data_schema)));
+        let earlier = &earlier;
         let files: Vec<SourceFile> = futures::stream::iter(objects)
             .map(|(name, meta)| {
                 let (store, stats) = (store.clone(), stats.clone());
                 async move {
-                    let object = object_of(name, &meta);
+                    let mut object = object_of(name, &meta);
+                    if let Some(pinned) = earlier.as_ref().and_then(|e| e.same(&object)) {
+                        // Pinned before, unchanged since: its footer is not read.
+                        object.rg_rows = pinned.rg_rows.clone();
+                        object.footer_len = pinned.footer_len;
+                        return Ok(SourceFile::new(url, meta.location, object));
+                    }
                     let mut file = SourceFile::new(url, meta.location, object);
                     let reader = ObjectReader::new(store, &file, stats, Origin::Listing.since());
                     let (metadata, footer_len) = load_metadata(&reader, footers, &file.id, 0)
@@ -557,27 +631,47 @@ impl Source {
         if files.is_empty() {
             bail!("source '{source}' holds no data files");
         }
-        Stats::add(&stats.c.objects_touched, files.len() as u64);
-        let loaded: Vec<(&str, &ArrowReaderMetadata)> = (files.iter())
-            .map(|f| (f.name.as_str(), &f.footer.get().expect("loaded").metadata))
-            .collect();
+        // The files whose footers were read (all of them, unless `from` pinned some), and where
+        // each is among all.
+        let (positions, loaded): (Vec<usize>, Vec<(&str, &ArrowReaderMetadata)>) = (files.iter())
+            .enumerate()
+            .filter_map(|(i, f)| Some((i, (f.name.as_str(), &f.footer.get()?.metadata))))
+            .unzip();
+        Stats::add(&stats.c.objects_touched, loaded.len() as u64);
+        let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+        // Some objects taken as `from` pinned them: the facts of their footers are its.
+        let grown = (earlier.as_ref())
+            .filter(|_| loaded.len() < files.len())
+            .map(|e| catalog::Grown {
+                earlier: e,
+                positions: &positions,
+                names: &names,
+            });
         // A table's schema and partition columns are its log's; a listing's, its first file's
         // and its hive directories'.
         let (file_schema, partitions, facts, unischema, table_version) = match table {
             Some(t) => {
-                let facts = Facts::of_table(&t.data_schema, &loaded, &t.partitions);
+                let facts = match &grown {
+                    None => Facts::of_table(&t.data_schema, &loaded, &t.partitions),
+                    Some(g) => g.facts_of_table(&t.data_schema, &loaded, &t.partitions),
+                };
                 (t.data_schema, t.partitions, facts, None, Some(t.version))
             }
             None => {
                 let partitions = match single_file {
                     true => Partitions::default(),
-                    false => {
-                        let names: Vec<&str> = loaded.iter().map(|(n, _)| *n).collect();
-                        Partitions::hive(&names)
-                    }
+                    false => Partitions::hive(&names),
                 };
-                let schema = loaded[0].1.schema().clone();
-                let facts = Facts::of(&schema, &loaded, &partitions);
+                let facts_of = |schema: &Schema| match &grown {
+                    None => Facts::of(schema, &loaded, &partitions),
+                    Some(g) => g.facts(schema, &loaded, &partitions),
+                };
+                // The dataset's schema is its first file's.
+                let schema = match (positions.first(), &grown) {
+                    (Some(0), _) | (_, None) => loaded[0].1.schema().clone(),
+                    (_, Some(g)) => g.earlier.file_schema.clone(),
+                };
+                let facts = facts_of(&schema);
                 let unischema = match single_file {
                     true => None,
                     false => read_unischema(&store, &prefix, &stats).await?,
@@ -961,6 +1055,30 @@ impl Source {
                 self.unischema.as_ref(),
             )
         })
+    }
+
+    /// What decides an object's decoded columns beyond its own bytes and the column options: the
+    /// dataset's schema (its partition columns and a table's types included), whether a table
+    /// reads its files' columns by name, and a Petastorm Unischema. The cache keys columns by it
+    /// and by each object's version, not by the whole dataset, so a dataset that grows keeps
+    /// them ([`crate::cache`]).
+    pub fn decode_identity(&self) -> String {
+        let mut parts = vec![format!("table {}", self.table_version.is_some())];
+        for f in self.schema.fields() {
+            parts.push(field_key(f));
+        }
+        if let Some(u) = &self.unischema {
+            parts.push(format!("unischema {}", u.inferred));
+            for f in &u.fields {
+                let (codec, shape) = (f.codec.name(), f.shape_text());
+                parts.push(format!(
+                    "{} {} {shape} {codec} {}",
+                    f.name, f.numpy, f.nullable
+                ));
+            }
+        }
+        let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+        kept::key_name(&refs)
     }
 
     /// The footer of `file`: loaded when a read first needs it (a listing loaded them all),

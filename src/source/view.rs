@@ -986,6 +986,8 @@ pub fn dataset_json(
         "last_batch_rows": plan.last_batch_len(),
         "epochs": opts.epochs,
         "shuffle": opts.shuffle.name(),
+        // Rows each batch is mixed from under shuffle=block (the first partition's blocks).
+        "shuffle_block_rows": (opts.shuffle == crate::read::plan::Shuffle::Block).then(|| plan.block_rows(0)),
         "seed": opts.seed,
         "world_size": world,
         "rank_batches_per_epoch": world.map(|w| plan.rank_batches(w)),
@@ -993,8 +995,13 @@ pub fn dataset_json(
         // The partitions (PRODUCT.md §5): batch i < single_partition_batches is drawn from
         // partition i mod partitions; the leftover rows form the batches after them.
         "partitions": plan.partitions(),
-        "partition_rows": (0..plan.partitions()).map(|i| { let r = plan.partition_rows(i); r.end - r.start }).collect::<Vec<_>>(),
-        "partition_row_ranges": (0..plan.partitions()).map(|i| { let r = plan.partition_rows(i); [r.start, r.end] }).collect::<Vec<_>>(),
+        // Each partition's rows: its full batches' (the same for all) and its leftover rows.
+        "partition_rows": (0..plan.partitions()).map(|i| plan.partition_len(i)).collect::<Vec<_>>(),
+        // The row groups each partition draws from (one split between partitions counts in
+        // each): what a host reading it fetches and decodes.
+        "partition_row_groups": (0..plan.partitions()).map(|i| plan.partition_row_groups(i).count()).collect::<Vec<_>>(),
+        // What a partition's home holds: whole "objects", or "row_groups" of fewer objects.
+        "partition_units": if plan.whole_objects() { "objects" } else { "row_groups" },
         "batches_per_partition": plan.batches_per_partition(),
         "single_partition_batches": plan.single_partition_batches().min(batches),
         "leftover_rows": plan.leftover_rows(),

@@ -112,3 +112,140 @@ def test_a_torch_dataset_resumes_mid_epoch_and_checks_its_dataset(mounter, shuf_
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match=r"world_size 3 disagrees with the mount's world_size=2"):
         BatchDataset(m.path)
+
+
+def ranked_reader(m: tfs.Mount, epoch: int):
+    """read(ds, i) -> (global index, batch): ds[i] as NumPy, found in the epoch's global order by
+    its ids (every id is in one batch) and checked against that global batch file."""
+    bs = m.dataset()["batch_size"]
+    where = {int(v): row // bs for row, v in enumerate(np.load(m.p(f"epoch-{epoch}", "all", "id.npy")))}
+
+    def read(ds, i):
+        got = {k: v.numpy() for k, v in ds[i].items()}
+        g = where[int(got["id"][0])]
+        assert_same(got, batch_file(m, f"epoch-{epoch}", g), f"global batch {g}")
+        return g
+
+    return read
+
+
+def test_a_torch_dataset_resumes_at_another_world_size(mounter, shuf_ds, torch, monkeypatch):
+    """PRODUCT.md §5, elastic resume: a W=4 job's state resumed at W=2, then at W=3, then by the
+    global view: no global batch is read twice, none the ranks share is skipped."""
+    from tensorfs.torch import BatchDataset
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # No world_size on the mount: every rank-R-of-W/ resolves by name. 26 batches: W=4 and W=3
+    # share 24 of them (6 and 8 a rank), W=2 all 26.
+    m = mounter(shuf_ds.path, "batch_size=100", "epochs=2")
+    assert m.dataset()["batches_per_epoch"] == 26
+    read = ranked_reader(m, 1)
+    seen: list[int] = []
+
+    def ranks(w):
+        return [BatchDataset(m.path, epoch=1, rank=r, world_size=w) for r in range(w)]
+
+    def states(dss, k):
+        sts = [ds.state_dict(batches_done=k) for ds in dss]
+        # Every rank records the same progress; only its own next batch differs.
+        assert len({(s["global_done"], s["epoch"], s["world_size"]) for s in sts}) == 1, sts
+        return sts
+
+    # W=4: every rank reads 2 batches, so the job has read global batches [0, 8).
+    w4 = ranks(4)
+    seen += [read(ds, i) for ds in w4 for i in range(2)]
+    s4 = states(w4, 2)
+    assert (s4[1]["format"], s4[1]["global_done"], s4[1]["start"], s4[1]["world_size"]) == (2, 8, 2, 4)
+    assert s4[1]["options"]["batch_size"] == s4[1]["batch_size"] == 100
+
+    # W=2 from rank 3's state: both start at local 4 (global 8 and 9); 3 batches each -> [0, 14).
+    w2 = ranks(2)
+    for ds in w2:
+        ds.load_state_dict(s4[3])
+    assert [(ds.epoch, ds.start, len(ds)) for ds in w2] == [(1, 4, 9), (1, 4, 9)]
+    seen += [read(ds, i) for ds in w2 for i in range(3)]
+    s2 = states(w2, 3)
+    assert s2[0]["global_done"] == 14
+
+    # The global view continues at global batch 14.
+    whole = BatchDataset(m.path, epoch=0)
+    whole.load_state_dict(s2[1])
+    assert (whole.epoch, len(whole), read(whole, 0)) == (1, 12, 14)
+
+    # W=3 from rank 0's state: ranks start at globals 15, 16, 14 (local 5, 5, 4): uneven, 3, 3
+    # and 4 batches left of the 24 that three ranks share.
+    w3 = ranks(3)
+    for ds in w3:
+        ds.load_state_dict(s2[0])
+    assert [len(ds) for ds in w3] == [3, 3, 4]
+    assert [ds.state_dict()["start"] for ds in w3] == [5, 5, 4]
+    assert states(w3, 2)[0]["global_done"] == 20  # in step: [0, 14 + 2·3)
+    seen += [read(ds, i) for ds in w3 for i in range(len(ds))]
+    # Run to its end, the longer rank records every shared batch read.
+    assert w3[2].state_dict(batches_done=4)["global_done"] == 24
+
+    # Across the three worlds: each of the 24 shared batches exactly once.
+    assert sorted(seen) == list(range(24)), sorted(seen)
+
+    # set_epoch starts over, and a fresh state_dict counts from there.
+    w3[1].set_epoch(0)
+    assert (len(w3[1]), w3[1].state_dict(batches_done=1)["global_done"]) == (8, 3)
+    with pytest.raises(ValueError, match=r"batches_done 9 is not within the 8 batches"):
+        w3[1].state_dict(batches_done=9)
+
+
+def test_a_torch_dataset_continues_an_old_state_and_refuses_what_it_cannot(mounter, shuf_ds, torch, tmp_path, monkeypatch):
+    from tensorfs.torch import BatchDataset
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # An older tensorfs had no shuffle=block: its states continue on a mount of its options.
+    m = mounter(shuf_ds.path, "batch_size=100", "epochs=2", "shuffle=window")
+    fp = m.dataset()["fingerprint"]
+    read = ranked_reader(m, 1)
+
+    # A state of before format 2 (rank 1 of 4 at its batch 2): the job read start·W = 8 global
+    # batches; the same rank continues exactly, and other worlds where no batch repeats.
+    old = {"epoch": 1, "start": 2, "rank": 1, "world_size": 4, "fingerprint": fp}
+    ds = BatchDataset(m.path, rank=1, world_size=4)
+    ds.load_state_dict(old)
+    assert (ds.start, len(ds), read(ds, 0)) == (2, 4, 9)
+    assert ds.state_dict(batches_done=1)["global_done"] == 12
+    two = BatchDataset(m.path, rank=0, world_size=2)
+    two.load_state_dict(old)
+    assert (two.start, read(two, 0)) == (4, 8)
+    whole = BatchDataset(m.path)
+    whole.load_state_dict({"epoch": 1, "start": 5, "rank": None, "world_size": None, "fingerprint": fp})
+    assert (whole.start, len(whole), read(whole, 0)) == (5, 21, 5)
+    # tensorfs.numpy.batches takes the same global position.
+    got = list(tensorfs.numpy.batches(m.path, epoch=1, rank=0, world_size=2, global_start=8))
+    assert len(got) == 9
+    assert_same(got[0], batch_file(m, "epoch-1", 8), "numpy global_start")
+
+    state = BatchDataset(m.path, epoch=1, rank=0, world_size=2).state_dict(batches_done=3)
+    # Another dataset.
+    other = tmp_path / "other"
+    tfs.make_shuffle(other)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": np.arange(5, dtype=np.int64), "x": np.zeros(5, np.float32)}), other / "z.parquet")
+    o = mounter(other, "batch_size=100")
+    with pytest.raises(ValueError, match=rf"saved from dataset {fp}, but .* serves "):
+        BatchDataset(o.path, rank=0, world_size=2).load_state_dict(state)
+    # Other order options: batch i holds other rows.
+    b = mounter(shuf_ds.path, "batch_size=200")
+    with pytest.raises(ValueError, match=r"saved with batch_size=100, but .* serves batch_size=200"):
+        BatchDataset(b.path, rank=0, world_size=2).load_state_dict(state)
+    s = mounter(shuf_ds.path, "batch_size=100", "seed=7")
+    with pytest.raises(ValueError, match=r"saved with seed=0, but .* serves seed=7"):
+        BatchDataset(s.path, rank=1, world_size=3).load_state_dict(state)
+    # No older job's order is a shuffle=block mount's: its state is refused there.
+    with pytest.raises(ValueError, match=r"saved by an older tensorfs, which had no shuffle=block"):
+        BatchDataset(b.path, rank=1, world_size=4).load_state_dict(old)
+    # Past the batches the new world shares: the global view read 25 of 26, four ranks share 24.
+    end = BatchDataset(m.path, epoch=1).state_dict(batches_done=25)
+    with pytest.raises(ValueError, match=r"has read 25 global batches of epoch 1, past the 24 that the 4 ranks share"):
+        BatchDataset(m.path, rank=3, world_size=4).load_state_dict(end)
+    BatchDataset(m.path, rank=1, world_size=2).load_state_dict(end)  # two ranks share all 26

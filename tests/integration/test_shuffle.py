@@ -131,10 +131,20 @@ def test_shuffle_modes_differ(mounter, shuf_ds):
     assert not np.array_equal(ids["window"], ids["global"])
 
 
-def test_default_shuffle_is_window(mounter, shuf_ds):
+def test_default_shuffle_is_block(mounter, shuf_ds):
+    """The default mixes each batch from blocks of MosaicML Streaming's default size (PRODUCT.md
+    §5 Fair batches): for a dataset this small, one block, the whole dataset."""
     d = mounter(shuf_ds.path, f"batch_size={BS}")
-    w = mounter(shuf_ds.path, f"batch_size={BS}", "shuffle=window", "shuffle_window=4")
-    assert str(d.dataset()["options"].get("shuffle")) == "window"
+    w = mounter(shuf_ds.path, f"batch_size={BS}", "shuffle=block", "shuffle_block=262144")
+    dj = d.dataset()
+    assert dj["options"]["shuffle"] == "block" and dj["options"]["shuffle_block"] == 4_000_000
+    assert dj["shuffle_block_rows"] == 2600
+    for i in (0, N - 1):
+        rel = f"epoch-0/{batch_name(i)}.safetensors"
+        assert tfs.sha256(d.p(rel)) == tfs.sha256(w.p(rel))
+    # Batch 0 draws from all over the table, not from a window of 4 row groups.
+    first = tfs.load_safetensors(d.p("epoch-0", batch_name(0) + ".safetensors"))["id"]
+    assert len(np.unique(first // 200)) > 4
     for i in (0, N - 1):
         rel = f"epoch-0/{batch_name(i)}.safetensors"
         assert tfs.sha256(d.p(rel)) == tfs.sha256(w.p(rel))

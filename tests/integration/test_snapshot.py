@@ -362,3 +362,41 @@ def test_a_long_listing_mount_says_how_far_it_is(mounter, s3, proxy, s3_parts):
         proxy.set(latency=0)
     said = [line for line in log_text(m).splitlines() if re.search(rf"read \d+ of {OBJECTS} footers", line)]
     assert said, log_text(m)[-2000:]
+
+
+@pytest.mark.usefixtures("hermetic_env")
+def test_a_snapshot_from_an_earlier_one_reads_only_the_new_footers(mounter, s3, proxy, tmp_path):
+    """A table that grows every day (PRODUCT.md §8): `tensorfs snapshot --from OLD` lists the
+    source and reads the footers of the objects OLD does not hold (or holds in another version),
+    and pins what a snapshot reading every footer pins."""
+    d = tmp_path / "daily"
+    write_parts(d, 12)
+    s3.upload_dir(d, "daily")
+    src = f"s3://{BUCKET}/daily/"
+    opts = ("batch_size=100", "partitions=4", *s3_opts(proxy.url))
+    day1 = f"s3://{BUCKET}/pins/daily-1.snapshot"
+    assert snapshot(src, day1, *opts).returncode == 0
+
+    d2 = tmp_path / "added"
+    write_parts(d2, 2, first=12)  # keys after the old ones
+    write_parts(d2, 1, first=5, start_id=50_000)  # part-005 replaced: another version
+    s3.upload_dir(d2, "daily")
+    proxy.reset_stats()
+    day2 = f"s3://{BUCKET}/pins/daily-2.snapshot"
+    proc = tfs.run(["snapshot", src, day2, "-o", ",".join(opts), "--from", day1])
+    assert proc.returncode == 0, proc.stderr
+    read = sorted(k.rsplit("/", 1)[-1] for k in proxy.stats()["keys"] if k.endswith(".parquet"))
+    assert read == ["part-005.parquet", "part-012.parquet", "part-013.parquet"], read
+
+    fresh = snapshot(src, f"s3://{BUCKET}/pins/daily-fresh.snapshot", *opts)
+    assert proc.stdout.strip() == fresh.stdout.strip(), "--from pinned another dataset"
+    a = mounter(src, *opts, f"snapshot={day2}")
+    b = mounter(src, *opts, f"snapshot=s3://{BUCKET}/pins/daily-fresh.snapshot")
+    assert a.dataset()["fingerprint"] == b.dataset()["fingerprint"]
+    assert hashes(a) == hashes(b)
+
+    # An earlier snapshot of another source is refused, in one line.
+    elsewhere = f"s3://{BUCKET}/elsewhere/"
+    other = tfs.run(["snapshot", elsewhere, tmp_path / "x.snapshot", "--from", day1, "-o", ",".join(opts)])
+    line = tfs.error_line(other)
+    assert other.returncode != 0 and "pins the dataset at" in line and "not source" in line, line
