@@ -20,8 +20,9 @@ to NumPy arrays, in these ways:
   tensorfs warm             the same after a first full read, and remounted on the same cache_dir
                             with the page cache dropped, the batch files and all.safetensors (kept
                             whole on the cache by the first mount's reader of it)
-  tensorfs shuffled         shuffle=window and shuffle=global, epochs 0 (cold) and 1 (reshuffled,
-                            gathered from the columns cached during epoch 0) back to back, and
+  tensorfs shuffled         shuffle=block (the default), window (the default before it: issue
+                            47's before and after, side by side) and global, epochs 0 (cold) and 1
+                            (reshuffled, gathered from the columns cached during epoch 0) back to back, and
                             epoch 2 once its batch files are built ahead in idle time (the walk
                             through the next epoch, src/read/prefetch.rs), each checked to be a
                             permutation of the rows; then, remounted, epoch 3 read as its
@@ -37,6 +38,9 @@ to NumPy arrays, in these ways:
                             gathering the same kind of batches from RAM (cpu.py); beside it,
                             MosaicML Streaming reading the first --streaming-rows rows as MDS
                             shards on local disk, shuffled, one process (streaming_side.py)
+  fair batches              (own table) the mean KS distance from uniform of epoch 1's batches'
+                            canonical positions, tensorfs's shuffle modes at partitions=1 and 8
+                            against MosaicML Streaming's py1e order (fairness.py)
   many hosts                (own table) --hosts W simulated hosts, each its own mount and cache_dir
                             of the S3 prefix, reading its rank view's epochs 0 and 1 with
                             partitions=1 and partitions=W: bytes fetched and decode CPU per host
@@ -65,6 +69,8 @@ from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, wri
                               write_small_rows_dataset)
 from benchlib.cpu import print_rows as print_cpu
 from benchlib.cpu import run_rows as cpu_rows
+from benchlib.fairness import print_rows as print_fairness
+from benchlib.fairness import run_rows as fairness_rows
 from benchlib.streaming_side import streaming_row
 from benchlib.hosts import print_rows as print_hosts
 from benchlib.hosts import run_rows as hosts_rows
@@ -154,7 +160,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu", "streaming"}
+             "hosts", "cpu", "streaming", "fairness"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -168,6 +174,7 @@ def run(a) -> int:
     pds = None
     hosts = None
     cpu = None
+    fair = None
     B = a.batch_size
     try:
         # ---- data ----------------------------------------------------------------------
@@ -310,10 +317,10 @@ def run(a) -> int:
             mounts.remove(m)
             shutil.rmtree(cache, ignore_errors=True)
 
-        # ---- 6b. shuffled epochs: window against global --------------------------------------
+        # ---- 6b. shuffled epochs: block (the default), window (the one before it), global -----
         if "shuffle" not in skip and "tensorfs" not in skip:
             base = [o for o in opts if not o.startswith(("shuffle=", "epochs="))]
-            for mode in ("window", "global"):
+            for mode in ("block", "window", "global"):
                 cache = scratch / f"cache-{mode}"
                 shutil.rmtree(cache, ignore_errors=True)
                 caches.drop()
@@ -431,6 +438,15 @@ def run(a) -> int:
         # ---- 6c. a small-row dataset -----------------------------------------------------------
         if "small" not in skip and "tensorfs" not in skip and a.small_rows > 0:
             small_rows(res, a, binary, scratch, caches, mounts)
+
+        # ---- 6f. fair batches: KS of epoch 1's batches, tensorfs's modes against Streaming -----
+        if "fairness" not in skip and "tensorfs" not in skip:
+            try:
+                fair = fairness_rows(binary, scratch, mounts, "streaming" not in skip)
+            except Exception as e:  # any failure: say so and go on
+                fair = {"unavailable": str(e)[-300:]}
+                log(f"fair batches: unavailable: {fair['unavailable']}")
+            meta["fairness"] = fair
 
         # ---- 6e. the daemon's CPU per GB of shuffled epochs from cached columns -------------------
         if "cpu" not in skip and "tensorfs" not in skip:
@@ -560,6 +576,11 @@ def run(a) -> int:
     report(res, stalls, meta, a)
     if cpu is not None:
         print("\n" + "\n".join(print_cpu(cpu)))
+    if fair is not None:
+        if "unavailable" in fair:
+            print(f"\nFair batches: unavailable: {fair['unavailable']}")
+        else:
+            print_fairness(fair)
     if pds is not None:
         if "unavailable" in pds:
             print(f"\nPetastorm dataset (make_reader against tensorfs): unavailable: {pds['unavailable']}")
@@ -587,8 +608,9 @@ def main() -> int:
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
-                    "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3)")
+                    "small,stall,hosts,cpu,streaming,fairness (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3; streaming also "
+                    "leaves Streaming out of the fair-batches rows)")
     ap.add_argument("--streaming-rows", type=int, default=20_000,
                     help="rows MosaicML Streaming reads beside the daemon CPU table (default 20000; 0: none)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
