@@ -18,6 +18,7 @@ pub mod read;
 pub mod requests;
 pub mod source;
 pub mod stats;
+pub mod udf;
 
 thread_local! {
     static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };

@@ -85,9 +85,12 @@ Mount options (-o, comma-separated; docs/options.md describes each):
   content  batch_size=N  drop_last  columns=A:B  seed=N  shuffle=block|window|global|none
            shuffle_block=ROWS  shuffle_window=K  partitions=P  cast=COL:DTYPE
            stack=NAME:C1+C2  pad=COL:L  nulls=error|zero
+           transform=FILE.py:NAME|MODULE:NAME  transform_path=DIR  transform_version=S
+           transform_columns=A:B
   runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
            memory_limit=SIZE  threads=N  passthrough=auto|off  opens=daemon|kernel
            allow_other  auto_unmount[=off]  nonempty  metrics=ADDR:PORT  log=LEVEL
+           transform_workers=N  python=PATH
   dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
            version=V (a Delta table's version)
   store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
@@ -271,6 +274,20 @@ fn print_view(d: &Dataset, opts: &Options) {
             .map(|f| format!("{} ({})", f.name(), f.data_type()))
             .collect();
         println!("partition columns  {}", columns.join(", "));
+    }
+    if let Some(a) = &d.udf {
+        println!(
+            "transform    {} (digest {}, {} workers, {}){}: the tensors below are its output's",
+            a.udf.spec().target,
+            &a.udf.digest()[..16],
+            a.json()["workers"],
+            a.udf.runtime,
+            if a.udf.petastorm {
+                ", a Petastorm TransformSpec"
+            } else {
+                ""
+            }
+        );
     }
     if let tensorfs::source::Origin::Snapshot(at) = &d.source.origin {
         println!("snapshot     {at} (nothing listed)");

@@ -33,6 +33,8 @@ pub struct Dataset {
     pub view: Arc<View>,
     pub plan: Plan,
     pub stats: Arc<Stats>,
+    /// The user's transform (`transform=`), tried on the first row group.
+    pub udf: Option<Arc<crate::udf::Applied>>,
 }
 
 impl Dataset {
@@ -57,7 +59,14 @@ impl Dataset {
         if let Some(want) = &opts.fingerprint {
             crate::source::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
         }
-        let view = Arc::new(view::build(&source, opts).await?);
+        let udf = match opts.udf() {
+            Some(spec) => {
+                let udf = tokio::task::block_in_place(|| crate::udf::Udf::start(spec))?;
+                Some(Arc::new(crate::udf::Applied::trial(udf, &source).await?))
+            }
+            None => None,
+        };
+        let view = Arc::new(view::build_with(&source, opts, udf.as_deref()).await?);
         let files: Vec<PlanFile> = (source.files.iter())
             .map(|f| PlanFile {
                 key: &f.name,
@@ -70,6 +79,7 @@ impl Dataset {
             view,
             plan,
             stats,
+            udf,
         })
     }
 
@@ -81,7 +91,11 @@ impl Dataset {
     }
 
     pub fn dataset_json(&self, opts: &Options) -> serde_json::Value {
-        view::dataset_json(&self.source, &self.view, &self.plan, opts)
+        let mut json = view::dataset_json(&self.source, &self.view, &self.plan, opts);
+        if let Some(a) = &self.udf {
+            json["transform"] = a.json();
+        }
+        json
     }
 
     /// `shuffle=global` gathers every batch from every row group's columns of its partition, so
@@ -159,11 +173,15 @@ impl Dataset {
         let decode = self.source.decode_identity();
         let columns = content.columns.to_string();
         let order = content.order.to_string();
-        let ckey = crate::cache::kept::key_name(&[decode.as_bytes(), columns.as_bytes()]);
+        // The transform's own identity: its sources' digest (the options name it only).
+        let udf = self.udf.as_ref().map_or("", |a| a.udf.digest());
+        let ckey =
+            crate::cache::kept::key_name(&[decode.as_bytes(), columns.as_bytes(), udf.as_bytes()]);
         let bkey = crate::cache::kept::key_name(&[
             fingerprint.as_bytes(),
             columns.as_bytes(),
             order.as_bytes(),
+            udf.as_bytes(),
         ]);
         let names = (self.source.files.iter())
             .flat_map(|f| (0..f.rg_rows.len()).map(|rg| crate::cache::columns_name(&f.id, rg)))
@@ -208,6 +226,7 @@ impl Dataset {
                 stats: self.stats.clone(),
                 cache: cache.clone(),
                 eviction: eviction.clone(),
+                udf: self.udf.clone(),
             },
             runtime.clone(),
             Limits {

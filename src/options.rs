@@ -69,7 +69,16 @@ pub struct Options {
     pub pads: Vec<(String, usize)>,
     pub nulls: Nulls,
     pub partitions: u64,
+    /// `transform=FILE.py:NAME|MODULE:NAME`: the user's function (PRODUCT.md §10).
+    pub transform: Option<String>,
+    pub transform_path: Option<PathBuf>,
+    pub transform_version: String,
+    /// The source columns the transform reads (all where unset).
+    pub transform_columns: Option<Vec<String>>,
     // Runtime options.
+    /// The transform's worker processes (the cores where unset) and their interpreter.
+    pub transform_workers: Option<usize>,
+    pub python: String,
     pub epochs: u64,
     pub world_size: Option<u64>,
     pub cache_dir: PathBuf,
@@ -182,6 +191,12 @@ impl Default for Options {
             pads: Vec::new(),
             nulls: Nulls::Error,
             partitions: 1,
+            transform: None,
+            transform_path: None,
+            transform_version: String::new(),
+            transform_columns: None,
+            transform_workers: None,
+            python: "python3".into(),
             epochs: 1,
             world_size: None,
             cache_dir: default_cache_dir(),
@@ -222,6 +237,12 @@ const KNOWN: &[&str] = &[
     "stack",
     "pad",
     "nulls",
+    "transform",
+    "transform_path",
+    "transform_version",
+    "transform_columns",
+    "transform_workers",
+    "python",
     "cache_dir",
     "cache_size",
     "prefetch",
@@ -532,6 +553,50 @@ impl Options {
     /// `false` if `key` is not one.
     fn apply_runtime(&mut self, key: &str, value: &str) -> Result<bool, OptionError> {
         match key {
+            "transform" => {
+                let Some((target, name)) = value.rsplit_once(':') else {
+                    return Err(bad(
+                        key,
+                        value,
+                        "expected transform=FILE.py:NAME or MODULE:NAME",
+                    ));
+                };
+                if target.is_empty() || name.is_empty() {
+                    return Err(bad(
+                        key,
+                        value,
+                        "expected transform=FILE.py:NAME or MODULE:NAME",
+                    ));
+                }
+                // A file is found from where the mount was asked, as a shell user means it.
+                self.transform = Some(match target.ends_with(".py") {
+                    true => {
+                        let file = std::path::absolute(target).unwrap_or_else(|_| target.into());
+                        format!("{}:{name}", file.display())
+                    }
+                    false => value.to_string(),
+                });
+            }
+            "transform_path" => {
+                if value.is_empty() {
+                    return Err(bad(key, value, "expected a directory"));
+                }
+                self.transform_path =
+                    Some(std::path::absolute(value).unwrap_or_else(|_| value.into()));
+            }
+            "transform_version" => self.transform_version = value.to_string(),
+            "transform_columns" => {
+                let cols = names(value, ':')
+                    .ok_or_else(|| bad(key, value, "expected transform_columns=A:B:C"))?;
+                self.transform_columns = Some(cols);
+            }
+            "transform_workers" => self.transform_workers = Some(positive(key, value)? as usize),
+            "python" => {
+                if value.is_empty() {
+                    return Err(bad(key, value, "expected an interpreter, python=PATH"));
+                }
+                self.python = value.to_string();
+            }
             "cache_dir" => {
                 if value.is_empty() {
                     return Err(bad(key, value, "expected a directory"));
@@ -619,7 +684,32 @@ impl Options {
     }
 
     /// Checks between options.
+    /// The transform asked for, if any.
+    pub fn udf(&self) -> Option<crate::udf::Spec> {
+        Some(crate::udf::Spec {
+            target: self.transform.clone()?,
+            path: self.transform_path.clone(),
+            version: self.transform_version.clone(),
+            workers: self.transform_workers.unwrap_or(self.threads),
+            python: self.python.clone(),
+            columns: self.transform_columns.clone().unwrap_or_default(),
+        })
+    }
+
     fn check(&self) -> Result<(), OptionError> {
+        let needs_transform = [
+            ("transform_path", self.transform_path.is_some()),
+            ("transform_version", !self.transform_version.is_empty()),
+            ("transform_columns", self.transform_columns.is_some()),
+            ("transform_workers", self.transform_workers.is_some()),
+        ];
+        if self.transform.is_none()
+            && let Some((key, _)) = needs_transform.iter().find(|(_, given)| *given)
+        {
+            return Err(OptionError(format!(
+                "mount option {key}= is for a transform: give transform=FILE.py:NAME or MODULE:NAME too"
+            )));
+        }
         let mut seen = std::collections::HashSet::new();
         for (col, _) in &self.pads {
             if !seen.insert(col) {
@@ -687,6 +777,14 @@ impl Options {
             pads,
             nulls,
             partitions,
+            transform,
+            transform_path: _,
+            transform_version,
+            transform_columns,
+            // The function's own identity (its sources' digest) joins the cache keys where
+            // they are made, from the transform's workers.
+            transform_workers: _,
+            python: _,
             // Runtime options: how batches are produced and served, never their bytes.
             epochs: _,
             world_size: _,
@@ -720,6 +818,9 @@ impl Options {
                 "stack": stacks,
                 "pad": pads,
                 "nulls": nulls.name(),
+                "transform": transform,
+                "transform_version": transform_version,
+                "transform_columns": transform_columns,
             }),
             order: json!({
                 "batch_size": batch_size,
@@ -773,6 +874,14 @@ impl Options {
         );
         m.insert("nulls", json!(self.nulls.name()));
         m.insert("partitions", json!(self.partitions));
+        if self.transform.is_some() {
+            m.insert("transform", json!(self.transform));
+            m.insert("transform_path", json!(self.transform_path));
+            m.insert("transform_version", json!(self.transform_version));
+            m.insert("transform_columns", json!(self.transform_columns));
+            m.insert("transform_workers", json!(self.udf().map(|u| u.workers)));
+            m.insert("python", json!(self.python));
+        }
         m.insert("epochs", json!(self.epochs));
         m.insert("world_size", json!(self.world_size));
         m.insert("cache_dir", json!(self.cache_dir));

@@ -428,6 +428,8 @@ pub struct Limits {
 pub struct Builder {
     source: Arc<Source>,
     view: Arc<View>,
+    /// The user's transform: row groups are read as its input and go through it first.
+    udf: Option<Arc<crate::udf::Applied>>,
     layout: Arc<Layout>,
     orders: Arc<Orders>,
     stats: Arc<Stats>,
@@ -483,6 +485,7 @@ pub struct Parts {
     pub stats: Arc<Stats>,
     pub cache: Arc<DiskCache>,
     pub eviction: Arc<Eviction>,
+    pub udf: Option<Arc<crate::udf::Applied>>,
 }
 
 impl Builder {
@@ -495,6 +498,7 @@ impl Builder {
             stats,
             cache,
             eviction,
+            udf,
         } = parts;
         let row_groups = source
             .files
@@ -515,6 +519,7 @@ impl Builder {
         Ok(Builder {
             source,
             view,
+            udf,
             layout,
             orders,
             stats,
@@ -782,30 +787,31 @@ impl Builder {
         Ok(())
     }
 
-    /// Under `shuffle=block`, decodes (or loads) the row groups of the blocks the batches
-    /// `batches` (epoch, batch) draw from, and of the block after each: a block is thousands of
-    /// batches, so the next one is decoded while the reader goes through this one, and each
-    /// block is asked for once, not once a batch.
+    /// Under `shuffle=block`, decodes (or loads) the row groups of the block after each block
+    /// the batches `batches` (epoch, batch) draw from: a block is thousands of batches, so the
+    /// next one is decoded while the reader goes through this one, and each block is asked for
+    /// once, not once a batch. The blocks the batches draw from themselves are left to their
+    /// builds, which decode at full width (a decode asked for ahead keeps the rank of a decode
+    /// ahead, one worker short of them all).
     pub async fn warm_blocks(&self, batches: &[(u64, u64)]) -> Result<()> {
         let mut needed = Vec::new();
         for &(epoch, i) in batches {
             let order = self.orders.epoch(epoch);
             for (p, w) in self.plan().batch_blocks(&order, i) {
-                for w in [w, w + 1] {
-                    if w >= self.plan().windows_in(&order, p) {
-                        continue;
+                let next = w + 1;
+                if next >= self.plan().windows_in(&order, p) {
+                    continue;
+                }
+                let new = {
+                    let mut asked = self.blocks_asked.lock().unwrap();
+                    // What was asked for long ago is decoded, evicted or read by now.
+                    if asked.len() > 1 << 16 {
+                        asked.clear();
                     }
-                    let new = {
-                        let mut asked = self.blocks_asked.lock().unwrap();
-                        // What was asked for long ago is decoded, evicted or read by now.
-                        if asked.len() > 1 << 16 {
-                            asked.clear();
-                        }
-                        asked.insert((epoch, p, w))
-                    };
-                    if new {
-                        needed.extend(self.plan().window_row_groups(&order, p, w));
-                    }
+                    asked.insert((epoch, p, next))
+                };
+                if new {
+                    needed.extend(self.plan().window_row_groups(&order, p, next));
                 }
             }
         }
@@ -907,14 +913,22 @@ impl Builder {
         let distance = self.eviction.distance_fn();
         let map_from = self.map_from();
         // Where epochs repeat, the batch files are all that is needed again for their readers:
-        // keeping the columns too would write every byte twice.
-        let keep =
-            !self.plan().epochs_repeat() || self.keep_repeated_columns.load(Ordering::Relaxed);
+        // keeping the columns too would write every byte twice. A transform's output is kept
+        // whatever the mode: it is run once per row group, whatever the batch size (§10).
+        let keep = !self.plan().epochs_repeat()
+            || self.keep_repeated_columns.load(Ordering::Relaxed)
+            || self.udf.is_some();
+        let udf = self.udf.clone();
+        // A transform reads its input columns; the view's are its output's.
+        let roots = match &udf {
+            Some(a) => a.input.clone(),
+            None => view.roots.clone(),
+        };
         let _fetching = self.fetches.acquire().await?;
         let started = std::time::Instant::now();
         let fetched = match ahead {
             true => {
-                let (source, roots) = (source.clone(), view.roots.clone());
+                let source = source.clone();
                 self.background
                     .run(
                         async move { source.fetch_row_group(file, rg, &roots).await }
@@ -922,7 +936,7 @@ impl Builder {
                     )
                     .await??
             }
-            false => source.fetch_row_group(file, rg, &view.roots).await?,
+            false => source.fetch_row_group(file, rg, &roots).await?,
         };
         let _ahead = match ahead {
             true => Some(self.decodes_ahead.acquire().await?),
@@ -935,6 +949,12 @@ impl Builder {
                 tracing::debug!("decoding row group {g}");
                 let cpu_started = crate::read::pool::thread_cpu_ns();
                 let pieces = runtime.block_on(source.decode_row_group(fetched))?;
+                let pieces = match &udf {
+                    Some(a) => vec![a.apply(pieces, &view.roots).with_context(|| {
+                        format!("file '{}' row group {rg}", source.files[file].name)
+                    })?],
+                    None => pieces,
+                };
                 let t = transform::transform_row_group(&view, pieces).with_context(|| {
                     format!("file '{}' row group {rg}", source.files[file].name)
                 })?;

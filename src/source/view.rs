@@ -425,11 +425,20 @@ struct Hint<'a> {
 }
 
 impl<'a> Hint<'a> {
-    async fn new(source: &Source, cols: &'a Columns<'a>, opts: &'a Options) -> Result<Hint<'a>> {
+    async fn new(
+        source: &Source,
+        cols: &'a Columns<'a>,
+        opts: &'a Options,
+        applied: Option<&crate::udf::Applied>,
+    ) -> Result<Hint<'a>> {
         let mut nulls = HashMap::new();
         for &i in &cols.selected {
             if cols.mapped[&i].is_some() {
-                nulls.insert(i, column_has_nulls(source, i).await?);
+                let found = match applied {
+                    Some(a) => (a.nulls[i]).then(|| "the transform's output".to_string()),
+                    None => column_has_nulls(source, i).await?,
+                };
+                nulls.insert(i, found);
             }
         }
         let stacked = opts
@@ -872,17 +881,29 @@ fn check_tensor_names(tensors: &[Tensor], items: &[Item], hint: &Hint, problems:
 /// Builds the view of `source` under `opts`. Refusals are collected in `problems`; an error
 /// is returned only when the source cannot be read.
 pub async fn build(source: &Source, opts: &Options) -> Result<View> {
-    let schema = source.schema.clone();
-    let mut problems: Vec<String> = source.facts.schema_problem.iter().cloned().collect();
-    let undecodable = &source.facts.undecodable;
-    let cols = Columns::select(
-        &schema,
-        source.unischema.as_ref(),
-        undecodable,
-        opts,
-        &mut problems,
-    );
-    let hint = Hint::new(source, &cols, opts).await?;
+    build_with(source, opts, None).await
+}
+
+/// [`build`], over the output of a transform where there is one (`applied`): its columns are
+/// then the ones `columns=`, `cast=`, `pad=`, `stack=` and `nulls=` name, and their nulls are
+/// what the transform returned for the first row group.
+pub async fn build_with(
+    source: &Source,
+    opts: &Options,
+    applied: Option<&crate::udf::Applied>,
+) -> Result<View> {
+    let no_codecs = BTreeMap::new();
+    let (schema, mut problems, undecodable, unischema) = match applied {
+        None => (
+            source.schema.clone(),
+            source.facts.schema_problem.iter().cloned().collect(),
+            &source.facts.undecodable,
+            source.unischema.as_ref(),
+        ),
+        Some(a) => (a.schema.clone(), Vec::new(), &no_codecs, None),
+    };
+    let cols = Columns::select(&schema, unischema, undecodable, opts, &mut problems);
+    let hint = Hint::new(source, &cols, opts, applied).await?;
     problems.extend(unsupported_types(&cols, &hint));
     problems.extend(refused_fields(&cols, &hint));
     let stack_of = check_stacks_and_pads(&cols, opts, &mut problems);
@@ -899,6 +920,7 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
     }
     let roots: BTreeSet<usize> = items.iter().flat_map(Item::fields).collect();
     let mut nulls_read: Vec<(usize, Option<String>)> = (hint.nulls.iter())
+        .filter(|_| applied.is_none())
         .filter(|(i, _)| matches!(source.facts.nulls[**i], NullFact::Unknown(_)))
         .map(|(i, file)| (*i, file.clone()))
         .collect();

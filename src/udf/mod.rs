@@ -1,0 +1,475 @@
+//! Your own transforms, pushed down and cached (PRODUCT.md §10): a Python function called on
+//! row groups in a pool of worker processes, its output what the cache keeps.
+//!
+//! Each worker is `python -c worker.py SPEC [PATH]`, talking on its stdin and stdout: the
+//! daemon writes a row group as an Arrow IPC stream (the `arrow` crate's), the worker answers
+//! with the function's output as one, or with the exception in one line (`worker.py`'s
+//! docstring has the framing). Pipes rather than shared memory: a row group crosses them at
+//! memory speed against the function's own time on it, and a worker that dies shows as the end
+//! of its pipe. A dead worker is replaced, and the row group it had is given to the new one
+//! once.
+//!
+//! The function is identified by a digest of its source files (the file named and the `.py`
+//! files beside it, or the module's, or every `.py` under `transform_path=`) and
+//! `transform_version=`: the cache keys decoded columns by it, so a changed function runs
+//! again and is never mixed with old output.
+
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+
+const WORKER: &str = include_str!("worker.py");
+
+/// How a transform is asked for: the mount options of PRODUCT.md §10.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spec {
+    /// `FILE.py:NAME` or `MODULE:NAME`.
+    pub target: String,
+    /// `transform_path=`: where MODULE is imported from.
+    pub path: Option<PathBuf>,
+    /// `transform_version=`: what the digest cannot see (a vocabulary file's version).
+    pub version: String,
+    /// `transform_workers=`.
+    pub workers: usize,
+    /// `python=`.
+    pub python: String,
+    /// `transform_columns=`: the source columns the function reads (all where empty).
+    pub columns: Vec<String>,
+}
+
+/// Why a call gave no output.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The function raised: its exception in one line.
+    #[error("the transform raised {0}")]
+    Raised(String),
+    /// The worker could not be reached, or died twice on this row group.
+    #[error("the transform's worker {0}")]
+    Worker(String),
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a worker said when it started.
+#[derive(Debug, serde::Deserialize)]
+struct Hello {
+    python: String,
+    pyarrow: String,
+    petastorm: bool,
+    sources: Vec<PathBuf>,
+}
+
+/// The pool of workers for one transform.
+pub struct Udf {
+    spec: Spec,
+    /// Hex digest of the function's sources, the spec and the version.
+    digest: String,
+    /// Whether the function is a Petastorm TransformSpec.
+    pub petastorm: bool,
+    /// The interpreter's and pyarrow's versions, for the log and dataset.json.
+    pub runtime: String,
+    slots: Vec<Mutex<Option<Worker>>>,
+    idle: Mutex<Vec<usize>>,
+    freed: Condvar,
+}
+
+impl Udf {
+    /// Starts the pool's first worker (the others start on first use) and checks what the
+    /// function is: an import that fails, a name that is missing, or (as root) a source that
+    /// other users may write refuses the mount, in one line.
+    pub fn start(spec: Spec) -> Result<Udf> {
+        if let Some(dir) = &spec.path
+            && !dir.is_dir()
+        {
+            bail!("transform_path={} is not a directory", dir.display());
+        }
+        if let Some((file, _)) = spec.target.rsplit_once(':')
+            && file.ends_with(".py")
+            && !Path::new(file).is_file()
+        {
+            bail!("transform={}: no such file '{file}'", spec.target);
+        }
+        let (worker, hello) = spawn(&spec)?;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let mut checked: Vec<&Path> = hello.sources.iter().map(PathBuf::as_path).collect();
+            checked.extend(spec.path.as_deref());
+            for p in checked {
+                if let Some(why) = writable_by_others(p) {
+                    bail!(
+                        "transform={}: {why}; as root, tensorfs runs no code other users may change",
+                        spec.target
+                    );
+                }
+            }
+        }
+        let digest = digest(&spec, &hello.sources)?;
+        let n = spec.workers.max(1);
+        let slots: Vec<Mutex<Option<Worker>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        *slots[0].lock().unwrap() = Some(worker);
+        Ok(Udf {
+            runtime: format!("Python {}, pyarrow {}", hello.python, hello.pyarrow),
+            petastorm: hello.petastorm,
+            spec,
+            digest,
+            slots,
+            idle: Mutex::new((0..n).rev().collect()),
+            freed: Condvar::new(),
+        })
+    }
+
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// The function's identity: what the cache keys its output by.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The function applied to `batch` (source rows) by one of the workers: its output, the same
+    /// number of rows. Blocks until a worker is free; a worker that dies is replaced and the
+    /// batch given to its replacement once.
+    pub fn call(&self, batch: &RecordBatch) -> Result<RecordBatch, CallError> {
+        let request = encode(batch).map_err(|e| CallError::Worker(format!("{e:#}")))?;
+        let slot = self.take();
+        let answer = self.call_on(slot, &request);
+        self.idle.lock().unwrap().push(slot);
+        self.freed.notify_one();
+        answer
+    }
+
+    /// Waits for an idle worker slot.
+    fn take(&self) -> usize {
+        let mut idle = self.idle.lock().unwrap();
+        loop {
+            if let Some(i) = idle.pop() {
+                return i;
+            }
+            idle = self.freed.wait(idle).unwrap();
+        }
+    }
+
+    fn call_on(&self, slot: usize, request: &[u8]) -> Result<RecordBatch, CallError> {
+        let mut worker = self.slots[slot].lock().unwrap();
+        let mut died = None;
+        for _ in 0..2 {
+            if worker.is_none() {
+                match spawn(&self.spec) {
+                    Ok((w, _)) => *worker = Some(w),
+                    Err(e) => return Err(CallError::Worker(format!("cannot start: {e:#}"))),
+                }
+            }
+            let w = worker.as_mut().expect("started above");
+            match exchange(w, request) {
+                Ok((b'B', body)) => {
+                    return decode(&body).map_err(|e| CallError::Worker(format!("{e:#}")));
+                }
+                Ok((b'E', body)) => {
+                    return Err(CallError::Raised(
+                        String::from_utf8_lossy(&body).into_owned(),
+                    ));
+                }
+                Ok((kind, _)) => {
+                    died = Some(format!(
+                        "answered with an unknown message '{}'",
+                        kind as char
+                    ));
+                }
+                Err(e) => {
+                    let status = w.child.try_wait().ok().flatten();
+                    died = Some(match status {
+                        Some(s) => format!("died ({s})"),
+                        None => format!("stopped answering ({e})"),
+                    });
+                }
+            }
+            // Dropped (killed and reaped): the next try starts a new one.
+            *worker = None;
+            tracing::warn!(
+                "transform={}: a worker {}; it is replaced",
+                self.spec.target,
+                died.as_deref().unwrap_or("failed")
+            );
+        }
+        Err(CallError::Worker(format!(
+            "{} twice on this row group",
+            died.unwrap_or_default()
+        )))
+    }
+}
+
+/// Starts one worker and reads its hello.
+fn spawn(spec: &Spec) -> Result<(Worker, Hello)> {
+    let mut cmd = Command::new(&spec.python);
+    cmd.arg("-c").arg(WORKER).arg(&spec.target);
+    if let Some(p) = &spec.path {
+        cmd.arg(p);
+    }
+    // The worker's own output goes where the daemon's does: its log.
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd.spawn().map_err(|e| {
+        anyhow!(
+            "transform={}: python={} cannot be started: {e}",
+            spec.target,
+            spec.python
+        )
+    })?;
+    let stdin = child.stdin.take().expect("piped");
+    let stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let mut worker = Worker {
+        child,
+        stdin,
+        stdout,
+    };
+    let (kind, body) = read_message(&mut worker.stdout).map_err(|e| {
+        let status = worker.child.try_wait().ok().flatten();
+        anyhow!(
+            "transform={}: the worker ({}) exited before it was ready{}: {e}; it needs pyarrow",
+            spec.target,
+            spec.python,
+            status.map(|s| format!(" ({s})")).unwrap_or_default()
+        )
+    })?;
+    match kind {
+        b'R' => {
+            let hello: Hello = serde_json::from_slice(&body)
+                .with_context(|| format!("transform={}: the worker's hello", spec.target))?;
+            Ok((worker, hello))
+        }
+        _ => bail!(
+            "transform={}: {}",
+            spec.target,
+            String::from_utf8_lossy(&body)
+        ),
+    }
+}
+
+/// Sends one request and reads one answer.
+fn exchange(w: &mut Worker, request: &[u8]) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    head[0] = b'B';
+    head[1..].copy_from_slice(&(request.len() as u64).to_le_bytes());
+    w.stdin.write_all(&head)?;
+    w.stdin.write_all(request)?;
+    w.stdin.flush()?;
+    read_message(&mut w.stdout)
+}
+
+/// The largest answer taken: a row group's output of more is a function gone wrong.
+const ANSWER_LIMIT: u64 = 64 << 30;
+
+fn read_message(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head)?;
+    let len = u64::from_le_bytes(head[1..].try_into().expect("8 bytes"));
+    if len > ANSWER_LIMIT {
+        return Err(std::io::Error::other(format!("an answer of {len} bytes")));
+    }
+    let mut body = vec![0u8; len as usize];
+    r.read_exact(&mut body)?;
+    Ok((head[0], body))
+}
+
+/// One record batch as an Arrow IPC stream.
+fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+/// The one record batch of an Arrow IPC stream.
+fn decode(bytes: &[u8]) -> Result<RecordBatch> {
+    let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+    let schema: SchemaRef = reader.schema();
+    match reader.next() {
+        Some(batch) => Ok(batch?),
+        None => Ok(RecordBatch::new_empty(schema)),
+    }
+}
+
+/// Why a path (or its directory) is one other users may write, if it is: written by another
+/// user than root, or group- or world-writable.
+fn writable_by_others(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut at = Some(path);
+    // The file itself and every directory above it: a writable parent can swap the file.
+    while let Some(p) = at {
+        if let Ok(md) = std::fs::metadata(p) {
+            let sticky = md.mode() & 0o1000 != 0;
+            if md.uid() != 0 {
+                return Some(format!("'{}' belongs to uid {}", p.display(), md.uid()));
+            }
+            if md.mode() & 0o022 != 0 && !(md.is_dir() && sticky) {
+                return Some(format!("'{}' is writable by other users", p.display()));
+            }
+        }
+        at = p.parent();
+    }
+    None
+}
+
+/// The digest of the function: its spec, version and every source file's bytes, in order.
+fn digest(spec: &Spec, sources: &[PathBuf]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"tensorfs transform\0");
+    h.update(spec.target.as_bytes());
+    h.update([0]);
+    h.update(spec.version.as_bytes());
+    h.update([0]);
+    for c in &spec.columns {
+        h.update(c.as_bytes());
+        h.update([0]);
+    }
+    let mut sources: Vec<&PathBuf> = sources.iter().collect();
+    sources.sort();
+    for p in sources {
+        let bytes = std::fs::read(p).with_context(|| {
+            format!(
+                "transform={}: '{}' cannot be read",
+                spec.target,
+                p.display()
+            )
+        })?;
+        h.update(p.as_os_str().as_encoded_bytes());
+        h.update([0]);
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A transform applied to a dataset: the source columns it reads, and its output as the
+/// mount-time trial found it (the view is built over that schema).
+pub struct Applied {
+    pub udf: Udf,
+    /// The source's root columns given to the function, ascending.
+    pub input: Vec<usize>,
+    /// The output's schema on the first row group.
+    pub schema: SchemaRef,
+    /// For each output column, whether the first row group's output holds nulls in it.
+    pub nulls: Vec<bool>,
+}
+
+impl Applied {
+    /// Calls the function twice on the first row group (on two workers where there are two)
+    /// and refuses, in one line, a function that raises, returns another number of rows or
+    /// something that is no table, or returns two different outputs (it is not deterministic).
+    pub async fn trial(udf: Udf, source: &crate::source::Source) -> Result<Applied> {
+        let target = udf.spec.target.clone();
+        let input: Vec<usize> = match udf.spec.columns.is_empty() {
+            true => (0..source.schema.fields().len()).collect(),
+            false => {
+                let mut roots = Vec::new();
+                for c in &udf.spec.columns {
+                    let Ok(i) = source.schema.index_of(c) else {
+                        bail!("transform_columns={c}: the dataset has no column '{c}'");
+                    };
+                    roots.push(i);
+                }
+                roots.sort_unstable();
+                roots.dedup();
+                roots
+            }
+        };
+        let first = (source.files.iter().enumerate())
+            .find_map(|(f, file)| Some((f, file.rg_rows.iter().position(|&r| r > 0)?)));
+        let batch = match first {
+            Some((f, rg)) => source.read_row_group(f, rg, &input).await?,
+            None => RecordBatch::new_empty(Arc::new(source.schema.project(&input)?)),
+        };
+        let at = match first {
+            Some((f, rg)) => format!("file '{}' row group {rg}", source.files[f].name),
+            None => "an empty dataset".to_string(),
+        };
+        let slots = [0, 1.min(udf.slots.len() - 1)];
+        let request = encode(&batch)?;
+        let mut outputs = Vec::new();
+        for slot in slots {
+            // A blocking exchange with a worker process, on this runtime thread.
+            let out = tokio::task::block_in_place(|| udf.call_on(slot, &request))
+                .map_err(|e| anyhow!("transform={target} on the first row group ({at}): {e}"))?;
+            outputs.push(out);
+        }
+        let (a, b) = (&outputs[0], &outputs[1]);
+        if a != b {
+            bail!(
+                "transform={target} is not deterministic: two calls on the first row group ({at}) returned different outputs; random augmentation belongs in the training loop"
+            );
+        }
+        let schema = a.schema();
+        let nulls = a.columns().iter().map(|c| c.null_count() > 0).collect();
+        Ok(Applied {
+            udf,
+            input,
+            schema,
+            nulls,
+        })
+    }
+
+    /// What dataset.json says of the transform.
+    pub fn json(&self) -> serde_json::Value {
+        let spec = &self.udf.spec;
+        serde_json::json!({
+            "function": spec.target,
+            "digest": self.udf.digest,
+            "version": spec.version,
+            "petastorm_transform_spec": self.udf.petastorm,
+            "workers": self.udf.slots.len(),
+            "python": spec.python,
+            "runtime": self.udf.runtime,
+            "input_columns": self.input.len(),
+        })
+    }
+
+    /// The function's output for one row group (`pieces`: its source rows, decoded as
+    /// `input`), projected to the output columns `roots`. An output of other columns than the
+    /// first row group's is an error for that row group.
+    pub fn apply(&self, pieces: Vec<RecordBatch>, roots: &[usize]) -> Result<RecordBatch> {
+        let schema = match pieces.first() {
+            Some(p) => p.schema(),
+            None => bail!("no rows were decoded"),
+        };
+        let batch = arrow::compute::concat_batches(&schema, &pieces)?;
+        drop(pieces);
+        let out = self.udf.call(&batch)?;
+        let same = out.schema().fields().len() == self.schema.fields().len()
+            && (out.schema().fields().iter().zip(self.schema.fields()))
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same {
+            let show = |s: &arrow::datatypes::Schema| {
+                (s.fields().iter())
+                    .map(|f| format!("{}: {}", f.name(), f.data_type()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            bail!(
+                "the transform returned columns [{}], not the [{}] it returned for the first row group",
+                show(&out.schema()),
+                show(&self.schema)
+            );
+        }
+        Ok(out.project(roots)?)
+    }
+}
