@@ -67,10 +67,12 @@ impl Dataset {
             None => None,
         };
         let view = Arc::new(view::build_with(&source, opts, udf.as_deref()).await?);
-        let files: Vec<PlanFile> = (source.files.iter())
-            .map(|f| PlanFile {
+        // The rows the dataset holds: a table's deleted rows are none of them.
+        let live: Vec<Vec<u64>> = source.files.iter().map(|f| f.live_rg_rows()).collect();
+        let files: Vec<PlanFile> = (source.files.iter().zip(&live))
+            .map(|(f, rg_rows)| PlanFile {
                 key: &f.name,
-                rg_rows: &f.rg_rows,
+                rg_rows,
             })
             .collect();
         let plan = Plan::new(&files, opts.order());

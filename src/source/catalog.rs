@@ -29,13 +29,30 @@ pub struct Object {
     /// Bytes of the footer (metadata, length, magic), so that one GET fetches it exactly; 0
     /// where not known yet.
     pub footer_len: u64,
-    /// Rows of each row group.
+    /// Rows of each row group, as the file stores them.
     pub rg_rows: Vec<u64>,
+    /// The rows the table deletes from the file (a Delta deletion vector), if it deletes any.
+    pub deletes: Option<crate::source::deletes::DeletionVector>,
+    /// How many of each row group's rows it deletes (empty: none), once known.
+    pub rg_deleted: Vec<u64>,
 }
 
 impl Object {
+    /// Rows the file stores.
     pub fn rows(&self) -> u64 {
         self.rg_rows.iter().sum()
+    }
+
+    /// Rows of each row group the dataset holds: those the table did not delete.
+    pub fn live_rg_rows(&self) -> Vec<u64> {
+        (self.rg_rows.iter().enumerate())
+            .map(|(i, &n)| n - self.rg_deleted.get(i).copied().unwrap_or(0).min(n))
+            .collect()
+    }
+
+    /// Rows the dataset holds of the file.
+    pub fn live_rows(&self) -> u64 {
+        self.live_rg_rows().iter().sum()
     }
 }
 
@@ -203,7 +220,8 @@ impl<'a> Earlier<'a> {
         let same = then.size == now.size
             && then.e_tag == now.e_tag
             && then.version == now.version
-            && then.modified == now.modified;
+            && then.modified == now.modified
+            && then.deletes == now.deletes;
         same.then_some(*then)
     }
 }
@@ -594,6 +612,10 @@ pub fn fingerprint(
             None => h.update(format!("modified {}", f.modified)),
         }
         h.update([0]);
+        // The same file with other rows deleted is another dataset.
+        if let Some(dv) = &f.deletes {
+            h.update(format!("deletes {}\0", dv.unique_id()));
+        }
     }
     if let Some(u) = unischema {
         h.update(if u.inferred { "cells\0" } else { "unischema\0" });
@@ -672,6 +694,8 @@ mod tests {
 
     fn object(name: &str, size: u64, e_tag: &str) -> Object {
         Object {
+            deletes: None,
+            rg_deleted: Vec::new(),
             name: name.into(),
             size,
             e_tag: Some(e_tag.into()),

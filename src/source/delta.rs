@@ -2,8 +2,8 @@
 //! from the table's log ([`crate::source::delta_log`]); a reader feature not read here is
 //! refused, naming it.
 //!
-//! What tensorfs does not read yet is refused in one line: deletion vectors (the version and
-//! that it has them) and column mapping. The table's schema decides the types, not each
+//! Deletion vectors are applied ([`crate::source::deletes`]); column mapping is refused in one
+//! line. The table's schema decides the types, not each
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
 use crate::source::delta_log::{self, Added};
@@ -44,6 +44,8 @@ pub struct Table {
     /// The data files, in lexicographic path order (their paths relative to the table's root,
     /// percent-decoded).
     pub files: Vec<String>,
+    /// Each file's deletion vector, where the table deletes rows of it.
+    pub deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
 }
 
 /// Reads version `version` (the latest when `None`) of the Delta table at `root` through
@@ -67,12 +69,6 @@ pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>
     let arrow_schema =
         arrow_schema(&snapshot.schema).context("its schema has no Arrow equivalent")?;
     let mut found = snapshot.files;
-    if let Some(f) = found.iter().find(|f| f.deletion_vector) {
-        bail!(
-            "Delta table version {version} has deletion vectors (file '{}' and maybe others), which tensorfs does not apply yet; rewrite the table without them (OPTIMIZE, or REORG TABLE … APPLY (PURGE))",
-            f.path
-        );
-    }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     // The partition columns, in the table's order (every file's values come from the log; a
     // null one is absent from a file's map).
@@ -104,6 +100,7 @@ pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>
         version,
         data_schema: Arc::new(Schema::new(data)),
         partitions: Partitions { fields, values },
+        deletes: found.iter().map(|f| f.deletion_vector.clone()).collect(),
         files: found.into_iter().map(|f| f.path).collect(),
     })
 }

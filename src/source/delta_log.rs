@@ -20,6 +20,8 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use crate::source::deletes::DeletionVector;
+
 /// The reader features a table may require that a mount reads: each is either handled here
 /// (checkpoints in v2, timestamps without time zone, widened types cast as any file's are,
 /// vacuum's protocol check) or refused where the table uses it (deletion vectors, column
@@ -61,7 +63,8 @@ pub struct Added {
     pub path: String,
     /// Partition values as strings; a null value is absent.
     pub partition_values: HashMap<String, String>,
-    pub deletion_vector: bool,
+    /// The rows the table deletes from the file, if it deletes any.
+    pub deletion_vector: Option<DeletionVector>,
 }
 
 /// One version of the table, as its log says.
@@ -91,14 +94,20 @@ struct Replay {
 }
 
 impl Replay {
-    /// File `path` (decoded) added, with deletion vector `dv` (its id) and partition values.
-    fn add(&mut self, path: String, dv: Option<String>, partition_values: HashMap<String, String>) {
+    /// File `path` (decoded) added, with deletion vector `dv` and partition values.
+    fn add(
+        &mut self,
+        path: String,
+        dv: Option<DeletionVector>,
+        partition_values: HashMap<String, String>,
+    ) {
+        let id = dv.as_ref().map(DeletionVector::unique_id);
         let added = Added {
             path: path.clone(),
             partition_values,
-            deletion_vector: dv.is_some(),
+            deletion_vector: dv,
         };
-        self.live.insert((path, dv), added);
+        self.live.insert((path, id), added);
     }
 
     /// Applies one action of a commit or checkpoint, given as JSON.
@@ -115,12 +124,13 @@ impl Replay {
                         .collect()
                 })
                 .unwrap_or_default();
-            self.add(path, dv_id(add.get("deletionVector")), values);
+            self.add(path, dv_of(add.get("deletionVector")), values);
         }
         if let Some(remove) = action.get("remove") {
             let path = decoded(&str_field(remove, "path")?)?;
+            let dv = dv_of(remove.get("deletionVector"));
             self.live
-                .remove(&(path, dv_id(remove.get("deletionVector"))));
+                .remove(&(path, dv.as_ref().map(DeletionVector::unique_id)));
         }
         if let Some(m) = action.get("metaData") {
             self.metadata = Some(m.clone());
@@ -140,7 +150,7 @@ impl Replay {
             let add = add.as_struct_opt().context("'add' is not a struct")?;
             let paths = strings(add, "path")?;
             let dvs = match add.column_by_name("deletionVector") {
-                Some(dv) => dv_ids(dv)?,
+                Some(dv) => dvs_of(dv)?,
                 None => vec![None; add.len()],
             };
             let values = add.column_by_name("partitionValues");
@@ -195,54 +205,60 @@ fn str_field(action: &Value, name: &str) -> Result<String> {
         .ok_or_else(|| anyhow!("an action has no '{name}'"))
 }
 
-/// A deletion vector's unique id, as the protocol keys files by it: its storage type, path or
-/// inline data, and `@offset` where it has one; `None` where there is none (no struct, or no
+/// A deletion vector as an action gives it; `None` where there is none (no struct, or no
 /// storage type).
-fn dv_id(dv: Option<&Value>) -> Option<String> {
-    let dv = dv?.as_object()?;
-    let storage = dv.get("storageType")?.as_str()?;
-    let path = dv
-        .get("pathOrInlineDv")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let offset = dv.get("offset").and_then(Value::as_i64);
-    Some(unique_id(storage, path, offset))
+fn dv_of(dv: Option<&Value>) -> Option<DeletionVector> {
+    let dv = dv.and_then(Value::as_object)?;
+    let storage = dv.get("storageType").and_then(Value::as_str)?;
+    let number = |name: &str| dv.get(name).and_then(Value::as_u64);
+    Some(DeletionVector {
+        storage_type: storage.to_string(),
+        path_or_inline_dv: (dv.get("pathOrInlineDv").and_then(Value::as_str))
+            .unwrap_or("")
+            .to_string(),
+        offset: number("offset"),
+        // A remove names the vector only to match its add; a read checks the size it needs.
+        size_in_bytes: number("sizeInBytes").unwrap_or(0),
+        cardinality: number("cardinality").unwrap_or(0),
+    })
 }
 
-fn unique_id(storage: &str, path: &str, offset: Option<i64>) -> String {
-    match offset {
-        Some(o) => format!("{storage}{path}@{o}"),
-        None => format!("{storage}{path}"),
-    }
-}
-
-/// [`dv_id`] of every row of a checkpoint's `deletionVector` column.
-fn dv_ids(column: &Arc<dyn Array>) -> Result<Vec<Option<String>>> {
+/// [`dv_of`] of every row of a checkpoint's `deletionVector` column.
+fn dvs_of(column: &Arc<dyn Array>) -> Result<Vec<Option<DeletionVector>>> {
     let dv = column
         .as_struct_opt()
         .context("'deletionVector' is not a struct")?;
     let storage = strings(dv, "storageType")?;
     let paths = strings(dv, "pathOrInlineDv").unwrap_or_else(|_| vec![None; dv.len()]);
-    let offsets = match dv.column_by_name("offset") {
-        Some(o) => {
-            let o = arrow::compute::cast(o, &DataType::Int64)?;
-            let o = o.as_primitive::<arrow::datatypes::Int64Type>();
-            (0..o.len())
-                .map(|i| o.is_valid(i).then(|| o.value(i)))
-                .collect()
-        }
-        None => vec![None; dv.len()],
+    let numbers = |name: &str| -> Result<Vec<Option<u64>>> {
+        let Some(o) = dv.column_by_name(name) else {
+            return Ok(vec![None; dv.len()]);
+        };
+        let o = arrow::compute::cast(o, &DataType::Int64)?;
+        let o = o.as_primitive::<arrow::datatypes::Int64Type>();
+        Ok((0..o.len())
+            .map(|i| o.is_valid(i).then(|| o.value(i) as u64))
+            .collect())
     };
-    Ok((0..dv.len())
+    let (offsets, sizes, counts) = (
+        numbers("offset")?,
+        numbers("sizeInBytes")?,
+        numbers("cardinality")?,
+    );
+    (0..dv.len())
         .map(|i| {
-            let storage = storage[i].as_deref().filter(|_| dv.is_valid(i))?;
-            Some(unique_id(
-                storage,
-                paths[i].as_deref().unwrap_or(""),
-                offsets[i],
-            ))
+            let Some(storage) = storage[i].as_deref().filter(|_| dv.is_valid(i)) else {
+                return Ok(None);
+            };
+            Ok(Some(DeletionVector {
+                storage_type: storage.to_string(),
+                path_or_inline_dv: paths[i].clone().unwrap_or_default(),
+                offset: offsets[i],
+                size_in_bytes: sizes[i].unwrap_or(0),
+                cardinality: counts[i].unwrap_or(0),
+            }))
         })
-        .collect())
+        .collect()
 }
 
 /// A path as the log writes it (a URI reference), percent-decoded.
@@ -650,7 +666,11 @@ mod tests {
             &mut r,
             r#"{"add":{"path":"d.parquet","deletionVector":{"storageType":null}}}"#,
         );
-        assert!(!r.live[&("d.parquet".to_string(), None)].deletion_vector);
+        assert!(
+            r.live[&("d.parquet".to_string(), None)]
+                .deletion_vector
+                .is_none()
+        );
     }
 
     #[test]
@@ -691,7 +711,7 @@ mod tests {
         apply(&mut r, r#"{"remove":{"path":"b.parquet"}}"#);
         let live: Vec<&Added> = r.live.values().collect();
         assert_eq!(live.len(), 1);
-        assert!(live[0].path == "b.parquet" && live[0].deletion_vector);
+        assert!(live[0].path == "b.parquet" && live[0].deletion_vector.is_some());
         apply(
             &mut r,
             r#"{"add":{"path":"c.parquet","partitionValues":{"y":"1","z":null}}}"#,

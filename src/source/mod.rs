@@ -10,9 +10,11 @@
 //! `view` (schema → tensors).
 
 pub mod catalog;
+pub mod deletes;
 pub mod delta;
 pub mod delta_log;
 pub mod footer;
+pub mod lake;
 pub mod partition;
 pub mod petastorm;
 pub mod snapshot;
@@ -94,6 +96,8 @@ pub struct SourceFile {
     pub location: Path,
     /// Loaded when a read first needs it (at start, for a listing).
     footer: tokio::sync::OnceCell<Footer>,
+    /// The rows the table deletes from it, loaded when a read first needs them.
+    deleted: tokio::sync::OnceCell<Arc<roaring::RoaringTreemap>>,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -106,9 +110,13 @@ impl std::ops::Deref for SourceFile {
 
 impl SourceFile {
     fn new(url: &Url, location: Path, object: Object) -> SourceFile {
+        // The same file with other rows deleted decodes to other columns.
         let version = format!(
-            "{:?}|{:?}|{}",
-            object.e_tag, object.version, object.modified
+            "{:?}|{:?}|{}|{:?}",
+            object.e_tag,
+            object.version,
+            object.modified,
+            object.deletes.as_ref().map(|d| d.unique_id())
         );
         let id = kept::identity(&[
             url.as_str().as_bytes(),
@@ -121,6 +129,7 @@ impl SourceFile {
             id,
             location,
             footer: tokio::sync::OnceCell::new(),
+            deleted: tokio::sync::OnceCell::new(),
         }
     }
 }
@@ -209,10 +218,11 @@ pub struct Listing<'a> {
     pub from: Option<&'a Pinned>,
 }
 
-/// A source's listing: its `*.parquet` objects, and whether it is a Delta table's root.
+/// A source's listing: its `*.parquet` objects, and the kind of table it is the root of, if
+/// it is one.
 struct Listed {
     objects: Vec<(String, ObjectMeta)>,
-    delta: bool,
+    table: Option<lake::Kind>,
 }
 
 /// Where a source's objects are, and what its reads count into.
@@ -552,7 +562,27 @@ impl Source {
         }
         let started = std::time::Instant::now();
         let listed = Self::list(&store, &prefix, source).await?;
-        let table = match (listed.delta, version) {
+        match listed.table {
+            Some(kind @ (lake::Kind::Iceberg | lake::Kind::Hudi)) => bail!(
+                "source '{source}' is an {} table, which tensorfs does not read yet; its files alone would serve deleted and superseded rows",
+                kind.name()
+            ),
+            Some(lake::Kind::Delta) => {}
+            // Files inside a table (a partition directory, one data file) are no dataset.
+            None => {
+                if let Some((kind, root)) = lake::enclosing(&store, &prefix).await? {
+                    let root = match url.scheme() {
+                        "file" => format!("/{root}"),
+                        scheme => format!("{scheme}://{}/{root}", url.host_str().unwrap_or("")),
+                    };
+                    bail!(
+                        "source '{source}' lies inside the {} table at '{root}': mount the table's root, which reads it at a version (its files alone hold deleted and superseded rows)",
+                        kind.name()
+                    );
+                }
+            }
+        }
+        let table = match (listed.table == Some(lake::Kind::Delta), version) {
             (true, version) => Some(
                 delta::read(store.clone(), &prefix, version)
                     .await
@@ -595,19 +625,32 @@ impl Source {
         let by_name = table.as_ref().map(|t| t.data_schema.as_ref());
         let earlier = from.and_then(|f| Earlier::of(f, table.as_ref().map(|t| &t.data_schema)));
         let earlier = &earlier;
+        let deletes: std::collections::HashMap<&str, &deletes::DeletionVector> = (table.iter())
+            .flat_map(|t| t.files.iter().zip(&t.deletes))
+            .filter_map(|(name, dv)| Some((name.as_str(), dv.as_ref()?)))
+            .collect();
+        let deletes = &deletes;
+        let table_root = &prefix;
         let files: Vec<SourceFile> = futures::stream::iter(objects)
             .map(|(name, meta)| {
                 let (store, stats) = (store.clone(), stats.clone());
                 async move {
                     let mut object = object_of(name, &meta);
+                    object.deletes = deletes.get(object.name.as_str()).map(|&d| d.clone());
                     if let Some(pinned) = earlier.as_ref().and_then(|e| e.same(&object)) {
                         // Pinned before, unchanged since: its footer is not read.
                         object.rg_rows = pinned.rg_rows.clone();
+                        object.rg_deleted = pinned.rg_deleted.clone();
                         object.footer_len = pinned.footer_len;
                         return Ok(SourceFile::new(url, meta.location, object));
                     }
                     let mut file = SourceFile::new(url, meta.location, object);
-                    let reader = ObjectReader::new(store, &file, stats, Origin::Listing.since());
+                    let reader = ObjectReader::new(
+                        store.clone(),
+                        &file,
+                        stats.clone(),
+                        Origin::Listing.since(),
+                    );
                     let (metadata, footer_len) = load_metadata(&reader, footers, &file.id, 0)
                         .await
                         .map_err(|e| {
@@ -621,6 +664,15 @@ impl Source {
                     file.object.rg_rows = row_group_rows(metadata.metadata());
                     let footer = Footer::new(metadata, footer_len, by_name);
                     file.footer = tokio::sync::OnceCell::new_with(Some(footer));
+                    if let Some(dv) = file.object.deletes.clone() {
+                        // What each row group keeps, for the plan; the rows, for the decode.
+                        let rows = load_deletes(&store, url, table_root, &dv, &stats)
+                            .await
+                            .with_context(|| format!("file '{}'", file.name))?;
+                        file.object.rg_deleted =
+                            deletes::per_row_group(&rows, &file.object.rg_rows);
+                        file.deleted = tokio::sync::OnceCell::new_with(Some(Arc::new(rows)));
+                    }
                     progress.footer_read();
                     Ok::<_, anyhow::Error>(file)
                 }
@@ -951,7 +1003,7 @@ impl Source {
                     let name = prefix.filename().unwrap_or(prefix.as_ref()).to_string();
                     return Ok(Listed {
                         objects: vec![(name, meta)],
-                        delta: false,
+                        table: None,
                     });
                 }
                 Err(object_store::Error::NotFound { .. }) => {}
@@ -961,14 +1013,14 @@ impl Source {
             }
         }
         let all = Self::list_all(store, prefix, source).await?;
-        let delta = delta::is_table(all.iter().map(|(name, _)| name.as_str()));
+        let table = lake::kind_of(all.iter().map(|(name, _)| name.as_str()));
         let objects: Vec<(String, ObjectMeta)> = (all.into_iter())
             .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
             .collect();
-        if objects.is_empty() && !delta {
+        if objects.is_empty() && table.is_none() {
             bail!("source '{source}' holds no *.parquet objects");
         }
-        Ok(Listed { objects, delta })
+        Ok(Listed { objects, table })
     }
 
     /// Every object under `prefix`, in lexicographic key order, with its name relative to it.
@@ -1224,9 +1276,13 @@ impl Source {
         let partition_roots = fetched.partition_roots.clone();
         let (wanted, roots) = (fetched.wanted.clone(), fetched.roots.clone());
         let pieces = match fetched.mask.is_some() {
-            true => self.decode_columns(fetched).await?,
+            true => {
+                let pieces = self.decode_columns(fetched).await?;
+                self.without_deleted(file, rg, pieces).await?
+            }
+            // Only partition columns: as many rows as the table keeps.
             false => {
-                let rows = self.files[file].rg_rows[rg] as usize;
+                let rows = self.files[file].live_rg_rows()[rg] as usize;
                 let no_columns = Arc::new(arrow::datatypes::Schema::empty());
                 let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
                 vec![RecordBatch::try_new_with_options(
@@ -1254,6 +1310,44 @@ impl Source {
                 }
                 let schema = Arc::new(arrow::datatypes::Schema::new(fields));
                 Ok(RecordBatch::try_new(schema, columns)?)
+            })
+            .collect()
+    }
+
+    /// Row group `rg` of `file` (`pieces`, its rows in order) without the rows the table
+    /// deletes from it.
+    async fn without_deleted(
+        &self,
+        file: usize,
+        rg: usize,
+        pieces: Vec<RecordBatch>,
+    ) -> Result<Vec<RecordBatch>> {
+        let f = &self.files[file];
+        let Some(dv) = &f.deletes else {
+            return Ok(pieces);
+        };
+        let deleted = (f.deleted)
+            .get_or_try_init(|| async {
+                let (url, root) = (&self.url, &self.root);
+                let rows = load_deletes(&self.store, url, root, dv, &self.stats).await?;
+                Ok::<_, anyhow::Error>(Arc::new(rows))
+            })
+            .await
+            .with_context(|| format!("file '{}'", f.name))?;
+        let start: u64 = f.rg_rows[..rg].iter().sum();
+        let end = start + f.rg_rows[rg];
+        if deletes::count_in(deleted, start..end) == 0 {
+            return Ok(pieces);
+        }
+        let mut at = start;
+        (pieces.into_iter())
+            .map(|piece| {
+                let n = piece.num_rows() as u64;
+                let keep: arrow::array::BooleanArray = (at..at + n)
+                    .map(|row| Some(!deleted.contains(row)))
+                    .collect();
+                at += n;
+                Ok(arrow::compute::filter_record_batch(&piece, &keep)?)
             })
             .collect()
     }
@@ -1562,8 +1656,48 @@ fn utc_as_offset(t: &arrow::datatypes::DataType) -> arrow::datatypes::DataType {
 }
 
 /// An object as listed, before its footer is read.
+/// The row positions deletion vector `dv` of a table at `root` (`url`) deletes.
+async fn load_deletes(
+    store: &Arc<dyn ObjectStore>,
+    url: &Url,
+    root: &Path,
+    dv: &deletes::DeletionVector,
+    stats: &Stats,
+) -> Result<roaring::RoaringTreemap> {
+    let (path, absolute, offset) = match dv.location()? {
+        deletes::Location::Inline(bytes) => return deletes::bitmap(&bytes),
+        deletes::Location::File {
+            path,
+            absolute,
+            offset,
+        } => (path, absolute, offset),
+    };
+    let location = match absolute {
+        false => child(root, &path)?,
+        // An absolute path names the file by URL: one under the table's own.
+        true => {
+            let base = url.as_str().trim_end_matches('/');
+            let rest = (path.strip_prefix(base))
+                .and_then(|r| r.strip_prefix('/'))
+                .ok_or_else(|| anyhow!("its deletion vector '{path}' is outside the table"))?;
+            let rest = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
+            child(root, &rest)?
+        }
+    };
+    let range = offset..offset + deletes::stored_len(dv);
+    let bytes = store
+        .get_range(&location, range)
+        .await
+        .with_context(|| format!("its deletion vector '{location}' cannot be read"))?;
+    Stats::add(&stats.c.remote_requests, 1);
+    Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
+    deletes::stored_bitmap(&bytes, dv).with_context(|| format!("deletion vector '{location}'"))
+}
+
 fn object_of(name: String, meta: &ObjectMeta) -> Object {
     Object {
+        deletes: None,
+        rg_deleted: Vec::new(),
         name,
         size: meta.size,
         e_tag: meta.e_tag.clone(),

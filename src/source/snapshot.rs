@@ -25,8 +25,11 @@ use sha2::{Digest, Sha256};
 use std::path::Path;
 
 const MAGIC: &[u8; 18] = b"tensorfs snapshot\n";
-/// The format's version: a change to what the body holds or means bumps it.
-const FORMAT: u32 = 1;
+/// The format's version: a change to what the body holds or means bumps it. Format 2 adds the
+/// rows a table deletes from its files; a snapshot without deletes is written as format 1,
+/// which an older tensorfs reads the same.
+const FORMAT: u32 = 2;
+const FORMATS_READ: [u32; 2] = [1, 2];
 /// Magic, format, body length, SHA-256 of the body.
 const HEADER: usize = MAGIC.len() + 4 + 8 + 32;
 
@@ -72,6 +75,13 @@ struct Objects {
     /// Row groups of each object; their rows follow, all objects' in one list.
     row_groups: Vec<u32>,
     rows: Vec<u64>,
+    /// The deletion vector of each object (format 2; all empty where none has one), and the
+    /// rows each deletes from each of its row groups (all objects' in one list, each object's
+    /// as many as it has row groups, where it has a deletion vector).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    deleted: Vec<u64>,
 }
 
 impl Objects {
@@ -87,7 +97,21 @@ impl Objects {
             o.row_groups.push(f.rg_rows.len() as u32);
             o.rows.extend(&f.rg_rows);
         }
+        if objects.iter().any(|f| f.deletes.is_some()) {
+            for f in objects {
+                o.deletes.push(f.deletes.clone());
+                if f.deletes.is_some() {
+                    o.deleted.extend(
+                        (0..f.rg_rows.len()).map(|i| f.rg_deleted.get(i).copied().unwrap_or(0)),
+                    );
+                }
+            }
+        }
         o
+    }
+
+    fn has_deletes(&self) -> bool {
+        !self.deletes.is_empty()
     }
 
     fn into_objects(self) -> Result<Vec<Object>> {
@@ -104,6 +128,19 @@ impl Objects {
         if lengths.iter().any(|&l| l != n) || groups != self.rows.len() as u64 {
             bail!("its object lists disagree in length");
         }
+        let deletes = match self.deletes.is_empty() {
+            true => vec![None; n],
+            false => self.deletes,
+        };
+        let deleted_groups: u64 = (deletes.iter().zip(&self.row_groups))
+            .filter(|(d, _)| d.is_some())
+            .map(|(_, &g)| g as u64)
+            .sum();
+        if deletes.len() != n || deleted_groups != self.deleted.len() as u64 {
+            bail!("its deletion vectors disagree with its objects");
+        }
+        let mut deleted = self.deleted.into_iter();
+        let mut deletes = deletes.into_iter();
         let mut rows = self.rows.into_iter();
         let objects = (self.names.into_iter())
             .zip(self.sizes)
@@ -114,7 +151,12 @@ impl Objects {
             .zip(self.row_groups)
             .map(
                 |((((((name, size), e_tag), version), modified), footer_len), groups)| {
-                    let rg_rows = rows.by_ref().take(groups as usize).collect();
+                    let rg_rows: Vec<u64> = rows.by_ref().take(groups as usize).collect();
+                    let deletes = deletes.next().flatten();
+                    let rg_deleted = match deletes.is_some() {
+                        true => deleted.by_ref().take(groups as usize).collect(),
+                        false => Vec::new(),
+                    };
                     Object {
                         name,
                         size,
@@ -123,6 +165,8 @@ impl Objects {
                         modified,
                         footer_len,
                         rg_rows,
+                        deletes,
+                        rg_deleted,
                     }
                 },
             )
@@ -136,6 +180,9 @@ impl Objects {
                 .ok_or_else(|| anyhow!("its row counts overflow"))?;
             if o.footer_len != 0 && !(12..=o.size).contains(&o.footer_len) {
                 bail!("object '{}' has a footer of {} bytes", o.name, o.footer_len);
+            }
+            if o.rg_deleted.iter().zip(&o.rg_rows).any(|(d, r)| d > r) {
+                bail!("object '{}' has more rows deleted than it holds", o.name);
             }
         }
         Ok(objects)
@@ -175,11 +222,17 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         partition_values: source.partitions.values.clone(),
         table_version: source.table_version,
     };
+    // Without deletes, the body is format 1's: a snapshot an older tensorfs can read.
+    let format = if body.objects.has_deletes() {
+        FORMAT
+    } else {
+        1
+    };
     let json = serde_json::to_vec(&body)?;
     let compressed = zstd::bulk::compress(&json, 9)?;
     let mut out = Vec::with_capacity(HEADER + compressed.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&(compressed.len() as u64).to_le_bytes());
     out.extend_from_slice(&Sha256::digest(&compressed));
     out.extend_from_slice(&compressed);
@@ -197,7 +250,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
         return Err(refused("is truncated"));
     }
     let format = u32::from_le_bytes(bytes[18..22].try_into().expect("4 bytes"));
-    if format != FORMAT {
+    if !FORMATS_READ.contains(&format) {
         return Err(refused(&format!(
             "is of format {format}, which this tensorfs (format {FORMAT}) cannot read"
         )));

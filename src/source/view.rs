@@ -993,7 +993,7 @@ pub fn dataset_json(
     let files: Vec<serde_json::Value> = source
         .files
         .iter()
-        .map(|f| json!({"path": f.name, "rows": f.rows(), "row_groups": f.rg_rows.len(), "size": f.size}))
+        .map(|f| json!({"path": f.name, "rows": f.live_rows(), "row_groups": f.rg_rows.len(), "size": f.size}))
         .collect();
     let world = opts.world_size;
     json!({

@@ -394,7 +394,7 @@ impl Applied {
             }
         };
         let first = (source.files.iter().enumerate())
-            .find_map(|(f, file)| Some((f, file.rg_rows.iter().position(|&r| r > 0)?)));
+            .find_map(|(f, file)| Some((f, file.live_rg_rows().iter().position(|&r| r > 0)?)));
         let batch = match first {
             Some((f, rg)) => source.read_row_group(f, rg, &input).await?,
             None => RecordBatch::new_empty(Arc::new(source.schema.project(&input)?)),

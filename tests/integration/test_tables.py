@@ -234,8 +234,6 @@ def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_ta
     # A list column the table's schema has (Delta has no fixed-size arrays) needs pad=.
     line = refusal(delta_table)
     assert "emb" in line and "pad=emb" in line, line
-    line = refusal(FIXTURES / "table-with-dv-small")
-    assert "has deletion vectors" in line and "version 1" in line, line
     line = refusal(FIXTURES / "table_with_column_mapping")
     assert "column mapping" in line, line
     line = refusal(FIXTURES / "delta-0.8.0-partitioned")
@@ -265,6 +263,131 @@ def test_delta_rs_test_tables_are_read_as_deltalake_reads_them(mounter):
     m = mounter(src, "columns=id", "batch_size=4", "shuffle=none")
     got = epoch_columns(m, ["id"])["id"]
     assert len(want) == m.dataset()["rows"] and np.array_equal(np.sort(got), want), (got, want)
+
+
+def deltalake_query(src, columns, version=None) -> pa.Table:
+    """The rows deltalake's query engine reads of table SRC (it applies deletion vectors, which
+    its pyarrow reader refuses), ordered by the first column."""
+    import deltalake
+
+    t = deltalake.DeltaTable(str(src), version=version)
+    query = f"SELECT {', '.join(columns)} FROM t ORDER BY {columns[0]}"
+    return pa.table(deltalake.QueryBuilder().register("t", t).execute(query))
+
+
+def z85(data: bytes) -> str:
+    """Z85 (ZeroMQ's base85), as the Delta log writes an inline deletion vector."""
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+    out = []
+    for i in range(0, len(data), 4):
+        v = int.from_bytes(data[i:i + 4], "big")
+        out.append("".join(alphabet[v // 85**k % 85] for k in range(4, -1, -1)))
+    return "".join(out)
+
+
+def inline_dv_table(tmp_path) -> "Path":
+    """table-with-dv-small with its deletion vector written inline in the log (`i`), as a
+    writer that keeps small vectors in the log does."""
+    import json
+    import shutil
+
+    dst = tmp_path / "table-with-inline-dv"
+    shutil.copytree(FIXTURES / "table-with-dv-small", dst)
+    log = dst / "_delta_log" / "00000000000000000001.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    for a in actions:
+        dv = a.get("add", {}).get("deletionVector")
+        if dv:
+            stored = next(dst.glob("deletion_vector_*.bin")).read_bytes()
+            size = int.from_bytes(stored[dv["offset"]:dv["offset"] + 4], "big")
+            data = stored[dv["offset"] + 4:dv["offset"] + 4 + size]
+            a["add"]["deletionVector"] = {"storageType": "i", "pathOrInlineDv": z85(data),
+                                          "sizeInBytes": size, "cardinality": dv["cardinality"]}
+    log.write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+    for f in dst.glob("deletion_vector_*.bin"):
+        f.unlink()
+    return dst
+
+
+DV_TABLES = [
+    ("table-with-dv-small", ["value"], [0, 1]),
+    ("table_with_deletion_logs", ["id", "age", "nbr"], [0, 3, 8, 14, 20]),
+    ("cdf-table-with-cdc-and-dvs", ["id"], [0, 5, 12, 25]),
+]
+
+
+@pytest.mark.parametrize("name,columns,versions", DV_TABLES)
+def test_deletion_vectors_are_applied_as_deltalake_applies_them(mounter, name, columns, versions):
+    src = FIXTURES / name
+    for version in versions:
+        want = deltalake_query(src, columns, version)
+        m = mounter(src, f"version={version}", f"columns={':'.join(columns)}", "batch_size=7", "shuffle=none")
+        assert m.dataset()["rows"] == want.num_rows, (name, version)
+        got = epoch_columns(m, columns)
+        order = np.argsort(got[columns[0]], kind="stable")
+        for c in columns:
+            np.testing.assert_array_equal(got[c][order], want.column(c).to_numpy(), err_msg=f"{name} v{version} {c}")
+        m.unmount()
+
+
+def test_an_inline_deletion_vector_is_applied(mounter, tmp_path):
+    src = inline_dv_table(tmp_path)
+    want = deltalake_query(src, ["value"])
+    assert want.num_rows == 8
+    m = mounter(src, "batch_size=3", "shuffle=none")
+    got = np.sort(epoch_columns(m, ["value"])["value"])
+    np.testing.assert_array_equal(got, want.column("value").to_numpy())
+    # The same rows whichever way the vector is kept; another vector is another dataset.
+    other = mounter(FIXTURES / "table-with-dv-small", "batch_size=3", "shuffle=none")
+    assert np.array_equal(np.sort(epoch_columns(other, ["value"])["value"]), got)
+    assert other.dataset()["fingerprint"] != m.dataset()["fingerprint"]
+
+
+def test_files_inside_a_table_are_never_served_as_loose_files(mounter, tmp_path):
+    """A data file of a table, or a directory inside one, holds rows the table deleted or
+    replaced: mounted alone it is refused in one line naming the table's root; so is a table
+    of a kind not read yet."""
+    def refusal(src, *options):
+        mnt = mounter.mountpoint()
+        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
+        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
+        return tfs.error_line(proc)
+
+    table = FIXTURES / "table-with-dv-small"
+    data = next(table.glob("*.parquet"))
+    line = refusal(data)
+    assert "inside the Delta Lake table at" in line and str(table) in line, line
+    part = next((FIXTURES / "delta-0.8.0-partitioned").glob("year=*"))
+    line = refusal(part)
+    assert "inside the Delta Lake table" in line, line
+    hudi = tmp_path / "hudi"
+    (hudi / ".hoodie").mkdir(parents=True)
+    (hudi / ".hoodie" / "hoodie.properties").write_text("hoodie.table.name=t\n")
+    (hudi / "p=1").mkdir()
+    pq.write_table(pa.table({"id": np.arange(4)}), hudi / "p=1" / "a.parquet")
+    line = refusal(hudi / "p=1")
+    assert "inside the Apache Hudi table" in line, line
+    # A directory named metadata that holds no Iceberg metadata makes no table.
+    plain = tmp_path / "plain"
+    (plain / "metadata").mkdir(parents=True)
+    (plain / "metadata" / "notes.txt").write_text("not a table")
+    pq.write_table(pa.table({"id": np.arange(4)}), plain / "a.parquet")
+    m = mounter(plain, "batch_size=2")
+    assert m.dataset()["rows"] == 4
+
+
+def test_a_snapshot_pins_a_table_s_deletion_vectors(mounter, tmp_path):
+    src = FIXTURES / "table_with_deletion_logs"
+    opts = ("columns=id:age:nbr", "batch_size=16", "shuffle=none")
+    pin = tmp_path / "dv.snapshot"
+    proc = tfs.run(["snapshot", src, pin, "-o", ",".join(opts)])
+    assert proc.returncode == 0, proc.stderr
+    listed = mounter(src, *opts)
+    pinned = mounter(src, *opts, f"snapshot={pin}")
+    assert pinned.dataset()["fingerprint"] == listed.dataset()["fingerprint"] == proc.stdout.strip()
+    assert pinned.dataset()["rows"] == listed.dataset()["rows"] == 98
+    n = listed.dataset()["batches_per_epoch"]
+    assert tfs.batch_hashes(pinned, ["epoch-0"], n) == tfs.batch_hashes(listed, ["epoch-0"], n)
 
 
 def test_delta_logs_of_every_shape_are_replayed_as_deltalake_replays_them(mounter, tmp_path):

@@ -1,0 +1,151 @@
+//! Which table a source is, or is inside (PRODUCT.md §8, "a table is read as its table, never
+//! as loose files"): a directory that holds `_delta_log/` is a Delta table, one with a
+//! `metadata/` of `*.metadata.json` an Apache Iceberg table, one with `.hoodie/` an Apache Hudi
+//! table. Their data files hold deleted and superseded rows, so a source that is a table is
+//! read as the table at a version, and a source inside one (a partition directory, a data
+//! file) is refused: a plain listing of its files would serve rows the table no longer has.
+
+use anyhow::Result;
+use futures::StreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path;
+use std::sync::Arc;
+
+/// A kind of table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Delta,
+    Iceberg,
+    Hudi,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Delta => "Delta Lake",
+            Kind::Iceberg => "Apache Iceberg",
+            Kind::Hudi => "Apache Hudi",
+        }
+    }
+
+    /// The directory under a table's root that makes it one.
+    fn marker(self) -> &'static str {
+        match self {
+            Kind::Delta => crate::source::delta::LOG,
+            Kind::Iceberg => "metadata",
+            Kind::Hudi => ".hoodie",
+        }
+    }
+}
+
+/// The kind of table whose root holds the objects `names` (relative to it), if it is one. A
+/// Delta table's log must hold a commit or a checkpoint pointer ([`crate::source::delta`]);
+/// an Iceberg table's `metadata/` a `*.metadata.json` or `version-hint.text`; a Hudi table's
+/// `.hoodie/` its `hoodie.properties`.
+pub fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Kind> {
+    if crate::source::delta::is_table(names.clone()) {
+        return Some(Kind::Delta);
+    }
+    for name in names {
+        if let Some(entry) = name.strip_prefix("metadata/")
+            && !entry.contains('/')
+            && (entry.ends_with(".metadata.json") || entry == "version-hint.text")
+        {
+            return Some(Kind::Iceberg);
+        }
+        if name == ".hoodie/hoodie.properties" {
+            return Some(Kind::Hudi);
+        }
+    }
+    None
+}
+
+/// The table `prefix` lies inside, if any: the nearest directory above it whose marker
+/// directory holds what makes it a table, with its kind. One listing request (its first page)
+/// for each marker of each directory above, made at once.
+pub async fn enclosing(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<Option<(Kind, Path)>> {
+    let parts: Vec<_> = prefix.parts().collect();
+    let mut checks = Vec::new();
+    for depth in (0..parts.len()).rev() {
+        let dir: Path = parts[..depth].iter().cloned().collect();
+        for kind in [Kind::Delta, Kind::Iceberg, Kind::Hudi] {
+            let (store, dir) = (store.clone(), dir.clone());
+            checks.push(async move {
+                let marker = dir.clone().join(kind.marker());
+                // The marker's first entries: enough to tell, one request.
+                let names: Vec<String> = store
+                    .list(Some(&marker))
+                    .take(64)
+                    .filter_map(|m| async move { m.ok() })
+                    .map(|m| {
+                        let full = m.location.as_ref().to_string();
+                        let rel = full.strip_prefix(dir.as_ref()).unwrap_or(&full);
+                        rel.trim_start_matches('/').to_string()
+                    })
+                    .collect()
+                    .await;
+                let found = kind_of(names.iter().map(String::as_str)) == Some(kind);
+                (found, depth, kind, dir)
+            });
+        }
+    }
+    let found = futures::future::join_all(checks).await;
+    // The nearest enclosing table: the deepest directory that is one.
+    Ok((found.into_iter())
+        .filter(|(found, ..)| *found)
+        .max_by_key(|(_, depth, ..)| *depth)
+        .map(|(_, _, kind, dir)| (kind, dir)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_make_tables() {
+        assert_eq!(
+            kind_of(["metadata/v3.metadata.json", "data/a.parquet"]),
+            Some(Kind::Iceberg)
+        );
+        assert_eq!(kind_of(["metadata/version-hint.text"]), Some(Kind::Iceberg));
+        assert_eq!(
+            kind_of([".hoodie/hoodie.properties", "p=1/a.parquet"]),
+            Some(Kind::Hudi)
+        );
+        assert_eq!(
+            kind_of(["_delta_log/00000000000000000000.json"]),
+            Some(Kind::Delta)
+        );
+        // A metadata directory of something else, or a nested one, is no table.
+        assert_eq!(kind_of(["metadata/notes.txt", "a.parquet"]), None);
+        assert_eq!(kind_of(["x/metadata/v1.metadata.json"]), None);
+        assert_eq!(kind_of([".hoodie/"]), None);
+    }
+
+    #[tokio::test]
+    async fn a_prefix_inside_a_table_finds_its_nearest_root() {
+        use object_store::ObjectStoreExt;
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        for key in [
+            "lake/t/.hoodie/hoodie.properties",
+            "lake/t/p=1/a.parquet",
+            "lake/plain/b.parquet",
+            "lake/plain/metadata/readme.txt",
+        ] {
+            store.put(&Path::from(key), vec![0u8].into()).await.unwrap();
+        }
+        let found = enclosing(&store, &Path::from("lake/t/p=1")).await.unwrap();
+        assert_eq!(found, Some((Kind::Hudi, Path::from("lake/t"))));
+        assert_eq!(
+            enclosing(&store, &Path::from("lake/plain")).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            enclosing(&store, &Path::from("lake/t")).await.unwrap(),
+            None
+        );
+    }
+}
