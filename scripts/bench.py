@@ -45,6 +45,12 @@ to NumPy arrays, in these ways:
                             of the S3 prefix, reading its rank view's epochs 0 and 1 with
                             partitions=1 and partitions=W: bytes fetched and decode CPU per host
                             per epoch, against one mount reading the whole epoch (hosts.py)
+  your own transform        (own table, --transform-rows) a string column turned into int64 ids and
+                            a float scaled, as a Petastorm TransformSpec and as a plain function:
+                            a cold epoch through tensorfs (transform=, transform_workers=N) against
+                            Petastorm's make_batch_reader(transform_spec=, workers_count=N), the
+                            next epoch (from the cached output) against the table without a
+                            transform, and the daemon's and the workers' CPU per GB (transform.py)
 
 and runs the stall experiment: a consumer that needs half of tensorfs's cold throughput, and how
 long it waits on reads. Page caches are dropped before every cold run when we are root.
@@ -82,6 +88,8 @@ from benchlib.petastorm_dataset import run_rows as petastorm_dataset_rows
 from benchlib.petastorm_side import SIDE_VENV, petastorm_epochs, petastorm_python, petastorm_s3fs, petastorm_worker
 from benchlib.report import Results, report
 from benchlib.stall import stall_experiment
+from benchlib.transform import print_rows as print_transform
+from benchlib.transform import run_rows as transform_rows
 
 
 def one_open_rows(res: Results, root: Path, local: Path, rows: int, batch_size: int) -> None:
@@ -160,7 +168,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu", "streaming", "fairness"}
+             "hosts", "cpu", "streaming", "fairness", "transform"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -175,6 +183,7 @@ def run(a) -> int:
     hosts = None
     cpu = None
     fair = None
+    tr = None
     B = a.batch_size
     try:
         # ---- data ----------------------------------------------------------------------
@@ -466,6 +475,15 @@ def run(a) -> int:
                 meta["petastorm_dataset"] = pds
                 log(f"petastorm dataset: unavailable: {pds['unavailable']}")
 
+        # ---- 6g. your own transform: a TransformSpec and a function, against Petastorm's -------
+        if "transform" not in skip and "tensorfs" not in skip and a.transform_rows > 0:
+            try:
+                tr = transform_rows(a, binary, scratch, caches, mounts, skip)
+            except Exception as e:  # any failure: say so and go on
+                tr = {"unavailable": str(e)[-300:]}
+                log(f"transform: unavailable: {tr['unavailable']}")
+            meta["transform"] = tr
+
         # ---- 5. S3 ------------------------------------------------------------------------
         if "s3" not in skip:
             try:
@@ -586,6 +604,11 @@ def run(a) -> int:
             print(f"\nPetastorm dataset (make_reader against tensorfs): unavailable: {pds['unavailable']}")
         else:
             print_petastorm_dataset(pds)
+    if tr is not None:
+        if "unavailable" in tr:
+            print(f"\nYour own transform: unavailable: {tr['unavailable']}")
+        else:
+            print_transform(tr)
     if hosts is not None:
         if "unavailable" in hosts:
             print(f"\nMany hosts: unavailable: {hosts['unavailable']}")
@@ -608,9 +631,9 @@ def main() -> int:
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming,fairness (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "small,stall,hosts,cpu,streaming,fairness,transform (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
                     "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3; streaming also "
-                    "leaves Streaming out of the fair-batches rows)")
+                    "leaves Streaming out of the fair-batches rows; petastorm also leaves Petastorm's rows out of the transform table)")
     ap.add_argument("--streaming-rows", type=int, default=20_000,
                     help="rows MosaicML Streaming reads beside the daemon CPU table (default 20000; 0: none)")
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "tensorfs"), help="tensorfs binary")
@@ -629,6 +652,12 @@ def main() -> int:
                     help="rows per batch reading it (default 256)")
     ap.add_argument("--hosts", type=int, default=4,
                     help="simulated hosts W of the many-hosts row (default 4; it runs partitions=1 and partitions=W)")
+    ap.add_argument("--transform-rows", type=int, default=500_000,
+                    help="rows of the transform table (default 500000; 0 skips it; --files files of --row-group-rows groups)")
+    ap.add_argument("--transform-workers", type=int, default=0,
+                    help="transform_workers= and Petastorm's workers_count of the transform rows (default: the cores)")
+    ap.add_argument("--transform-shuffle", default="",
+                    help="shuffle= of the transform rows' mounts (default: tensorfs's default, block)")
     ap.add_argument("--petastorm-worker", help=argparse.SUPPRESS)
     ap.add_argument("--petastorm-cache", help=argparse.SUPPRESS)
     ap.add_argument("--petastorm-endpoint", help=argparse.SUPPRESS)
