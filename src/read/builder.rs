@@ -924,7 +924,13 @@ impl Builder {
             Some(a) => a.input.clone(),
             None => view.roots.clone(),
         };
-        let _fetching = self.fetches.acquire().await?;
+        // A row group in a transform's hands is held from its decode to the end of the call:
+        // as many at once as there are workers to call, so the queue holds none of them.
+        let _calling = match &udf {
+            Some(a) => Some(a.calls.clone().acquire_owned().await?),
+            None => None,
+        };
+        let fetching = self.fetches.acquire().await?;
         let started = std::time::Instant::now();
         let fetched = match ahead {
             true => {
@@ -942,18 +948,40 @@ impl Builder {
             true => Some(self.decodes_ahead.acquire().await?),
             false => None,
         };
-        let _permit = self.workers.acquire().await?;
         let name = self.source.files[file].name.clone();
+        // A transform's call waits on a Python worker: it holds no worker of the daemon's, so
+        // that `transform_workers` calls run at once beside the daemon's own work.
+        let (fetched, transformed) = match udf {
+            None => (Some(fetched), None),
+            Some(a) => {
+                let pieces = {
+                    let _permit = self.workers.acquire().await?;
+                    let source = source.clone();
+                    (self.pool)
+                        .run(move || runtime.block_on(source.decode_row_group(fetched)))
+                        .await??
+                };
+                // Fetched and decoded: the next row group's fetch may start.
+                drop(fetching);
+                let roots = view.roots.clone();
+                let at = format!("file '{name}' row group {rg}");
+                let out = (self.runtime)
+                    .spawn_blocking(move || a.apply(pieces, &roots))
+                    .await?
+                    .context(at)?;
+                (None, Some(out))
+            }
+        };
+        let runtime = self.runtime.clone();
+        let _permit = self.workers.acquire().await?;
         self.pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
                 let cpu_started = crate::read::pool::thread_cpu_ns();
-                let pieces = runtime.block_on(source.decode_row_group(fetched))?;
-                let pieces = match &udf {
-                    Some(a) => vec![a.apply(pieces, &view.roots).with_context(|| {
-                        format!("file '{}' row group {rg}", source.files[file].name)
-                    })?],
-                    None => pieces,
+                let pieces = match (fetched, transformed) {
+                    (_, Some(out)) => vec![out],
+                    (Some(fetched), None) => runtime.block_on(source.decode_row_group(fetched))?,
+                    (None, None) => unreachable!("fetched or transformed"),
                 };
                 let t = transform::transform_row_group(&view, pieces).with_context(|| {
                     format!("file '{}' row group {rg}", source.files[file].name)

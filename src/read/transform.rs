@@ -377,7 +377,7 @@ fn transform(
         let column = |field: usize| batch.column(view.column_of(field)).as_ref();
         let null_error = || {
             anyhow::anyhow!(
-                "column '{}' holds nulls that its statistics did not count; mount with nulls=zero",
+                "column '{}' holds nulls that the mount did not find (in its statistics, or in a transform's first row group); mount with nulls=zero",
                 item.name
             )
         };

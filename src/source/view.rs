@@ -435,6 +435,9 @@ impl<'a> Hint<'a> {
         for &i in &cols.selected {
             if cols.mapped[&i].is_some() {
                 let found = match applied {
+                    // A transform's later row groups may return nulls its first did not: with
+                    // nulls=zero, every output column is served with its mask.
+                    Some(_) if opts.nulls == Nulls::Zero => Some("the transform's output".into()),
                     Some(a) => (a.nulls[i]).then(|| "the transform's output".to_string()),
                     None => column_has_nulls(source, i).await?,
                 };

@@ -364,6 +364,8 @@ fn digest(spec: &Spec, sources: &[PathBuf]) -> Result<String> {
 /// mount-time trial found it (the view is built over that schema).
 pub struct Applied {
     pub udf: Udf,
+    /// Row groups between their decode and the end of their call, at most one a worker.
+    pub calls: Arc<tokio::sync::Semaphore>,
     /// The source's root columns given to the function, ascending.
     pub input: Vec<usize>,
     /// The output's schema on the first row group.
@@ -421,6 +423,7 @@ impl Applied {
         let schema = a.schema();
         let nulls = a.columns().iter().map(|c| c.null_count() > 0).collect();
         Ok(Applied {
+            calls: Arc::new(tokio::sync::Semaphore::new(udf.slots.len())),
             udf,
             input,
             schema,

@@ -378,3 +378,46 @@ def test_a_petastorm_transform_spec_serves_what_make_batch_reader_returns(mounte
     assert np.array_equal(np.asarray(want["id"])[order], got["id"])
     assert np.array_equal(np.asarray(want["city"], dtype=np.int64)[order], got["city"])
     assert np.array_equal(np.asarray(want["x"], dtype=np.float32)[order], got["x"])
+
+
+def test_more_workers_than_threads_run_at_once(mounter, cities_ds, tmp_path):
+    """A call waits on its Python worker holding none of the daemon's threads: with threads=1,
+    transform_workers=3 calls go to all three workers."""
+    pids = tmp_path / "pids.log"
+    fn = write_transform(tmp_path / "features.py", tmp_path / "calls.log", extra=textwrap.dedent(f"""
+        import os, time
+        _inner = transform
+        def transform(batch):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            time.sleep(0.2)
+            return _inner(batch)
+    """))
+    m = mounter(cities_ds, f"transform={fn}:transform", PY, "threads=1", "transform_workers=3", f"batch_size={BS}")
+    read_epochs(m, [0])
+    assert len(set(pids.read_text().split())) == 3, pids.read_text()
+
+
+def test_nulls_a_transform_returns_later_are_zeros_with_a_mask_or_eio(mounter, cities_ds, tmp_path):
+    """The first row group's output has no nulls; a later one's has some. nulls=zero serves
+    every output column with its mask; nulls=error fails the reads of that row group."""
+    later = FIRST_RG_IDS[4]
+    fn = write_transform(tmp_path / "features.py", tmp_path / "calls.log", extra=textwrap.dedent(f"""
+        _inner = transform
+        def transform(batch):
+            out = _inner(batch)
+            if out["id"][0] == {later}:
+                out["x"] = pa.array([None if i % 2 else v for i, v in enumerate(out["x"].tolist())], pa.float32())
+            return out
+    """))
+    zero = mounter(cities_ds, f"transform={fn}:transform", PY, f"batch_size={BS}", "shuffle=none", "nulls=zero")
+    names = [t["name"] for t in zero.dataset()["tensors"]]
+    assert "x.mask" in names and "city.mask" in names, names
+    b = tfs.load_safetensors(zero.p("epoch-0", batch_name(later // BS) + ".safetensors"))
+    odd = (b["id"] - later) % 2 == 1
+    assert (b["x.mask"][odd] == 0).all() and (b["x"][odd] == 0).all() and (b["x.mask"][~odd] == 1).all()
+    strict = mounter(cities_ds, f"transform={fn}:transform", PY, f"batch_size={BS}", "shuffle=none")
+    with pytest.raises(OSError) as e:
+        tfs.read_exact(strict.p("epoch-0", batch_name(later // BS) + ".safetensors"))
+    assert e.value.errno == errno.EIO
+    tfs.read_exact(strict.p("epoch-0", batch_name(0) + ".safetensors"))
