@@ -263,9 +263,11 @@ fn print_view(d: &Dataset, opts: &Options) {
         d.plan.row_groups()
     );
     println!("fingerprint  {}", d.source.fingerprint());
-    if let Some(version) = d.source.table_version {
+    if let Some(version) = d.source.table {
         println!(
-            "delta table  version {version}, {} data files",
+            "{:<12} version {}, {} data files",
+            version.what(),
+            version.number,
             d.source.files.len()
         );
     }

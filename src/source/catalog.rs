@@ -85,7 +85,7 @@ pub struct Catalog {
     pub schema: SchemaRef,
     pub partitions: Partitions,
     /// The version of the Delta table the dataset is, if it is one.
-    pub table_version: Option<u64>,
+    pub table: Option<crate::source::lake::Version>,
     pub facts: Facts,
     pub unischema: Option<Unischema>,
 }
@@ -200,7 +200,7 @@ impl<'a> Earlier<'a> {
         let c = &pinned.catalog;
         let files = c.schema.fields().len() - c.partitions.fields.len();
         let file_schema = Arc::new(c.schema.project(&(0..files).collect::<Vec<_>>()).ok()?);
-        let usable = match (table, c.table_version) {
+        let usable = match (table, c.table) {
             _ if c.summary.is_some() => false,
             (None, None) => true,
             (Some(t), Some(_)) => **t == *file_schema,
@@ -588,13 +588,18 @@ fn undecodable_columns(files: &[(&str, &ArrowReaderMetadata)]) -> BTreeMap<Strin
 /// `_common_metadata` edited or removed changes how the same cells decode).
 pub fn fingerprint(
     summary: Option<&Summary>,
-    table_version: Option<u64>,
+    table: Option<crate::source::lake::Version>,
     objects: &[&Object],
     unischema: Option<&Unischema>,
 ) -> String {
     let mut h = Sha256::new();
-    if let Some(v) = table_version {
-        h.update(format!("delta table version {v}\0"));
+    // A Delta table's as it always was; the other kinds' named.
+    match table {
+        Some(v) if v.kind == crate::source::lake::Kind::Delta => {
+            h.update(format!("delta table version {}\0", v.number))
+        }
+        Some(v) => h.update(format!("{} version {}\0", v.what(), v.number)),
+        None => {}
     }
     if let Some(s) = summary {
         h.update(format!("summary\0{}\0", s.name));
@@ -747,7 +752,11 @@ mod tests {
             e_tag: None,
         };
         assert_ne!(base, fingerprint(Some(&summary), None, &refs(&a), None));
-        assert_ne!(base, fingerprint(None, Some(3), &refs(&a), None));
+        let v3 = crate::source::lake::Version {
+            kind: crate::source::lake::Kind::Delta,
+            number: 3,
+        };
+        assert_ne!(base, fingerprint(None, Some(v3), &refs(&a), None));
     }
 
     #[test]

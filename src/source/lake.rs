@@ -11,8 +11,27 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 use std::sync::Arc;
 
-/// A kind of table.
+/// A version of a table: a Delta version, an Iceberg snapshot id, a Hudi instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub kind: Kind,
+    pub number: u64,
+}
+
+impl Version {
+    /// How `dataset.json` and messages name the table's kind.
+    pub fn what(&self) -> &'static str {
+        match self.kind {
+            Kind::Delta => "delta table",
+            Kind::Iceberg => "iceberg table",
+            Kind::Hudi => "hudi table",
+        }
+    }
+}
+
+/// A kind of table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Kind {
     Delta,
     Iceberg,
@@ -36,6 +55,20 @@ impl Kind {
             Kind::Hudi => ".hoodie",
         }
     }
+}
+
+/// One version of a table, as a mount reads it.
+pub struct Table {
+    pub version: Version,
+    /// The table's columns stored in its files (partition columns the files lack left out),
+    /// in the table's order, as Arrow types: files are read by name as these types.
+    pub data_schema: arrow::datatypes::SchemaRef,
+    /// Partition columns the files do not store, and each file's values.
+    pub partitions: crate::source::partition::Partitions,
+    /// The data files, in lexicographic path order, relative to the table's root.
+    pub files: Vec<String>,
+    /// Each file's deletion vector, where the table deletes rows of it.
+    pub deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
 }
 
 /// The kind of table whose root holds the objects `names` (relative to it), if it is one. A

@@ -14,6 +14,7 @@ pub mod deletes;
 pub mod delta;
 pub mod delta_log;
 pub mod footer;
+pub mod hudi;
 pub mod lake;
 pub mod partition;
 pub mod petastorm;
@@ -141,8 +142,8 @@ pub enum Origin {
     Listing,
     /// The files a Parquet summary file (`_metadata`) lists, with their row groups.
     Summary,
-    /// A version of a Delta table: its data files as its log says.
-    Delta(u64),
+    /// A version of a table (Delta, Iceberg, Hudi): its data files as its metadata says.
+    Table(lake::Version),
     /// Pinned by `tensorfs snapshot` (the snapshot's path or URL): nothing is listed, and a
     /// footer is fetched when a read first needs it.
     Snapshot(String),
@@ -153,7 +154,7 @@ impl Origin {
         match self {
             Origin::Listing => "listing",
             Origin::Summary => "summary file",
-            Origin::Delta(_) => "delta table",
+            Origin::Table(v) => v.what(),
             Origin::Snapshot(_) => "snapshot",
         }
     }
@@ -161,7 +162,7 @@ impl Origin {
     /// Since when its objects must not have changed, as a log line says it.
     fn since(&self) -> &'static str {
         match self {
-            Origin::Listing | Origin::Delta(_) => "under the mount",
+            Origin::Listing | Origin::Table(_) => "under the mount",
             Origin::Summary => "since the summary file listed it",
             Origin::Snapshot(_) => "since the snapshot",
         }
@@ -218,11 +219,12 @@ pub struct Listing<'a> {
     pub from: Option<&'a Pinned>,
 }
 
-/// A source's listing: its `*.parquet` objects, and the kind of table it is the root of, if
-/// it is one.
+/// A source's listing: its `*.parquet` objects, the kind of table it is the root of (if it
+/// is one), and, for a table, every object's name (its metadata's too).
 struct Listed {
     objects: Vec<(String, ObjectMeta)>,
     table: Option<lake::Kind>,
+    names: Vec<String>,
 }
 
 /// Where a source's objects are, and what its reads count into.
@@ -251,7 +253,7 @@ pub struct Source {
     pub partitions: Partitions,
     /// The Delta table version the dataset is, if it is one: its files' columns are then found
     /// by name and read as the table's schema says.
-    pub table_version: Option<u64>,
+    pub table: Option<lake::Version>,
     pub facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::source::petastorm::Unischema>,
@@ -563,11 +565,11 @@ impl Source {
         let started = std::time::Instant::now();
         let listed = Self::list(&store, &prefix, source).await?;
         match listed.table {
-            Some(kind @ (lake::Kind::Iceberg | lake::Kind::Hudi)) => bail!(
+            Some(kind @ lake::Kind::Iceberg) => bail!(
                 "source '{source}' is an {} table, which tensorfs does not read yet; its files alone would serve deleted and superseded rows",
                 kind.name()
             ),
-            Some(lake::Kind::Delta) => {}
+            Some(lake::Kind::Delta | lake::Kind::Hudi) => {}
             // Files inside a table (a partition directory, one data file) are no dataset.
             None => {
                 if let Some((kind, root)) = lake::enclosing(&store, &prefix).await? {
@@ -582,17 +584,51 @@ impl Source {
                 }
             }
         }
-        let table = match (listed.table == Some(lake::Kind::Delta), version) {
-            (true, version) => Some(
-                delta::read(store.clone(), &prefix, version)
+        let in_source = |e: anyhow::Error| anyhow!("source '{source}': {}", crate::describe(&e));
+        let table: Option<lake::Table> = match (listed.table, version) {
+            (Some(lake::Kind::Delta), version) => {
+                let t = delta::read(store.clone(), &prefix, version)
                     .await
-                    .map_err(|e| anyhow!("source '{source}': {}", crate::describe(&e)))?,
+                    .map_err(in_source)?;
+                Some(lake::Table {
+                    version: lake::Version {
+                        kind: lake::Kind::Delta,
+                        number: t.version,
+                    },
+                    data_schema: t.data_schema,
+                    partitions: t.partitions,
+                    files: t.files,
+                    deletes: t.deletes,
+                })
+            }
+            (Some(lake::Kind::Hudi), version) => {
+                let names: Vec<&str> = listed.names.iter().map(String::as_str).collect();
+                let t = hudi::read(store.clone(), &prefix, &names, version)
+                    .await
+                    .map_err(in_source)?;
+                let metas: std::collections::HashMap<&str, &ObjectMeta> = (listed.objects.iter())
+                    .map(|(n, m)| (n.as_str(), m))
+                    .collect();
+                let data_schema =
+                    Self::hudi_schema(&store, url, &t, &metas, footers, &stats).await?;
+                Some(lake::Table {
+                    version: lake::Version {
+                        kind: lake::Kind::Hudi,
+                        number: t.version,
+                    },
+                    data_schema,
+                    partitions: Partitions::default(),
+                    deletes: vec![None; t.files.len()],
+                    files: t.files,
+                })
+            }
+            (Some(lake::Kind::Iceberg), _) => unreachable!("refused above"),
+            (None, Some(v)) => bail!(
+                "mount option version={v} is for Delta tables (and Iceberg and Hudi tables), and source '{source}' is no table: it has no {}/, metadata/ or {}/",
+                delta::LOG,
+                hudi::HOODIE
             ),
-            (false, Some(v)) => bail!(
-                "mount option version={v} is for Delta tables, and source '{source}' has no {}/",
-                delta::LOG
-            ),
-            (false, None) => None,
+            (None, None) => None,
         };
         let objects = match &table {
             None => listed.objects,
@@ -606,8 +642,9 @@ impl Source {
                         // Committed after the listing: asked for alone.
                         None => store.head(&child(&prefix, name)?).await.map_err(|e| {
                             anyhow!(
-                                "source '{source}': file '{name}' of Delta table version {} cannot be read: {e}",
-                                t.version
+                                "source '{source}': file '{name}' of {} version {} cannot be read: {e}",
+                                t.version.what(),
+                                t.version.number
                             )
                         })?,
                     };
@@ -736,11 +773,11 @@ impl Source {
             summary: None,
             schema: with_partitions(&file_schema, &partitions),
             partitions,
-            table_version,
+            table: table_version,
             facts,
             unischema,
         };
-        let origin = table_version.map_or(Origin::Listing, Origin::Delta);
+        let origin = table_version.map_or(Origin::Listing, Origin::Table);
         let at = Where {
             store,
             url: url.clone(),
@@ -749,13 +786,44 @@ impl Source {
             footers: footers.map(Into::into),
             stats,
         };
-        let delta = catalog.table_version.is_some();
+        let delta = catalog.table.is_some();
         let mut source = Source::new(at, catalog, origin)?;
         source.files = files;
         if !delta {
             source.infer_unischema_if_none().await;
         }
         Ok(source)
+    }
+
+    /// A Hudi table's schema: the newest base file's columns, Hudi's meta columns left out.
+    async fn hudi_schema(
+        store: &Arc<dyn ObjectStore>,
+        url: &Url,
+        table: &hudi::Table,
+        metas: &std::collections::HashMap<&str, &ObjectMeta>,
+        footers: Option<&std::path::Path>,
+        stats: &Arc<Stats>,
+    ) -> Result<SchemaRef> {
+        let Some(newest) = &table.newest else {
+            bail!(
+                "the Hudi table holds no data files at instant {}",
+                table.version
+            );
+        };
+        let meta = metas
+            .get(newest.as_str())
+            .ok_or_else(|| anyhow!("file '{newest}' of the Hudi table is not listed"))?;
+        let file = SourceFile::new(url, meta.location.clone(), object_of(newest.clone(), meta));
+        let reader =
+            ObjectReader::new(store.clone(), &file, stats.clone(), Origin::Listing.since());
+        let (metadata, _) = load_metadata(&reader, footers, &file.id, 0)
+            .await
+            .with_context(|| format!("file '{newest}' is not a readable Parquet file"))?;
+        let schema = metadata.schema();
+        let keep: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| !hudi::is_meta_column(schema.field(i).name()))
+            .collect();
+        Ok(Arc::new(schema.project(&keep)?))
     }
 
     /// A source of `catalog`'s objects, none of whose footers is loaded yet.
@@ -765,7 +833,7 @@ impl Source {
             summary,
             schema,
             partitions,
-            table_version,
+            table,
             facts,
             unischema,
         } = catalog;
@@ -780,7 +848,7 @@ impl Source {
             summary,
             schema,
             partitions,
-            table_version,
+            table,
             facts,
             unischema,
             store: at.store,
@@ -877,7 +945,7 @@ impl Source {
             }),
             schema,
             partitions: Partitions::default(),
-            table_version: None,
+            table: None,
             facts,
             unischema: read_unischema(&store, &root, &stats).await?,
         };
@@ -1004,6 +1072,7 @@ impl Source {
                     return Ok(Listed {
                         objects: vec![(name, meta)],
                         table: None,
+                        names: Vec::new(),
                     });
                 }
                 Err(object_store::Error::NotFound { .. }) => {}
@@ -1014,13 +1083,21 @@ impl Source {
         }
         let all = Self::list_all(store, prefix, source).await?;
         let table = lake::kind_of(all.iter().map(|(name, _)| name.as_str()));
+        let names = match table {
+            Some(_) => all.iter().map(|(name, _)| name.clone()).collect(),
+            None => Vec::new(),
+        };
         let objects: Vec<(String, ObjectMeta)> = (all.into_iter())
             .filter(|(name, _)| name.ends_with(".parquet") && !hidden(name))
             .collect();
         if objects.is_empty() && table.is_none() {
             bail!("source '{source}' holds no *.parquet objects");
         }
-        Ok(Listed { objects, table })
+        Ok(Listed {
+            objects,
+            table,
+            names,
+        })
     }
 
     /// Every object under `prefix`, in lexicographic key order, with its name relative to it.
@@ -1102,7 +1179,7 @@ impl Source {
             let objects = self.objects();
             catalog::fingerprint(
                 self.summary.as_ref(),
-                self.table_version,
+                self.table,
                 &objects,
                 self.unischema.as_ref(),
             )
@@ -1115,7 +1192,7 @@ impl Source {
     /// and by each object's version, not by the whole dataset, so a dataset that grows keeps
     /// them ([`crate::cache`]).
     pub fn decode_identity(&self) -> String {
-        let mut parts = vec![format!("table {}", self.table_version.is_some())];
+        let mut parts = vec![format!("table {}", self.table.is_some())];
         for f in self.schema.fields() {
             parts.push(field_key(f));
         }
@@ -1159,7 +1236,7 @@ impl Source {
                 f.rg_rows.len()
             )),
             true => {
-                match self.table_version {
+                match self.table {
                     // A table's files are read by name, as the table's types.
                     Some(_) => catalog::table_schema_problem(&ours, &f.name, &metadata),
                     None => catalog::schema_difference(&ours, metadata.schema())
@@ -1174,7 +1251,7 @@ impl Source {
                 how,
             }));
         }
-        let by_name = self.table_version.map(|_| ours.as_ref());
+        let by_name = self.table.map(|_| ours.as_ref());
         Ok(Footer::new(metadata, len, by_name))
     }
 
@@ -1292,7 +1369,7 @@ impl Source {
                 )?]
             }
         };
-        let pieces = match self.table_version {
+        let pieces = match self.table {
             Some(_) => self.as_the_table(file, pieces, &wanted, &roots).await?,
             None => pieces,
         };
@@ -1608,7 +1685,7 @@ fn parent(prefix: &Path) -> Path {
 }
 
 /// The object `name` (relative, with `/`, as a listing gave it) under `root`.
-fn child(root: &Path, name: &str) -> Result<Path> {
+pub(crate) fn child(root: &Path, name: &str) -> Result<Path> {
     let path = match root.as_ref() {
         "" => name.to_string(),
         root => format!("{root}/{name}"),

@@ -58,9 +58,12 @@ struct Body {
     partition_columns: usize,
     #[serde(default)]
     partition_values: Vec<Vec<crate::source::partition::Value>>,
-    /// The Delta table version it pins, if the dataset is one.
+    /// The version of the table it pins, if the dataset is one, and the table's kind (format
+    /// 2; none is a Delta table's, as format 1 wrote them).
     #[serde(default)]
     table_version: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    table_kind: Option<crate::source::lake::Kind>,
 }
 
 /// The objects, column by column (see [`catalog::Object`]).
@@ -198,11 +201,12 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
             None => NullFact::None,
         };
     }
-    let from = match (source.summary.is_some(), source.table_version) {
-        (_, Some(_)) => "delta table",
+    let from = match (source.summary.is_some(), source.table) {
+        (_, Some(v)) => v.what(),
         (true, None) => "summary file",
         (false, None) => "listing",
     };
+    let delta = |v: &crate::source::lake::Version| v.kind == crate::source::lake::Kind::Delta;
     let body = Body {
         written_by: format!("tensorfs {}", env!("CARGO_PKG_VERSION")),
         created: std::time::SystemTime::now()
@@ -220,10 +224,11 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         objects: Objects::of(&source.objects()),
         partition_columns: source.partitions.fields.len(),
         partition_values: source.partitions.values.clone(),
-        table_version: source.table_version,
+        table_version: source.table.map(|v| v.number),
+        table_kind: source.table.filter(|v| !delta(v)).map(|v| v.kind),
     };
     // Without deletes, the body is format 1's: a snapshot an older tensorfs can read.
-    let format = if body.objects.has_deletes() {
+    let format = if body.objects.has_deletes() || body.table_kind.is_some() {
         FORMAT
     } else {
         1
@@ -306,12 +311,14 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     check_facts(&body.facts, schema.fields().len(), &objects).map_err(damaged)?;
     let url = url::Url::parse(&body.url).map_err(|e| damaged(e.into()))?;
     let refs: Vec<&Object> = objects.iter().collect();
-    let fingerprint = catalog::fingerprint(
-        body.summary.as_ref(),
-        body.table_version,
-        &refs,
-        body.unischema.as_ref(),
-    );
+    let table = body
+        .table_version
+        .map(|number| crate::source::lake::Version {
+            kind: body.table_kind.unwrap_or(crate::source::lake::Kind::Delta),
+            number,
+        });
+    let fingerprint =
+        catalog::fingerprint(body.summary.as_ref(), table, &refs, body.unischema.as_ref());
     if fingerprint != body.fingerprint {
         return Err(damaged(anyhow!(
             "its objects give fingerprint {fingerprint}, not the {} it records",
@@ -327,7 +334,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             summary: body.summary,
             schema,
             partitions,
-            table_version: body.table_version,
+            table,
             facts: body.facts,
             unischema: body.unischema,
         },

@@ -955,13 +955,13 @@ fn origin_json(source: &Source) -> serde_json::Value {
     });
     match &source.origin {
         Origin::Listing => {}
-        Origin::Delta(version) => v["version"] = json!(version),
+        Origin::Table(version) => v["version"] = json!(version.number),
         Origin::Summary => v["summary_file"] = json!(source.summary.as_ref().map(|s| &s.name)),
         Origin::Snapshot(at) => {
             v["snapshot"] = json!(at);
             v["objects_touched"] = json!(TOUCHED_PLACEHOLDER);
-            if let Some(version) = source.table_version {
-                v["version"] = json!(version);
+            if let Some(version) = source.table {
+                v["version"] = json!(version.number);
             }
         }
     }

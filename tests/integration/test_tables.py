@@ -476,3 +476,104 @@ def test_a_delta_table_on_s3_reads_none_of_the_files_its_version_removed(mounter
     read = {urllib.parse.unquote(k).split(f"/{prefix}/", 1)[1] for k in proxy.stats()["keys"]}
     assert not read & removed, f"files the version removed were read: {sorted(read & removed)}"
     assert live <= read
+
+
+# --------------------------------------------------------------------------------------------
+# Apache Hudi: copy-on-write tables written by Spark (tests/fixtures/hudi, see NOTES.md there),
+# against the hudi package's read()
+# --------------------------------------------------------------------------------------------
+
+HUDI = tfs.REPO / "tests" / "fixtures" / "hudi"
+HUDI_TABLES = [
+    ("cow_v6_nonpartitioned", ["id", "intField", "longField", "doubleField", "isActive"]),
+    ("cow_v8_nonpartitioned", ["id", "intField", "longField", "doubleField", "isActive"]),
+    ("cow_v6_simplekeygen_nonhivestyle_overwritetable", ["id", "intField", "longField", "isActive"]),
+    ("cow_v8_complexkeygen_hivestyle", ["id", "intField", "longField", "isActive"]),
+    ("cow_v9_txns_simple_nometa", ["txn_ts", "txn_date", "is_international"]),
+]
+
+
+def hudi_table(tmp_path, zip_name: str):
+    """The table a fixture zip holds, unpacked under TMP_PATH."""
+    import zipfile
+
+    dst = tmp_path / zip_name
+    with zipfile.ZipFile(HUDI / f"{zip_name}.zip") as z:
+        z.extractall(dst)
+    root = [p for p in dst.iterdir() if p.is_dir() and not p.name.startswith("__MACOSX")]
+    assert len(root) == 1, root
+    return root[0]
+
+
+def hudi_rows(path, columns, as_of=None) -> list[tuple]:
+    """The rows the hudi package reads of COLUMNS (at instant AS_OF), sorted."""
+    pytest.importorskip("hudi", reason="the hudi package is not installed (scripts/setup installs it)")
+    import hudi
+
+    table = hudi.HudiTableBuilder.from_base_uri(str(path)).build()
+    options = hudi.HudiReadOptions()
+    if as_of is not None:
+        options = options.with_as_of_timestamp(str(as_of))
+    batches = table.read(options)
+    t = pa.Table.from_batches(batches) if isinstance(batches, list) else batches
+    cols = [t.column(c).cast(pa.int32()) if pa.types.is_date32(t.column(c).type) else t.column(c) for c in columns]
+    return sorted(zip(*[c.to_pylist() for c in cols]))
+
+
+def served_rows(m: tfs.Mount, columns) -> list[tuple]:
+    got = epoch_columns(m, columns)
+    return sorted(zip(*[got[c].tolist() for c in columns]))
+
+
+def hudi_instants(path) -> list[int]:
+    import hudi
+
+    timeline = hudi.HudiTableBuilder.from_base_uri(str(path)).build().get_timeline()
+    commits = list(timeline.get_completed_commits()) + list(timeline.get_completed_replacecommits())
+    return sorted({int(i.timestamp) for i in commits})
+
+
+@pytest.mark.parametrize("name,columns", HUDI_TABLES)
+def test_hudi_copy_on_write_tables_are_read_as_hudi_reads_them(mounter, tmp_path, name, columns):
+    path = hudi_table(tmp_path, name)
+    instants = hudi_instants(path)
+    assert instants, name
+    latest = mounter(path, f"columns={':'.join(columns)}", "batch_size=5", "shuffle=none")
+    dj = latest.dataset()
+    assert dj["origin"]["from"] == "hudi table" and dj["origin"]["version"] == instants[-1], dj["origin"]
+    assert served_rows(latest, columns) == hudi_rows(path, columns), name
+    latest.unmount()
+    for instant in instants[:-1]:
+        m = mounter(path, f"version={instant}", f"columns={':'.join(columns)}", "batch_size=5", "shuffle=none")
+        assert served_rows(m, columns) == hudi_rows(path, columns, instant), (name, instant)
+        m.unmount()
+
+
+def test_hudi_tables_that_cannot_be_read_are_refused_in_one_line(mounter, tmp_path):
+    def refusal(src, *options):
+        mnt = mounter.mountpoint()
+        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
+        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
+        return tfs.error_line(proc)
+
+    mor = hudi_table(tmp_path, "mor_avro_v9_txns_simple_nometa")
+    line = refusal(mor, "columns=txn_ts")
+    assert "merge-on-read" in line, line
+    cow = hudi_table(tmp_path, "cow_v6_nonpartitioned")
+    line = refusal(cow, "version=20200101000000000", "columns=id")
+    assert "no completed commit at instant 20200101000000000" in line, line
+    # A data file of the table alone is no dataset: it holds superseded rows.
+    line = refusal(next(cow.glob("*.parquet")))
+    assert "inside the Apache Hudi table" in line, line
+
+
+def test_a_snapshot_pins_a_hudi_instant(mounter, tmp_path):
+    path = hudi_table(tmp_path, "cow_v9_txns_simple_nometa")
+    opts = ("columns=txn_ts:is_international", "batch_size=4", "shuffle=none")
+    first = hudi_instants(path)[0]
+    pin = tmp_path / "hudi.snapshot"
+    proc = tfs.run(["snapshot", path, pin, "-o", ",".join([*opts, f"version={first}"])])
+    assert proc.returncode == 0, proc.stderr
+    m = mounter(path, *opts, f"snapshot={pin}")
+    assert m.dataset()["origin"]["version"] == first
+    assert served_rows(m, ["txn_ts", "is_international"]) == hudi_rows(path, ["txn_ts", "is_international"], first)

@@ -1,0 +1,308 @@
+//! Apache Hudi tables (PRODUCT.md §8): a copy-on-write table read at an instant, as the `hudi`
+//! package (hudi-rs) reads it. Its root holds `.hoodie/`: `hoodie.properties` (the table's type
+//! and layout) and the timeline, one file an instant (`.hoodie/` itself in table versions up
+//! to 6; `.hoodie/timeline/` from 8 on, where a completed instant is named with its
+//! completion time too). Each data file is a base file of a file group, named
+//! `FILEID_WRITETOKEN_INSTANT.parquet` in its partition's directory. The table at an instant is
+//! the newest base file of each file group written by an instant completed at or before it, less
+//! the file groups a replace commit (an insert overwrite, a clustering) replaced by then.
+//! Files of instants not completed (in flight, failed, rolled back) are none of it; cleaned
+//! ones are gone.
+//!
+//! A merge-on-read table with log files to merge is refused in one line, as is one whose
+//! partition columns are only in its paths (`hoodie.datasource.write.drop.partition.columns`).
+//! Hudi's meta columns (`_hoodie_commit_time`, …: strings) are left out of the dataset.
+
+use anyhow::{Context, Result, anyhow, bail};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+/// The directory that makes a Hudi table.
+pub const HOODIE: &str = ".hoodie";
+
+/// Whether a column is one of Hudi's own.
+pub fn is_meta_column(name: &str) -> bool {
+    name.starts_with("_hoodie_")
+}
+
+/// One instant of a Hudi table, as a mount reads it.
+pub struct Table {
+    /// The instant read (`yyyyMMddHHmmssSSS`, as a number).
+    pub version: u64,
+    /// The base files of the table at that instant, relative to its root, in path order.
+    pub files: Vec<String>,
+    /// The one written last: its schema is the table's.
+    pub newest: Option<String>,
+}
+
+/// An instant of the timeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Instant {
+    time: u64,
+    action: String,
+    /// The timeline file of the completed instant.
+    file: String,
+}
+
+/// Reads instant `version` (the latest completed when `None`) of the Hudi table at `root`;
+/// `names` are the objects under it (relative to it), as listed.
+pub async fn read(
+    store: Arc<dyn ObjectStore>,
+    root: &Path,
+    names: &[&str],
+    version: Option<u64>,
+) -> Result<Table> {
+    let props_path = root.clone().join(HOODIE).join("hoodie.properties");
+    let props = store
+        .get(&props_path)
+        .await
+        .context("its .hoodie/hoodie.properties cannot be read")?
+        .bytes()
+        .await?;
+    let props = properties(&String::from_utf8_lossy(&props));
+    let get = |k: &str| props.get(k).map(String::as_str);
+    if get("hoodie.datasource.write.drop.partition.columns") == Some("true") {
+        bail!(
+            "its partition columns are only in its paths (hoodie.datasource.write.drop.partition.columns=true), which tensorfs does not read yet"
+        );
+    }
+    let mor = get("hoodie.table.type") == Some("MERGE_ON_READ");
+    let table_version: u32 = get("hoodie.table.version")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // The timeline's directory, relative to the root.
+    let timeline = match (table_version >= 8, get("hoodie.timeline.path")) {
+        (true, Some(p)) => format!("{HOODIE}/{p}"),
+        (true, None) => format!("{HOODIE}/timeline"),
+        (false, _) => HOODIE.to_string(),
+    };
+    let completed = completed_instants(names, &timeline);
+    let commits: Vec<&Instant> = (completed.iter())
+        .filter(|i| {
+            matches!(
+                i.action.as_str(),
+                "commit" | "replacecommit" | "deltacommit"
+            )
+        })
+        .collect();
+    let Some(latest) = commits.iter().map(|i| i.time).max() else {
+        bail!("its timeline has no completed commit");
+    };
+    let as_of = match version {
+        None => latest,
+        Some(v) if commits.iter().any(|i| i.time == v) => v,
+        Some(v) => bail!(
+            "it has no completed commit at instant {v} (its latest is {latest}): version= names a commit's instant time"
+        ),
+    };
+    let written: HashSet<u64> = (commits.iter())
+        .filter(|i| i.time <= as_of)
+        .map(|i| i.time)
+        .collect();
+    // File groups replaced by then, as (partition, file id).
+    let mut replaced: HashSet<(String, String)> = HashSet::new();
+    for i in commits
+        .iter()
+        .filter(|i| i.action == "replacecommit" && i.time <= as_of)
+    {
+        let path = crate::source::child(root, &i.file)?;
+        let bytes = store
+            .get(&path)
+            .await
+            .with_context(|| format!("its replace commit {} cannot be read", i.time))?
+            .bytes()
+            .await?;
+        let groups = replaced_file_groups(&bytes)
+            .with_context(|| format!("its replace commit {}", i.time))?;
+        replaced.extend(groups);
+    }
+    // The newest base file of each file group, written by a commit at or before the instant.
+    let mut newest: BTreeMap<(String, String), (u64, String)> = BTreeMap::new();
+    let mut logs = false;
+    for name in names {
+        if name.starts_with(HOODIE) {
+            continue;
+        }
+        // Hidden files: partition metadata, and the log files of a merge-on-read table
+        // (`.FILEID_INSTANT.log.N_TOKEN`).
+        if name.split('/').any(|p| p.starts_with('.')) {
+            logs |= name.contains(".log.");
+            continue;
+        }
+        let Some((partition, base)) = split_partition(name) else {
+            continue;
+        };
+        let Some((file_id, instant)) = base_file(base) else {
+            continue;
+        };
+        if !written.contains(&instant) {
+            continue;
+        }
+        let group = (partition.to_string(), file_id.to_string());
+        if replaced.contains(&group) {
+            continue;
+        }
+        let slot = newest.entry(group).or_insert((0, String::new()));
+        if instant >= slot.0 {
+            *slot = (instant, name.to_string());
+        }
+    }
+    if mor && logs {
+        bail!(
+            "it is a merge-on-read table with log files to merge, which tensorfs does not read yet; compact it, or read a copy-on-write table"
+        );
+    }
+    let last = newest.values().max().map(|(_, name)| name.clone());
+    let mut files: Vec<String> = newest.into_values().map(|(_, name)| name).collect();
+    files.sort();
+    Ok(Table {
+        version: as_of,
+        files,
+        newest: last,
+    })
+}
+
+/// Java properties (`key=value` lines, `#` comments, `\` escapes), as Hudi writes them.
+fn properties(text: &str) -> HashMap<String, String> {
+    let unescape = |s: &str| {
+        let mut out = String::new();
+        let mut chars = s.chars();
+        while let Some(c) = chars.next() {
+            match (c, c == '\\') {
+                (_, true) => out.extend(chars.next()),
+                (c, false) => out.push(c),
+            }
+        }
+        out
+    };
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.is_empty() && !l.starts_with(['#', '!']))
+        .filter_map(|l| {
+            let at = l.find(['=', ':'])?;
+            Some((unescape(l[..at].trim()), unescape(l[at + 1..].trim())))
+        })
+        .collect()
+}
+
+/// The completed instants of the timeline in directory `timeline` (relative to the root),
+/// from the listed `names`: `TIME.ACTION` (table version 6), or `TIME_COMPLETION.ACTION` (8
+/// on); requested and in-flight ones (`.requested`, `.inflight`) are not completed.
+fn completed_instants(names: &[&str], timeline: &str) -> Vec<Instant> {
+    let prefix = format!("{timeline}/");
+    let mut out = Vec::new();
+    for name in names {
+        let Some(file) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if file.contains('/') {
+            continue;
+        }
+        let Some((stem, action)) = file.split_once('.') else {
+            continue;
+        };
+        if action.contains('.') || action == "inflight" || action == "requested" {
+            continue;
+        }
+        let time = stem.split('_').next().unwrap_or(stem);
+        if time.len() < 14 || !time.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(time) = time.parse::<u64>() else {
+            continue;
+        };
+        out.push(Instant {
+            time,
+            action: action.to_string(),
+            file: name.to_string(),
+        });
+    }
+    out.sort_by_key(|i| i.time);
+    out
+}
+
+/// A data file's partition directory and name.
+fn split_partition(name: &str) -> Option<(&str, &str)> {
+    match name.rsplit_once('/') {
+        Some((partition, base)) => Some((partition, base)),
+        None => Some(("", name)),
+    }
+}
+
+/// A base file's file id and instant: `FILEID_WRITETOKEN_INSTANT.parquet`.
+fn base_file(name: &str) -> Option<(&str, u64)> {
+    let stem = name.strip_suffix(".parquet")?;
+    let (rest, instant) = stem.rsplit_once('_')?;
+    let (file_id, _token) = rest.rsplit_once('_')?;
+    Some((file_id, instant.parse().ok()?))
+}
+
+/// The file groups a replace commit's metadata replaces, as (partition, file id): JSON up to
+/// table version 6, an Avro file from 8 on.
+fn replaced_file_groups(bytes: &[u8]) -> Result<Vec<(String, String)>> {
+    let map: serde_json::Value = match bytes.starts_with(b"Obj\x01") {
+        false => serde_json::from_slice(bytes).context("its JSON cannot be read")?,
+        true => {
+            let reader = apache_avro::Reader::new(bytes).context("its Avro cannot be read")?;
+            let mut record = None;
+            for value in reader {
+                record = Some(value.context("its Avro cannot be read")?);
+            }
+            let record = record.ok_or_else(|| anyhow!("it holds no record"))?;
+            // A union's value converts as the branch it holds.
+            serde_json::Value::try_from(record).context("its Avro cannot be read")?
+        }
+    };
+    let groups = (map.get("partitionToReplaceFileIds")).and_then(serde_json::Value::as_object);
+    let mut out = Vec::new();
+    for (partition, ids) in groups.into_iter().flatten() {
+        for id in ids.as_array().into_iter().flatten() {
+            if let Some(id) = id.as_str() {
+                out.push((partition.clone(), id.to_string()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_files_and_instants_are_named_as_hudi_names_them() {
+        assert_eq!(
+            base_file("a079bdb3-731c-4894-b855-abfcd6921007-0_0-203-274_20240418173551906.parquet"),
+            Some(("a079bdb3-731c-4894-b855-abfcd6921007-0", 20240418173551906))
+        );
+        assert_eq!(base_file("part-0.parquet"), None);
+        let names = [
+            ".hoodie/20240418173550988.commit",
+            ".hoodie/20240418173550988.commit.requested",
+            ".hoodie/20240418173551906.inflight",
+            ".hoodie/timeline/20250713010536861_20250713010537206.commit",
+            ".hoodie/timeline/20250713010536861.commit.requested",
+            ".hoodie/.aux/x",
+        ];
+        let v6: Vec<u64> = completed_instants(&names, ".hoodie")
+            .iter()
+            .map(|i| i.time)
+            .collect();
+        assert_eq!(v6, [20240418173550988]);
+        let v8 = completed_instants(&names, ".hoodie/timeline");
+        assert_eq!(v8.len(), 1);
+        assert_eq!(
+            (v8[0].time, v8[0].action.as_str()),
+            (20250713010536861, "commit")
+        );
+    }
+
+    #[test]
+    fn properties_unescape() {
+        let p = properties("#c\nhoodie.table.type=COPY_ON_WRITE\nhoodie.x={\"a\"\\:1}\n");
+        assert_eq!(p["hoodie.table.type"], "COPY_ON_WRITE");
+        assert_eq!(p["hoodie.x"], "{\"a\":1}");
+    }
+}
