@@ -5,7 +5,7 @@
 //! schema to tensors; `read` orders rows into batches, lays out the files and builds them ahead
 //! of the readers; `cache` keeps columns and files on the local SSD; `requests` is the
 //! filesystem core the kernel's requests reach (the tree, open files); `fuse` is the adapter to
-//! the kernel, and `mount` ties them together. docs/architecture.md draws it.
+//! the kernel, and `mount` ties them together. docs/dev/architecture.md draws it.
 
 pub mod cache;
 pub mod client;

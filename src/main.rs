@@ -92,7 +92,7 @@ Mount options (-o, comma-separated; docs/options.md describes each):
            allow_other  auto_unmount[=off]  nonempty  metrics=ADDR:PORT  log=LEVEL
            transform_workers=N  python=PATH
   dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
-           version=V (a Delta table's version)
+           version=V (a table's: Delta version, Iceberg snapshot id, Hudi instant)
   store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
            HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T
 Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
@@ -265,7 +265,7 @@ fn print_view(d: &Dataset, opts: &Options) {
     println!("fingerprint  {}", d.source.fingerprint());
     if let Some(version) = d.source.table {
         println!(
-            "{:<12} version {}, {} data files",
+            "{:<13}version {}, {} data files",
             version.what(),
             version.number,
             d.source.files.len()

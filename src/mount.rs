@@ -47,6 +47,18 @@ impl Dataset {
         let source = match &opts.snapshot {
             Some(at) => {
                 let pinned = crate::source::snapshot::read(at, &opts.store).await?;
+                let pins = pinned.catalog.table.map(|v| v.number);
+                if let Some(v) = opts.version
+                    && pins != Some(v)
+                {
+                    let pinned_what = match pins {
+                        Some(p) => format!("version {p}"),
+                        None => "no table version".to_string(),
+                    };
+                    bail!(
+                        "version={v} disagrees with snapshot '{at}', which pins {pinned_what}: leave version= out"
+                    );
+                }
                 Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
             }
             None => Source::open(source, &opts.store, footers, stats.clone(), opts.version).await?,
@@ -275,7 +287,7 @@ impl Dataset {
 
     /// What `memory_limit` leaves for the buffers (decoded row groups, built batches) once the
     /// mount's lasting memory is counted: every file's decoded footer (about 5 KiB an object,
-    /// docs/scale.md; a mount of a snapshot loads those its reads need, at most all) and
+    /// docs/dev/scale.md; a mount of a snapshot loads those its reads need, at most all) and
     /// `dataset.json`. Refused where that takes more than half the limit.
     pub fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
         let held = self.source.facts.footer_memory + dataset_json;
@@ -948,7 +960,16 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     ready.report(&Ok(()));
     drop(ready);
     unmount_on_signal(&runtime, session.unmount_callable(), mountpoint);
-    session.run().context("FUSE session")?;
+    match session.run() {
+        Ok(()) => {}
+        // An unmount while requests are in flight (`umount -l`, `fusermount3 -u` under load)
+        // ends the connection under them: the kernel answers the session's next read or reply
+        // with ECONNABORTED (or ENODEV). That is the end of the mount, not a failure.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::ENODEV)) => {
+            tracing::info!("the kernel ended the connection ({e})");
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("FUSE session")),
+    }
     tracing::info!("unmounted {}", mountpoint.display());
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     Ok(())

@@ -502,12 +502,23 @@ fn widens(from: &DataType, to: &DataType) -> bool {
     }
 }
 
-/// Where each field of `table` is among `file`'s root columns, by name.
+/// Where each field of `table` is among `file`'s root columns: by field id where the table's
+/// field has one (an Iceberg table's, whose columns may be renamed) and the file stores ids,
+/// else by name (a file added to a table from elsewhere, written without ids).
 pub fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
+    let id = |f: &arrow::datatypes::Field| f.metadata().get(FIELD_ID).cloned();
+    let file_has_ids = file.fields().iter().any(|g| id(g).is_some());
     (table.fields().iter())
-        .map(|f| file.index_of(f.name()).ok())
+        .map(|f| match id(f).filter(|_| file_has_ids) {
+            Some(want) => (file.fields().iter()).position(|g| id(g).as_ref() == Some(&want)),
+            None => file.index_of(f.name()).ok(),
+        })
         .collect()
 }
+
+/// The key under which Parquet's field ids are in an Arrow field's metadata (the parquet
+/// crate puts them there).
+pub const FIELD_ID: &str = "PARQUET:field_id";
 
 fn null_fact(
     files: &[(&str, &ArrowReaderMetadata)],

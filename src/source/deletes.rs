@@ -176,10 +176,24 @@ fn crc32(data: &[u8]) -> u32 {
     !crc
 }
 
+const ALPHABET: &[u8; 85] =
+    b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+
+/// Z85 of `bytes` (a multiple of 4 of them): 4 bytes, big-endian, to 5 characters.
+pub fn z85_encode(bytes: &[u8]) -> String {
+    debug_assert!(bytes.len().is_multiple_of(4));
+    let mut out = String::with_capacity(bytes.len() / 4 * 5);
+    for chunk in bytes.chunks(4) {
+        let v = u32::from_be_bytes(chunk.try_into().expect("4 bytes")) as u64;
+        for k in (0..5).rev() {
+            out.push(ALPHABET[(v / 85u64.pow(k) % 85) as usize] as char);
+        }
+    }
+    out
+}
+
 /// Z85 (ZeroMQ's base85, RFC 32/Z85): 5 characters to 4 bytes, big-endian.
 fn z85_decode(text: &str) -> Result<Vec<u8>> {
-    const ALPHABET: &[u8; 85] =
-        b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
     let bytes = text.as_bytes();
     if !bytes.len().is_multiple_of(5) {
         bail!(

@@ -138,11 +138,8 @@ pub fn key_value(metadata: &[u8], key: &str) -> Result<Option<Vec<u8>>> {
             let (mut k, mut v, mut last_kv) = (None, None, 0);
             while let Some((fid, ft)) = r.field_header(&mut last_kv)? {
                 if ft == BINARY && (fid == 1 || fid == 2) {
-                    let len = r.varint()? as usize;
-                    let bytes =
-                        r.b.get(r.pos..r.pos + len)
-                            .ok_or_else(|| anyhow::anyhow!("the footer ends inside a value"))?;
-                    r.pos += len;
+                    let len = r.varint()?;
+                    let bytes = r.take(len)?;
                     if fid == 1 {
                         k = Some(bytes);
                     } else {
@@ -231,13 +228,28 @@ struct Reader<'a> {
     pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn byte(&mut self) -> Result<u8> {
         let Some(&b) = self.b.get(self.pos) else {
             bail!("the footer ends inside a value");
         };
         self.pos += 1;
         Ok(b)
+    }
+
+    /// The next `n` bytes; a length past the footer's end (however large the varint that
+    /// gave it) is an error, never a wrapped position.
+    fn take(&mut self, n: u64) -> Result<&'a [u8]> {
+        let end = usize::try_from(n)
+            .ok()
+            .and_then(|n| self.pos.checked_add(n))
+            .filter(|&end| end <= self.b.len());
+        let Some(end) = end else {
+            bail!("the footer ends inside a value");
+        };
+        let bytes = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(bytes)
     }
 
     fn varint(&mut self) -> Result<u64> {
@@ -258,14 +270,18 @@ impl Reader<'_> {
         }
         match t {
             BOOL_TRUE | BOOL_FALSE => {}
-            3 => self.pos += 1,
+            3 => {
+                self.take(1)?;
+            }
             4 | I32 | I64 => {
                 self.varint()?;
             }
-            7 => self.pos += 8,
+            7 => {
+                self.take(8)?;
+            }
             BINARY => {
-                let n = self.varint()? as usize;
-                self.pos += n;
+                let n = self.varint()?;
+                self.take(n)?;
             }
             LIST | SET => {
                 let (n, et) = self.list_header()?;
@@ -413,6 +429,27 @@ fn without_mistyped_fields(metadata: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_are_read_or_refused_in_bounded_time(
+            bytes in prop::collection::vec(any::<u8>(), 0..2048),
+            // A binary length field claiming up to 2^64 bytes.
+            huge in any::<u64>(),
+        ) {
+            let started = std::time::Instant::now();
+            let _ = without_mistyped_fields(&bytes);
+            let _ = key_value(&bytes, "k");
+            // FileMetaData { 5: [KeyValue { 1: binary of `huge` bytes }] }.
+            let mut kv = vec![0x59, 0x1c, 0x18];
+            write_varint(&mut kv, huge);
+            kv.extend_from_slice(b"abc");
+            prop_assert!(key_value(&kv, "k").is_err());
+            prop_assert!(without_mistyped_fields(&kv).is_err());
+            prop_assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        }
+    }
 
     #[test]
     fn a_well_formed_footer_is_re_encoded_byte_for_byte() {

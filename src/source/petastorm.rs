@@ -769,6 +769,7 @@ pub fn infer_field(name: &str, nullable: bool, cell: &[u8]) -> Option<Field> {
 // Cells ----------------------------------------------------------------------------------------
 
 /// A decoded cell: its dtype, shape and little-endian C-order bytes.
+#[derive(Debug)]
 pub struct Cell {
     pub dtype: DType,
     pub shape: Vec<usize>,
@@ -822,10 +823,17 @@ pub fn decode_npy(b: &[u8]) -> Result<Cell> {
         "f8" => DType::F64,
         _ => bail!("a .npy of dtype '{descr}', which has no tensor mapping"),
     };
-    let n: usize = shape.iter().product();
     let size = dtype.size();
+    // Sizes from the header are checked: a header claiming more elements than a usize holds
+    // is a short cell, never a wrapped length.
+    let end = (shape.iter())
+        .try_fold(size, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| n.checked_add(at + header_len));
+    let Some(end) = end else {
+        bail!("a .npy cell's shape {shape:?} is too large");
+    };
     let data = b
-        .get(at + header_len..at + header_len + n * size)
+        .get(at + header_len..end)
         .ok_or_else(|| anyhow!("a .npy cell is shorter than its shape"))?;
     let mut data = data.to_vec();
     if order == ">" && size > 1 {
@@ -984,6 +992,40 @@ pub fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Vec<u8>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A `.npy` of `data` behind a header giving `shape` as its text.
+    fn npy(shape: &str, data: &[u8]) -> Vec<u8> {
+        let header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({shape}), }}");
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((header.len() as u16).to_le_bytes());
+        b.extend(header.as_bytes());
+        b.extend(data);
+        b
+    }
+
+    proptest! {
+        #[test]
+        fn npy_shapes_past_the_cell_are_errors_not_wrapped_lengths(
+            dims in prop::collection::vec(any::<u64>(), 1..5),
+            data in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let shape: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+            let b = npy(&shape.join(", "), &data);
+            let started = std::time::Instant::now();
+            match decode_npy(&b) {
+                Ok(cell) => prop_assert_eq!(cell.data.len(), cell.shape.iter().product::<usize>() * 4),
+                Err(e) => prop_assert!(e.to_string().contains("shape") || e.to_string().contains("short"), "{}", e),
+            }
+            prop_assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn a_shape_of_more_elements_than_memory_is_refused() {
+        let e = decode_npy(&npy("4611686018427387904, 8", &[0; 16])).unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
 
     /// A JPEG written by MozJPEG's encoder: gray 16 × 8, a ramp.
     fn jpeg(gray: bool) -> Vec<u8> {

@@ -9,7 +9,7 @@
 //! The file: a header (magic, format version, body length, SHA-256 of the body), then the body,
 //! JSON compressed with zstd. Written to a temp file, synced and renamed (a local path), or with
 //! one PUT (an object store, where a PUT is atomic). The objects are kept column by column, so
-//! that names and versions compress well: see docs/scale.md for what it weighs per object.
+//! that names and versions compress well: see docs/dev/scale.md for what it weighs per object.
 //!
 //! Every mount of a listing also keeps its catalog this way in the cache directory, named by
 //! its fingerprint, so that `fingerprint=` can say what changed when it refuses a mount.

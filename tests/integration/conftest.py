@@ -108,7 +108,7 @@ def hermetic_env():
 
 
 def s3_client(endpoint: str, **config):
-    boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup installs it)")
+    boto3 = tfs.require("boto3", "boto3 is not installed (scripts/setup installs it)")
     from botocore.config import Config
 
     return boto3.client(
@@ -166,8 +166,8 @@ class S3:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory):
     """moto's S3 server (scripts/s3-server) on a free loopback port, with the test bucket."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed (scripts/setup installs it)")
-    pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup installs it)")
+    tfs.require("moto.server", "moto[server] is not installed (scripts/setup installs it)")
+    tfs.require("boto3", "boto3 is not installed (scripts/setup installs it)")
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(

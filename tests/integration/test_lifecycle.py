@@ -133,3 +133,60 @@ def test_the_mount_helper_passes_the_options_tensorfs_takes():
     proc = subprocess.run(["sh", str(REPO / "mount" / "test-helper.sh")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all cases passed" in proc.stdout
+
+
+@pytest.mark.parametrize("how", [["umount", "-l"], ["umount", "-f"], ["fusermount3", "-u", "-z"]])
+def test_an_unmount_while_readers_are_busy_is_a_normal_end(tmp_path, shuf_ds, how):
+    """Eight threads read random files while the mount is taken away, five times over: the
+    daemon (in the foreground, so its exit status is seen) exits 0 each time, however the
+    kernel ended the connection under the requests in flight: detached (-l, -z) or aborted
+    (-f). A plain umount of a mount with files open is refused by the kernel (busy), and the
+    daemon serves on: test_foreground covers it once the files are closed."""
+    import random
+    import threading
+
+    if shutil.which(how[0]) is None:
+        pytest.skip(f"{how[0]} is not installed")
+    for round_ in range(5):
+        mnt = tmp_path / f"busy-{round_}"
+        mnt.mkdir()
+        log = tmp_path / f"busy-{round_}.log"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(
+                [str(tfs.BIN), "mount", str(shuf_ds.path), str(mnt), "-o",
+                 f"batch_size=64,epochs=4,cache_dir={tmp_path / 'c'}", "--foreground"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 60
+            while not tfs.is_mounted(mnt):
+                assert proc.poll() is None, f"exited {proc.returncode} before mounting: {log.read_text()}"
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            stop = threading.Event()
+
+            def reader(seed):
+                rng = random.Random(seed)
+                while not stop.is_set():
+                    rel = f"epoch-{rng.randrange(4)}/{tfs.batch_name(rng.randrange(41))}.safetensors"
+                    try:
+                        with open(mnt / rel, "rb") as f:
+                            while f.read(1 << 16):
+                                pass
+                    except OSError:
+                        pass  # the mount going away under a read is the point
+
+            threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(8)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5 + round_ * 0.2)
+            subprocess.run([*how, str(mnt)], timeout=30, capture_output=True)
+            code = proc.wait(timeout=60)
+            stop.set()
+            for t in threads:
+                t.join(timeout=10)
+            assert code == 0, f"{' '.join(how)} round {round_}: the daemon exited {code}: {log.read_text()[-2000:]}"
+        finally:
+            tfs.unmount(mnt)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

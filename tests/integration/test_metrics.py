@@ -27,7 +27,7 @@ def scrape(url: str) -> tuple[int, str, str]:
 
 
 def test_metrics_are_scraped_in_prometheus_format(mounter, shuf_ds):
-    parser = pytest.importorskip("prometheus_client.parser", reason="prometheus-client is not installed (scripts/setup installs it)")
+    parser = tfs.require("prometheus_client.parser", "prometheus-client is not installed (scripts/setup installs it)")
     port = free_port()
     m = mounter(shuf_ds.path, "batch_size=100", f"metrics=127.0.0.1:{port}")
     for i in range(5):

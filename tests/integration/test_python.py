@@ -52,7 +52,7 @@ def test_numpy_batches_are_the_batch_files(mounter, shuf_ds, monkeypatch):
 
 @pytest.fixture(scope="module")
 def torch():
-    return pytest.importorskip("torch", reason="PyTorch is not installed (scripts/setup installs it for the tests)")
+    return tfs.require("torch", "PyTorch is not installed (scripts/setup installs it for the tests)")
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])

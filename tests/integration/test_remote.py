@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytest.importorskip("moto.server", reason="moto[server] is not installed (scripts/setup installs it)")
-boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup installs it)")
+import tfs
 
-import tfs  # noqa: E402
+tfs.require("moto.server", "moto[server] is not installed (scripts/setup installs it)")
+boto3 = tfs.require("boto3", "boto3 is not installed (scripts/setup installs it)")
+
 from conftest import BUCKET, KEY_ID, REGION, SECRET, S3, s3_client, s3_opts  # noqa: E402  (the S3 side)
 from tfs import batch_name  # noqa: E402
 

@@ -182,7 +182,7 @@ def azure(tmp_path_factory, main_ds, shuf_ds):
     exe = tfs.REPO / ".azurite" / "node_modules" / ".bin" / "azurite-blob"
     if not (os.environ.get("AZURITE_BLOB") or exe.exists() or shutil.which("azurite-blob")):
         pytest.skip(f"Azurite is not installed (in {tfs.REPO}: npm install --prefix .azurite azurite)")
-    blob = pytest.importorskip("azure.storage.blob", reason="azure-storage-blob is not installed (pip install azure-storage-blob)")
+    blob = tfs.require("azure.storage.blob", "azure-storage-blob is not installed (pip install azure-storage-blob)")
     log = tmp_path_factory.mktemp("azurite") / "azurite.log"
     server = start_server("azure", "azurite-server", [], log)
     try:
@@ -251,8 +251,8 @@ def _dav_tree(root: Path, main_ds: tfs.Dataset, shuf_ds: tfs.Dataset) -> tuple[P
 
 
 def _need_wsgidav():
-    pytest.importorskip("wsgidav", reason="wsgidav is not installed (pip install wsgidav cheroot)")
-    pytest.importorskip("cheroot", reason="cheroot is not installed (pip install wsgidav cheroot)")
+    tfs.require("wsgidav", "wsgidav is not installed (pip install wsgidav cheroot)")
+    tfs.require("cheroot", "cheroot is not installed (pip install wsgidav cheroot)")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ batch for batch, written by pyarrow, polars and duckdb."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -154,7 +156,7 @@ def delta_rows(start: int, n: int) -> pa.Table:
 def delta_table(tmp_path_factory):
     """A table of 6 versions: create, append, overwrite, append, compaction, delete (then a
     checkpoint), partitioned by an integer and a date."""
-    dl = pytest.importorskip("deltalake", reason="the deltalake package is not installed (scripts/setup installs it)")
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
     path = tmp_path_factory.mktemp("delta") / "table"
     parts = ["year", "day"]
     dl.write_deltalake(str(path), delta_rows(0, 300), partition_by=parts)
@@ -285,7 +287,7 @@ def z85(data: bytes) -> str:
     return "".join(out)
 
 
-def inline_dv_table(tmp_path) -> "Path":
+def inline_dv_table(tmp_path) -> Path:
     """table-with-dv-small with its deletion vector written inline in the log (`i`), as a
     writer that keeps small vectors in the log does."""
     import json
@@ -345,8 +347,7 @@ def test_an_inline_deletion_vector_is_applied(mounter, tmp_path):
 
 def test_files_inside_a_table_are_never_served_as_loose_files(mounter, tmp_path):
     """A data file of a table, or a directory inside one, holds rows the table deleted or
-    replaced: mounted alone it is refused in one line naming the table's root; so is a table
-    of a kind not read yet."""
+    replaced: mounted alone it is refused in one line naming the table's root."""
     def refusal(src, *options):
         mnt = mounter.mountpoint()
         proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
@@ -395,7 +396,7 @@ def test_delta_logs_of_every_shape_are_replayed_as_deltalake_replays_them(mounte
     written by hand, a delete between them, a column added by a later version (null in the files
     before it), then the commits before the last checkpoint cleaned up: every version equal to
     deltalake's, the cleaned ones refused in one line."""
-    dl = pytest.importorskip("deltalake", reason="the deltalake package is not installed (scripts/setup installs it)")
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
     path = tmp_path / "log"
 
     def rows(start, n, late=False):
@@ -507,7 +508,7 @@ def hudi_table(tmp_path, zip_name: str):
 
 def hudi_rows(path, columns, as_of=None) -> list[tuple]:
     """The rows the hudi package reads of COLUMNS (at instant AS_OF), sorted."""
-    pytest.importorskip("hudi", reason="the hudi package is not installed (scripts/setup installs it)")
+    tfs.require("hudi", "the hudi package is not installed (scripts/setup installs it)")
     import hudi
 
     table = hudi.HudiTableBuilder.from_base_uri(str(path)).build()
@@ -577,3 +578,252 @@ def test_a_snapshot_pins_a_hudi_instant(mounter, tmp_path):
     m = mounter(path, *opts, f"snapshot={pin}")
     assert m.dataset()["origin"]["version"] == first
     assert served_rows(m, ["txn_ts", "is_international"]) == hudi_rows(path, ["txn_ts", "is_international"], first)
+
+
+# --------------------------------------------------------------------------------------------
+# Apache Iceberg: tables written by pyiceberg (a SQLite catalog on local files), against
+# pyiceberg's scan(snapshot_id).to_arrow()
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def iceberg_table(tmp_path_factory):
+    """A table of 5 snapshots: an append, an append, a copy-on-write delete, a column added (x2
+    = id * 3, null in the files before), a column renamed (x to score) and an append; identity
+    partitioned by `part`. Returns (table root, the catalog's table)."""
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import LongType
+
+    base = tmp_path_factory.mktemp("iceberg")
+    catalog = SqlCatalog("default", uri=f"sqlite:///{base}/catalog.db", warehouse=f"file://{base}/warehouse")
+    catalog.create_namespace("db")
+
+    def rows(start, n):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        return pa.table({"id": ids, "x": (ids / 2).astype(np.float32), "part": (ids % 3).astype(np.int32)})
+
+    schema = rows(0, 1).schema
+    t = catalog.create_table("db.t", schema=schema)
+    with t.update_spec() as spec:
+        spec.add_identity("part")
+    t.append(rows(0, 300))
+    t.append(rows(300, 200))
+    t.delete("id < 50")
+    with t.update_schema() as s:
+        s.add_column("x2", LongType())
+    t.append(rows(500, 100).append_column("x2", pa.array(np.arange(500, 600, dtype=np.int64) * 3)))
+    with t.update_schema() as s:
+        s.rename_column("x", "score")
+    t = catalog.load_table("db.t")
+    t.append(pa.table({"id": np.arange(600, 650, dtype=np.int64), "score": np.ones(50, np.float32),
+                       "part": np.zeros(50, np.int32), "x2": np.arange(50, dtype=np.int64)}))
+    t = catalog.load_table("db.t")
+    root = Path(t.metadata.location.removeprefix("file://"))
+    return root, t
+
+
+def iceberg_rows(table, snapshot_id, columns) -> list[tuple]:
+    t = table.scan(snapshot_id=snapshot_id).to_arrow()
+    return sorted(zip(*[t.column(c).to_pylist() for c in columns]))
+
+
+def test_every_snapshot_of_an_iceberg_table_is_pyicebergs(mounter, iceberg_table):
+    root, table = iceberg_table
+    snapshots = [s.snapshot_id for s in table.snapshots()]
+    assert len(snapshots) >= 5
+    for sid in snapshots:
+        schema = table.scan(snapshot_id=sid).projection()
+        columns = [f.name for f in schema.fields]
+        m = mounter(root, f"version={sid}", f"columns={':'.join(columns)}", "batch_size=64", "shuffle=none", "nulls=zero")
+        dj = m.dataset()
+        assert dj["origin"]["from"] == "iceberg table" and dj["origin"]["version"] == sid, dj["origin"]
+        want = iceberg_rows(table, sid, columns)
+        got = epoch_columns(m, columns + [f"{c}.mask" for c in columns if f"{c}.mask" in {t['name'] for t in dj["tensors"]}])
+        # A column added later is null in the older files: zero with its mask, as nulls=zero says.
+        served = []
+        for c in columns:
+            mask = got.get(f"{c}.mask")
+            served.append([None if mask is not None and not mask[i] else v for i, v in enumerate(got[c].tolist())])
+        assert sorted(zip(*served)) == want, sid
+        m.unmount()
+    # The current snapshot without version=, its columns renamed and added.
+    m = mounter(root, "batch_size=64", "shuffle=none", "columns=id:score:part")
+    assert m.dataset()["origin"]["version"] == table.current_snapshot().snapshot_id
+    assert served_rows(m, ["id", "score", "part"]) == iceberg_rows(table, None, ["id", "score", "part"])
+
+
+def test_an_iceberg_table_named_by_its_metadata_file_is_read_by_it(mounter, iceberg_table):
+    root, table = iceberg_table
+    import json
+
+    # The first metadata file with a snapshot: the table after its first append.
+    first = next(p for p in sorted((root / "metadata").glob("*.metadata.json"))
+                 if (json.loads(p.read_text()).get("current-snapshot-id") or -1) >= 0)
+    m = mounter(first, "batch_size=64", "shuffle=none", "columns=id:x:part")
+    sid = m.dataset()["origin"]["version"]
+    assert served_rows(m, ["id", "x", "part"]) == iceberg_rows(table, sid, ["id", "x", "part"])
+
+
+def add_position_deletes(root: Path, deletes: dict[str, list[int]]) -> int:
+    """Commits a snapshot of position deletes (data file URI -> row positions) to the table at
+    ROOT, as a merge-on-read delete would: a delete file, its manifest, a manifest list and a
+    metadata file, written with pyiceberg's own writers. Returns the snapshot's id."""
+    import json
+    import time
+    import uuid
+
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+    from pyiceberg.manifest import (DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntry,
+                                    ManifestEntryStatus, ManifestWriterV2, write_manifest_list)
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        """pyiceberg's format 2 manifest writer, for a manifest of delete files."""
+
+        def content(self):
+            return ManifestContent.DELETES
+    from pyiceberg.table import StaticTable
+    from pyiceberg.typedef import Record
+
+    metadata = sorted((root / "metadata").glob("*.metadata.json"))[-1]
+    t = StaticTable.from_metadata(f"file://{metadata}")
+    md, snap, io = t.metadata, t.current_snapshot(), PyArrowFileIO()
+    sid, seq = snap.snapshot_id + 1, md.last_sequence_number + 1
+    location = md.location
+    paths = [p for p, pos in deletes.items() for _ in pos]
+    positions = [x for pos in deletes.values() for x in pos]
+    delete_path = root / "data" / f"pos-deletes-{uuid.uuid4()}.parquet"
+    pq.write_table(pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())}), delete_path)
+    df = DataFile.from_args(content=DataFileContent.POSITION_DELETES, file_path=f"{location}/data/{delete_path.name}",
+                            file_format=FileFormat.PARQUET, partition=Record(), record_count=len(positions),
+                            file_size_in_bytes=delete_path.stat().st_size)
+    mpath = f"{location}/metadata/{uuid.uuid4()}-m0.avro"
+    with DeleteManifestWriter(t.spec(), t.schema(), io.new_output(mpath), sid, "deflate") as w:
+        w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=sid, sequence_number=seq,
+                                      file_sequence_number=seq, data_file=df))
+    mf = w.to_manifest_file()
+    lpath = f"{location}/metadata/snap-{sid}-0-{uuid.uuid4()}.avro"
+    with write_manifest_list(2, io.new_output(lpath), sid, snap.snapshot_id, seq, "deflate") as lw:
+        lw.add_manifests([*snap.manifests(io), mf])
+    j = json.loads(metadata.read_text())
+    j["snapshots"].append({"snapshot-id": sid, "parent-snapshot-id": snap.snapshot_id, "sequence-number": seq,
+                           "timestamp-ms": int(time.time() * 1000), "manifest-list": lpath,
+                           "summary": {"operation": "delete"}, "schema-id": j["current-schema-id"]})
+    j["current-snapshot-id"] = sid
+    j["refs"] = {"main": {"snapshot-id": sid, "type": "branch"}}
+    j["last-sequence-number"] = seq
+    number = int(metadata.name.split("-")[0]) + 1
+    (root / "metadata" / f"{number:05d}-{uuid.uuid4()}.metadata.json").write_text(json.dumps(j))
+    return sid
+
+
+def test_position_deletes_of_an_iceberg_table_are_applied(mounter, tmp_path):
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.table import StaticTable
+
+    catalog = SqlCatalog("default", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    ids = np.arange(1000, dtype=np.int64)
+    t = catalog.create_table("db.p", schema=pa.schema([("id", pa.int64()), ("x", pa.float32())]))
+    t.append(pa.table({"id": ids[:600], "x": ids[:600].astype(np.float32)}))
+    t.append(pa.table({"id": ids[600:], "x": ids[600:].astype(np.float32)}))
+    root = Path(t.metadata.location.removeprefix("file://"))
+    data = sorted(f"{t.metadata.location}/data/{p.name}" for p in (root / "data").glob("*.parquet"))
+    sid = add_position_deletes(root, {data[0]: [0, 5, 17, 300], data[1]: [1, 2, 399]})
+    latest = sorted((root / "metadata").glob("*.metadata.json"))[-1]
+    ref = StaticTable.from_metadata(f"file://{latest}")
+    want = iceberg_rows(ref, sid, ["id", "x"])
+    assert len(want) == 1000 - 7
+    m = mounter(root, "batch_size=50", "shuffle=none")
+    assert m.dataset()["origin"]["version"] == sid and m.dataset()["rows"] == 993
+    assert served_rows(m, ["id", "x"]) == want
+    # Pinned by a snapshot: the same rows, the deletes with them.
+    pin = tmp_path / "p.snapshot"
+    assert tfs.run(["snapshot", root, pin]).returncode == 0
+    pinned = mounter(root, "batch_size=50", "shuffle=none", f"snapshot={pin}")
+    assert served_rows(pinned, ["id", "x"]) == want
+
+
+def test_iceberg_tables_that_cannot_be_read_are_refused_in_one_line(mounter, iceberg_table):
+    root, table = iceberg_table
+
+    def refusal(src, *options):
+        mnt = mounter.mountpoint()
+        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
+        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
+        return tfs.error_line(proc)
+
+    line = refusal(root, "version=12345")
+    assert "no snapshot 12345" in line, line
+    line = refusal(next((root / "data").rglob("*.parquet")))
+    assert "inside the Apache Iceberg table" in line, line
+
+
+@pytest.mark.usefixtures("hermetic_env")
+def test_every_table_kind_on_s3_and_from_a_snapshot_of_it(mounter, s3, proxy, iceberg_table, tmp_path):
+    """A Delta table with deletion vectors, a Hudi table and an Iceberg table, each uploaded to
+    the S3 emulator: mounted from it, and from a snapshot of it written to it, they serve the
+    bytes the same table serves from local files."""
+    from conftest import BUCKET, s3_opts
+
+    tables = {
+        "delta-dv": (FIXTURES / "table_with_deletion_logs", "columns=id:age:nbr"),
+        "hudi": (hudi_table(tmp_path, "cow_v9_txns_simple_nometa"), "columns=txn_ts:is_international"),
+        "iceberg": (iceberg_table[0], "columns=id:score:part"),
+    }
+    for prefix, (root, columns) in tables.items():
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                s3.put(f"{prefix}/{p.relative_to(root)}", p)
+        opts = (columns, "batch_size=16", "shuffle=none")
+        src = f"s3://{BUCKET}/{prefix}/"
+        remote = mounter(src, *opts, *s3_opts(proxy.url))
+        local = mounter(root, *opts)
+        n = local.dataset()["batches_per_epoch"]
+        want = tfs.batch_hashes(local, ["epoch-0"], n)
+        assert remote.dataset()["fingerprint"] != local.dataset()["fingerprint"]  # another place
+        assert tfs.batch_hashes(remote, ["epoch-0"], n) == want, prefix
+        pin = f"s3://{BUCKET}/pins/{prefix}.snapshot"
+        proc = tfs.run(["snapshot", src, pin, "-o", ",".join([*opts, *s3_opts(proxy.url)])])
+        assert proc.returncode == 0, proc.stderr
+        proxy.reset_stats()
+        pinned = mounter(src, *opts, f"snapshot={pin}", *s3_opts(proxy.url))
+        assert proxy.stats()["listings"] == 0, prefix
+        assert pinned.dataset()["origin"]["version"] == local.dataset()["origin"]["version"], prefix
+        assert tfs.batch_hashes(pinned, ["epoch-0"], n) == want, prefix
+
+
+def test_files_added_to_an_iceberg_table_without_field_ids_are_read_by_name(mounter, tmp_path):
+    """Files written elsewhere and added to a table (pyiceberg's add_files, a migration) carry no
+    field ids: their columns are the table's by name, as pyiceberg's name mapping reads them."""
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("default", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    t = catalog.create_table("db.added", schema=pa.schema([("id", pa.int64()), ("x", pa.float32())]))
+    loose = tmp_path / "loose.parquet"
+    pq.write_table(pa.table({"id": np.arange(40, dtype=np.int64), "x": np.arange(40, dtype=np.float32) / 4}), loose)
+    root = Path(t.metadata.location.removeprefix("file://"))
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    added = root / "data" / "loose.parquet"
+    added.write_bytes(loose.read_bytes())
+    t.add_files([f"{t.metadata.location}/data/loose.parquet"])
+    t = catalog.load_table("db.added")
+    m = mounter(root, "batch_size=8", "shuffle=none")
+    assert served_rows(m, ["id", "x"]) == iceberg_rows(t, None, ["id", "x"])
+
+
+def test_a_snapshot_and_another_version_are_refused_together(mounter, tmp_path):
+    src = FIXTURES / "table_with_deletion_logs"
+    pin = tmp_path / "v8.snapshot"
+    assert tfs.run(["snapshot", src, pin, "-o", "version=8,columns=id"]).returncode == 0
+    mnt = mounter.mountpoint()
+    proc = tfs.run(["mount", src, mnt, "-o", f"snapshot={pin},version=9,columns=id,cache_dir={mnt}-c"])
+    line = tfs.error_line(proc)
+    assert proc.returncode != 0 and "version=9 disagrees with snapshot" in line and "pins version 8" in line, line
+    m = mounter(src, f"snapshot={pin}", "version=8", "columns=id")
+    assert m.dataset()["origin"]["version"] == 8

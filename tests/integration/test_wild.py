@@ -192,7 +192,7 @@ def reference(src: Path, files: list[str], options: list[str], reader="pyarrow")
             r = dict(values=np.concatenate(vals), lens=np.concatenate(lens), valid=np.concatenate(valid), padded=True)
             # A null or empty list is length 0, not a null (no mask, no nulls=zero needed). A null
             # ELEMENT is a null: with nulls=zero, COL.mask has the padded shape [B, L], 1 for each
-            # element present, 0 for a null element and for the padding (docs/reliability.md).
+            # element present, 0 for a null element and for the padding (docs/dev/reliability.md).
             # `valid` is already False past each row's length.
             real = np.arange(pads[name])[None, :] < r["lens"][:, None]
             real = real.reshape(real.shape + (1,) * (r["valid"].ndim - 2))
@@ -667,7 +667,7 @@ def test_a_null_list_under_pad_is_length_0_without_nulls_zero(corpus, mounter):
 def test_null_elements_of_a_list_under_pad(corpus, mounter):
     """A null ELEMENT of a list is a null: without nulls=zero the mount is refused naming
     nulls=zero; with it, the element is 0 and COL.mask is uint8 of the padded shape [B, L]: 1 for
-    each element present, 0 for a null element and for the padding (docs/reliability.md)."""
+    each element present, 0 for a null element and for the padding (docs/dev/reliability.md)."""
     src, entry = get_entry(corpus, "pa-list-null-elements")
     line = mount_refusal(mounter, src, f"pad=tok:{PAD_L}")
     assert line == tfs.ERROR_PREFIX + (

@@ -1,0 +1,441 @@
+//! Apache Iceberg tables (PRODUCT.md §8), read at a snapshot as pyiceberg's
+//! `table.scan(snapshot_id=…).to_arrow()` reads them: the table's metadata file
+//! (`metadata/*.metadata.json`: the newest, the one `version-hint.text` names, or the one the
+//! source names), the snapshot's manifest list and manifests (Avro), the data files they hold
+//! live, and the position deletes that apply to them.
+//!
+//! Columns are matched by field id (the table's schema carries each column's id; files store
+//! theirs in the Parquet schema), so renamed and reordered columns read right and a column
+//! added later is null in older files. Identity partitions are columns of the data files, as
+//! Iceberg writers store them. Position deletes become each data file's deleted rows, kept as
+//! an inline deletion vector ([`crate::source::deletes`]), so snapshots pin them and reads
+//! drop them as a Delta table's. Equality deletes and the deletion vectors of format 3
+//! (Puffin files) are refused in one line naming them.
+
+use crate::source::deletes::DeletionVector;
+use anyhow::{Context, Result, anyhow, bail};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use roaring::RoaringTreemap;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One snapshot of an Iceberg table, as a mount reads it.
+pub struct Table {
+    pub snapshot_id: u64,
+    pub data_schema: SchemaRef,
+    /// The live data files, relative to the table's root, in path order.
+    pub files: Vec<String>,
+    /// Each file's deleted rows, where position deletes apply to it.
+    pub deletes: Vec<Option<DeletionVector>>,
+}
+
+/// A data or delete file a manifest holds live.
+struct Entry {
+    content: i64,
+    path: String,
+    format: String,
+    sequence: i64,
+}
+
+/// Reads snapshot `version` (the current one when `None`) of the Iceberg table at `root`;
+/// `names` are the objects under it (relative to it), `metadata` the metadata file the source
+/// named, if it named one.
+pub async fn read(
+    store: Arc<dyn ObjectStore>,
+    root: &Path,
+    names: &[&str],
+    metadata: Option<&str>,
+    version: Option<u64>,
+) -> Result<Table> {
+    let metadata = match metadata {
+        Some(m) => m.to_string(),
+        None => metadata_file(&store, root, names).await?,
+    };
+    let json: Value = serde_json::from_slice(&get(&store, root, &metadata).await?)
+        .with_context(|| format!("its metadata '{metadata}' is not JSON"))?;
+    let location = (json.get("location").and_then(Value::as_str))
+        .context("its metadata names no location")?
+        .trim_end_matches('/')
+        .to_string();
+    let relative = |uri: &str| -> Result<String> {
+        let rest = (uri.strip_prefix(&location))
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(|| anyhow!("'{uri}' is outside the table's location '{location}'"))?;
+        Ok(percent_encoding::percent_decode_str(rest)
+            .decode_utf8_lossy()
+            .into_owned())
+    };
+    let snapshots = (json.get("snapshots").and_then(Value::as_array))
+        .cloned()
+        .unwrap_or_default();
+    let current = json
+        .get("current-snapshot-id")
+        .and_then(Value::as_i64)
+        .filter(|&id| id >= 0);
+    let wanted = version.map(|v| v as i64).or(current);
+    let Some(id) = wanted else {
+        bail!("it has no snapshot: it holds no data");
+    };
+    let snapshot = (snapshots.iter())
+        .find(|s| s.get("snapshot-id").and_then(Value::as_i64) == Some(id))
+        .ok_or_else(|| {
+            let known: Vec<String> = (snapshots.iter().rev())
+                .filter_map(|s| s.get("snapshot-id").and_then(Value::as_i64))
+                .map(|s| s.to_string())
+                .collect();
+            let shown = known.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+            let more = match known.len() {
+                n if n > 3 => format!(" and {} more", n - 3),
+                _ => String::new(),
+            };
+            anyhow!(
+                "it has no snapshot {id} (its newest: {shown}{more}): version= names a snapshot id"
+            )
+        })?;
+    // The current snapshot reads as the table is now (its current schema, renames since
+    // included), an older one as it was: as pyiceberg's scan() and scan(snapshot_id) do.
+    let current_schema = json.get("current-schema-id").and_then(Value::as_i64);
+    let schema_id = match version {
+        None => current_schema,
+        Some(_) => (snapshot.get("schema-id").and_then(Value::as_i64)).or(current_schema),
+    };
+    let schema = schema_of(&json, schema_id)?;
+    let data_schema = Arc::new(Schema::new(struct_fields(schema)?));
+    let list = (snapshot.get("manifest-list").and_then(Value::as_str))
+        .context("its snapshot names no manifest list (format 1 manifests inline are not read)")?;
+    let manifests = avro_records(&get(&store, root, &relative(list)?).await?)
+        .with_context(|| format!("its manifest list '{list}'"))?;
+    let mut entries: Vec<Entry> = Vec::new();
+    for m in &manifests {
+        let path = str_of(m, "manifest_path")?;
+        // A manifest's own sequence number is what its added entries inherit.
+        let inherited = m
+            .get("sequence_number")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let records = avro_records(&get(&store, root, &relative(path)?).await?)
+            .with_context(|| format!("its manifest '{path}'"))?;
+        for r in records {
+            let status = r.get("status").and_then(Value::as_i64).unwrap_or(1);
+            if status == 2 {
+                continue; // deleted
+            }
+            let file = r
+                .get("data_file")
+                .context("a manifest entry without data_file")?;
+            let sequence = match r.get("sequence_number").and_then(Value::as_i64) {
+                Some(s) => s,
+                None => inherited,
+            };
+            entries.push(Entry {
+                content: file.get("content").and_then(Value::as_i64).unwrap_or(0),
+                path: relative(str_of(file, "file_path")?)?,
+                format: str_of(file, "file_format")?.to_ascii_lowercase(),
+                sequence,
+            });
+        }
+    }
+    if let Some(e) = entries.iter().find(|e| e.content == 2) {
+        bail!(
+            "snapshot {id} has equality deletes ('{}' and maybe others), which tensorfs does not apply yet",
+            e.path
+        );
+    }
+    if let Some(e) = entries
+        .iter()
+        .find(|e| e.content == 1 && e.format != "parquet")
+    {
+        bail!(
+            "snapshot {id} has deletes in a {} file ('{}': deletion vectors of format 3), which tensorfs does not apply yet",
+            e.format,
+            e.path
+        );
+    }
+    if let Some(e) = entries
+        .iter()
+        .find(|e| e.content == 0 && e.format != "parquet")
+    {
+        bail!(
+            "snapshot {id} has a {} data file ('{}'), and tensorfs reads Parquet",
+            e.format,
+            e.path
+        );
+    }
+    // Each data file's deleted positions: from the position delete files at or after its data
+    // sequence number.
+    let mut positions: HashMap<String, RoaringTreemap> = HashMap::new();
+    let data: Vec<&Entry> = entries.iter().filter(|e| e.content == 0).collect();
+    let sequence_of: HashMap<&str, i64> =
+        data.iter().map(|e| (e.path.as_str(), e.sequence)).collect();
+    for d in entries.iter().filter(|e| e.content == 1) {
+        let bytes = get(&store, root, &d.path).await?;
+        for (path, pos) in
+            position_deletes(bytes).with_context(|| format!("its delete file '{}'", d.path))?
+        {
+            let path = relative(&path)?;
+            if sequence_of
+                .get(path.as_str())
+                .is_some_and(|&s| s <= d.sequence)
+            {
+                positions.entry(path).or_default().insert(pos);
+            }
+        }
+    }
+    let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
+    files.sort();
+    files.dedup();
+    let deletes = (files.iter())
+        .map(|f| positions.get(f).map(inline_vector).transpose())
+        .collect::<Result<_>>()?;
+    Ok(Table {
+        snapshot_id: id as u64,
+        data_schema,
+        files,
+        deletes,
+    })
+}
+
+/// The metadata file of a table whose root holds `names`: the one `version-hint.text` names,
+/// else the newest (`NNNNN-UUID.metadata.json` or `vN.metadata.json`, by its number).
+async fn metadata_file(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    names: &[&str],
+) -> Result<String> {
+    let number = |name: &str| -> Option<u64> {
+        let file = name
+            .strip_prefix("metadata/")?
+            .strip_suffix(".metadata.json")?;
+        let digits = file.trim_start_matches('v');
+        let digits = digits.split('-').next()?;
+        digits.parse().ok()
+    };
+    if names.contains(&"metadata/version-hint.text") {
+        let hint = get(store, root, "metadata/version-hint.text").await?;
+        let hint = String::from_utf8_lossy(&hint).trim().to_string();
+        for candidate in [
+            format!("metadata/v{hint}.metadata.json"),
+            format!("metadata/{hint}"),
+        ] {
+            if names.contains(&candidate.as_str()) {
+                return Ok(candidate);
+            }
+        }
+        // A number beside NNNNN-UUID names: the file of that number.
+        if let Ok(n) = hint.parse::<u64>()
+            && let Some(name) = names.iter().find(|name| number(name) == Some(n))
+        {
+            return Ok(name.to_string());
+        }
+        bail!("its metadata/version-hint.text names '{hint}', which its metadata/ does not hold");
+    }
+    (names.iter())
+        .filter(|n| n.starts_with("metadata/") && n.ends_with(".metadata.json"))
+        .max_by_key(|n| (number(n), n.to_string()))
+        .map(|n| n.to_string())
+        .ok_or_else(|| anyhow!("its metadata/ holds no *.metadata.json"))
+}
+
+/// An object of the table, by its path relative to the root.
+async fn get(store: &Arc<dyn ObjectStore>, root: &Path, name: &str) -> Result<bytes::Bytes> {
+    let path = crate::source::child(root, name)?;
+    Ok(store
+        .get(&path)
+        .await
+        .with_context(|| format!("'{name}' cannot be read"))?
+        .bytes()
+        .await?)
+}
+
+/// The records of an Avro object container file, as JSON.
+fn avro_records(bytes: &[u8]) -> Result<Vec<Value>> {
+    let reader = apache_avro::Reader::new(bytes).context("it is not an Avro file")?;
+    reader
+        .map(|v| {
+            let v = v.context("its Avro cannot be read")?;
+            Value::try_from(v).context("its Avro cannot be read")
+        })
+        .collect()
+}
+
+fn str_of<'a>(v: &'a Value, name: &str) -> Result<&'a str> {
+    (v.get(name).and_then(Value::as_str)).ok_or_else(|| anyhow!("a record without '{name}'"))
+}
+
+/// The (file path, position) rows of a position delete file.
+fn position_deletes(bytes: bytes::Bytes) -> Result<Vec<(String, u64)>> {
+    use arrow::array::{Array, AsArray};
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let mut out = Vec::new();
+    for batch in builder.build()? {
+        let batch = batch?;
+        let paths = (batch.column_by_name("file_path")).context("no file_path column")?;
+        let paths = arrow::compute::cast(paths, &DataType::Utf8)?;
+        let paths = paths.as_string::<i32>();
+        let pos = (batch.column_by_name("pos")).context("no pos column")?;
+        let pos = arrow::compute::cast(pos, &DataType::Int64)?;
+        let pos = pos.as_primitive::<arrow::datatypes::Int64Type>();
+        for i in 0..batch.num_rows() {
+            if paths.is_valid(i) && pos.is_valid(i) {
+                out.push((paths.value(i).to_string(), pos.value(i) as u64));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Deleted positions as an inline deletion vector: the form a snapshot pins and a read applies.
+fn inline_vector(rows: &RoaringTreemap) -> Result<DeletionVector> {
+    let mut bytes = 1681511377u32.to_le_bytes().to_vec();
+    rows.serialize_into(&mut bytes)?;
+    let size = bytes.len() as u64;
+    // Z85 takes whole groups of 4 bytes; the bitmap's reader stops at its end.
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    Ok(DeletionVector {
+        storage_type: "i".into(),
+        path_or_inline_dv: crate::source::deletes::z85_encode(&bytes),
+        offset: None,
+        size_in_bytes: size,
+        cardinality: rows.len(),
+    })
+}
+
+/// The table's schema with id `id` (its `schemas`; or the single `schema` of format 1).
+fn schema_of(json: &Value, id: Option<i64>) -> Result<&Value> {
+    if let Some(schemas) = json.get("schemas").and_then(Value::as_array) {
+        let found = (schemas.iter())
+            .find(|s| s.get("schema-id").and_then(Value::as_i64) == id)
+            .or_else(|| schemas.last());
+        if let Some(s) = found {
+            return Ok(s);
+        }
+    }
+    json.get("schema").context("its metadata holds no schema")
+}
+
+/// Arrow fields of an Iceberg struct, each with its field id in the metadata Parquet's are.
+fn struct_fields(s: &Value) -> Result<Fields> {
+    let fields = (s.get("fields").and_then(Value::as_array)).context("a struct without fields")?;
+    fields
+        .iter()
+        .map(|f| {
+            let name = str_of(f, "name")?;
+            let id = f
+                .get("id")
+                .and_then(Value::as_i64)
+                .context("a field without an id")?;
+            let required = f.get("required").and_then(Value::as_bool).unwrap_or(false);
+            let t = f.get("type").context("a field without a type")?;
+            let dt = arrow_type(t).with_context(|| format!("column '{name}'"))?;
+            Ok(field(name, dt, !required, id))
+        })
+        .collect()
+}
+
+fn field(name: &str, dt: DataType, nullable: bool, id: i64) -> Field {
+    let metadata = HashMap::from([(crate::source::catalog::FIELD_ID.to_string(), id.to_string())]);
+    Field::new(name, dt, nullable).with_metadata(metadata)
+}
+
+/// The Arrow type of an Iceberg type, as pyiceberg reads it.
+fn arrow_type(t: &Value) -> Result<DataType> {
+    if let Some(name) = t.as_str() {
+        return Ok(match name {
+            "boolean" => DataType::Boolean,
+            "int" => DataType::Int32,
+            "long" => DataType::Int64,
+            "float" => DataType::Float32,
+            "double" => DataType::Float64,
+            "date" => DataType::Date32,
+            "time" => DataType::Time64(TimeUnit::Microsecond),
+            "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, None),
+            "timestamptz" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            "timestamp_ns" => DataType::Timestamp(TimeUnit::Nanosecond, None),
+            "timestamptz_ns" => DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            "string" => DataType::Utf8,
+            "uuid" => DataType::FixedSizeBinary(16),
+            "binary" => DataType::Binary,
+            other => {
+                if let Some(n) = other
+                    .strip_prefix("fixed[")
+                    .and_then(|r| r.strip_suffix(']'))
+                {
+                    DataType::FixedSizeBinary(n.trim().parse()?)
+                } else if let Some(ps) = other
+                    .strip_prefix("decimal(")
+                    .and_then(|r| r.strip_suffix(')'))
+                {
+                    let (p, s) = ps.split_once(',').context("a decimal without a scale")?;
+                    DataType::Decimal128(p.trim().parse()?, s.trim().parse()?)
+                } else {
+                    bail!("type '{other}' is not an Iceberg type tensorfs knows");
+                }
+            }
+        });
+    }
+    match t.get("type").and_then(Value::as_str) {
+        Some("struct") => Ok(DataType::Struct(struct_fields(t)?)),
+        Some("list") => {
+            let id = t.get("element-id").and_then(Value::as_i64).unwrap_or(0);
+            let required = t
+                .get("element-required")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let element = arrow_type(t.get("element").context("a list without an element")?)?;
+            Ok(DataType::List(Arc::new(field(
+                "element", element, !required, id,
+            ))))
+        }
+        Some("map") => {
+            let key = arrow_type(t.get("key").context("a map without a key")?)?;
+            let value = arrow_type(t.get("value").context("a map without a value")?)?;
+            let entries = Fields::from(vec![
+                Field::new("key", key, false),
+                Field::new("value", value, true),
+            ]);
+            Ok(DataType::Map(
+                Arc::new(Field::new("key_value", DataType::Struct(entries), false)),
+                false,
+            ))
+        }
+        _ => bail!("a type tensorfs does not know: {t}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_map_as_pyiceberg_reads_them() {
+        let schema = serde_json::json!({"type": "struct", "fields": [
+            {"id": 1, "name": "id", "required": true, "type": "long"},
+            {"id": 2, "name": "x", "required": false, "type": "float"},
+            {"id": 3, "name": "v", "required": false, "type": {"type": "list", "element-id": 4, "element": "int", "element-required": true}},
+            {"id": 5, "name": "d", "required": false, "type": "decimal(10, 2)"},
+        ]});
+        let fields = struct_fields(&schema).unwrap();
+        assert_eq!(fields[0].data_type(), &DataType::Int64);
+        assert!(!fields[0].is_nullable());
+        assert_eq!(fields[1].metadata()["PARQUET:field_id"], "2");
+        assert!(
+            matches!(fields[2].data_type(), DataType::List(e) if e.data_type() == &DataType::Int32)
+        );
+        assert_eq!(fields[3].data_type(), &DataType::Decimal128(10, 2));
+    }
+
+    #[test]
+    fn deleted_positions_round_trip_through_an_inline_vector() {
+        let mut rows = RoaringTreemap::new();
+        rows.extend([0u64, 7, 1 << 33]);
+        let dv = inline_vector(&rows).unwrap();
+        let crate::source::deletes::Location::Inline(bytes) = dv.location().unwrap() else {
+            panic!("inline")
+        };
+        assert_eq!(crate::source::deletes::bitmap(&bytes).unwrap(), rows);
+        assert_eq!(dv.cardinality, 3);
+    }
+}
