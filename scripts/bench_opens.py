@@ -2,7 +2,7 @@
 """Batch files through the mount against the same files on local disk, read alternately, with
 each `opens=` mode: a warm epoch read five times, and shuffled epochs 2 to 7 each read once as
 soon as its files were built while the epoch before was read. Prints each mode's MB/s and the
-ratio of the medians to the local reads (docs/performance.md, "Warm epochs: through the mount against local files").
+ratio of the medians to the local reads (docs/dev/performance.md, "Warm epochs: through the mount against local files").
 
     .venv/bin/python scripts/bench_opens.py [--rows 1000000] [--bin target/release/tensorfs]
 """
