@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount SOURCE (a Parquet file, a prefix of them, or an object-store URL) on MOUNTPOINT.
-    #[command(after_help = MOUNT_OPTIONS)]
+    #[command(after_help = tensorfs::options::help())]
     Mount {
         source: String,
         mountpoint: String,
@@ -78,24 +78,6 @@ enum Command {
         json: bool,
     },
 }
-
-/// What `tensorfs mount --help` lists of `-o`; docs/options.md says everything.
-const MOUNT_OPTIONS: &str = "\
-Mount options (-o, comma-separated; docs/options.md describes each):
-  content  batch_size=N  drop_last  columns=A:B  seed=N  shuffle=block|window|global|none
-           shuffle_block=ROWS  shuffle_window=K  partitions=P  cast=COL:DTYPE
-           stack=NAME:C1+C2  pad=COL:L  nulls=error|zero
-           transform=FILE.py:NAME|MODULE:NAME  transform_path=DIR  transform_version=S
-           transform_columns=A:B
-  runtime  epochs=E  world_size=W  cache_dir=PATH  cache_size=SIZE  prefetch=N
-           memory_limit=SIZE  threads=N  passthrough=auto|off  opens=daemon|kernel
-           allow_other  auto_unmount[=off]  nonempty  metrics=ADDR:PORT  log=LEVEL
-           transform_workers=N  python=PATH
-  dataset  snapshot=PATH|URL (mount what `tensorfs snapshot` pinned)  fingerprint=HEX
-           version=V (a table's: Delta version, Iceberg snapshot id, Hudi instant)
-  store    object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;
-           HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T
-Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c";
 
 const SUBCOMMANDS: &[&str] = &["mount", "inspect", "warm", "stats", "snapshot", "help"];
 

@@ -6,6 +6,7 @@
 
 use crate::read::dtype::DType;
 use crate::read::plan::{OrderOptions, Shuffle};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -221,45 +222,6 @@ impl Default for Options {
     }
 }
 
-/// Every option tensorfs itself takes (object_store keys and mount(8)'s generic ones aside).
-const KNOWN: &[&str] = &[
-    "batch_size",
-    "drop_last",
-    "columns",
-    "seed",
-    "shuffle",
-    "shuffle_window",
-    "shuffle_block",
-    "epochs",
-    "world_size",
-    "partitions",
-    "cast",
-    "stack",
-    "pad",
-    "nulls",
-    "transform",
-    "transform_path",
-    "transform_version",
-    "transform_columns",
-    "transform_workers",
-    "python",
-    "cache_dir",
-    "cache_size",
-    "prefetch",
-    "memory_limit",
-    "threads",
-    "passthrough",
-    "opens",
-    "allow_other",
-    "auto_unmount",
-    "nonempty",
-    "log",
-    "snapshot",
-    "fingerprint",
-    "metrics",
-    "version",
-];
-
 /// Edits (insertions, deletions, substitutions) between two names.
 fn distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
@@ -277,9 +239,8 @@ fn distance(a: &str, b: &str) -> usize {
 }
 
 fn unknown(key: &str) -> OptionError {
-    let near = KNOWN
-        .iter()
-        .map(|k| (distance(key, k), *k))
+    let near = (SPECS.iter())
+        .map(|s| (distance(key, s.name), s.name))
         .filter(|&(d, k)| d <= 2.max(k.len() / 4))
         .min();
     match near {
@@ -424,6 +385,663 @@ fn names(value: &str, sep: char) -> Option<Vec<String>> {
     (!names.iter().any(String::is_empty)).then_some(names)
 }
 
+/// What an option decides, and so which cache key it enters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The decoded columns of every row group: the column cache's key.
+    Columns,
+    /// Which rows form each batch: the batch cache's key (with the columns').
+    Order,
+    /// How batches are produced and served, never their bytes.
+    Runtime,
+    /// Which dataset is mounted, or refused; its fingerprint is in the keys.
+    Dataset,
+}
+
+impl Role {
+    /// The heading of `--help` and of docs/options.md that lists options of this role.
+    pub fn section(self) -> (&'static str, &'static str) {
+        match self {
+            Role::Columns | Role::Order => ("content", "## Content options"),
+            Role::Runtime => ("runtime", "## Runtime options"),
+            Role::Dataset => ("dataset", "## Which dataset"),
+        }
+    }
+}
+
+/// How an option takes its value.
+#[derive(Clone, Copy)]
+enum Setter {
+    /// On when named; `=true|false`, `=1|0`, `=on|off` too.
+    Flag(fn(&mut Options) -> &mut bool),
+    /// `NAME=VALUE`: checks VALUE (`key` names the option in the error) and sets it.
+    Value(fn(&mut Options, &str, &str) -> Result<(), OptionError>),
+}
+
+/// One mount option, declared once: parsing, the cache keys, `dataset.json`, `--help` and the
+/// test against docs/options.md's tables all come from [`SPECS`].
+pub struct Spec {
+    pub name: &'static str,
+    /// How `--help` and docs/options.md write it: `batch_size=N`, `drop_last`.
+    pub form: &'static str,
+    pub role: Role,
+    /// The default as docs/options.md's table writes it: a value in backticks, or words.
+    pub default: &'static str,
+    /// One line for `--help`; docs/options.md says the rest.
+    pub help: &'static str,
+    /// A value that is not the default, for the tests that each option reaches its key.
+    pub example: &'static str,
+    set: Setter,
+    /// Its value in `dataset.json`, and in the cache key where its role is one.
+    get: fn(&Options) -> serde_json::Value,
+}
+
+impl std::fmt::Debug for Spec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+fn whole(key: &str, value: &str) -> Result<u64, OptionError> {
+    value
+        .parse()
+        .map_err(|_| bad(key, value, "expected a whole number"))
+}
+
+fn not_empty<'a>(key: &str, value: &'a str, what: &str) -> Result<&'a str, OptionError> {
+    match value.is_empty() {
+        true => Err(bad(key, value, what)),
+        false => Ok(value),
+    }
+}
+
+/// One of `choices` (value, name): the value named, or an error listing the names.
+fn choice<T: Copy>(key: &str, value: &str, choices: &[(T, &str)]) -> Result<T, OptionError> {
+    match choices.iter().find(|(_, name)| *name == value) {
+        Some(&(v, _)) => Ok(v),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(_, n)| *n).collect();
+            let (last, first) = names.split_last().unwrap_or((&"", &[]));
+            let list = match first.is_empty() {
+                true => last.to_string(),
+                false => format!("{} or {last}", first.join(", ")),
+            };
+            Err(bad(key, value, format!("expected {list}")))
+        }
+    }
+}
+
+const SHUFFLES: &[(Shuffle, &str)] = &[
+    (Shuffle::None, "none"),
+    (Shuffle::Block, "block"),
+    (Shuffle::Window, "window"),
+    (Shuffle::Global, "global"),
+];
+const NULLS: &[(Nulls, &str)] = &[(Nulls::Error, "error"), (Nulls::Zero, "zero")];
+const PASSTHROUGHS: &[(Passthrough, &str)] =
+    &[(Passthrough::Auto, "auto"), (Passthrough::Off, "off")];
+const OPENS: &[(Opens, &str)] = &[(Opens::Daemon, "daemon"), (Opens::Kernel, "kernel")];
+
+fn name_of<T: Copy + PartialEq>(v: T, choices: &[(T, &'static str)]) -> &'static str {
+    choices.iter().find(|(c, _)| *c == v).map_or("", |(_, n)| n)
+}
+
+/// A list of `COL:REST` pairs as options write them, names escaped: `cast=` pasted back gives
+/// the same pairs, and two different lists never write the same value (the cache keys).
+fn pairs<T: std::fmt::Display>(list: &[(String, T)]) -> serde_json::Value {
+    let v: Vec<String> = list
+        .iter()
+        .map(|(c, x)| format!("{}:{x}", escape(c)))
+        .collect();
+    serde_json::json!(v)
+}
+
+fn absolute(value: &str) -> PathBuf {
+    std::path::absolute(value).unwrap_or_else(|_| value.into())
+}
+
+/// Every option tensorfs itself takes (object_store keys and mount(8)'s generic ones aside), in
+/// the order `--help` and docs/options.md list them.
+pub static SPECS: &[Spec] = &[
+    Spec {
+        name: "batch_size",
+        form: "batch_size=N",
+        role: Role::Order,
+        default: "`1024`",
+        help: "rows per batch file",
+        example: "7",
+        set: Setter::Value(|o, k, v| {
+            o.batch_size = positive(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.batch_size),
+    },
+    Spec {
+        name: "drop_last",
+        form: "drop_last",
+        role: Role::Order,
+        default: "off",
+        help: "drop the epoch's final partial batch",
+        example: "",
+        set: Setter::Flag(|o| &mut o.drop_last),
+        get: |o| json!(o.drop_last),
+    },
+    Spec {
+        name: "columns",
+        form: "columns=A:B:C",
+        role: Role::Columns,
+        default: "all columns",
+        help: "the columns served, in this order",
+        example: "a:b",
+        set: Setter::Value(|o, k, v| {
+            let cols = names(v, ':').ok_or_else(|| bad(k, v, "expected columns=A:B:C"))?;
+            {
+                o.columns = Some(cols);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.columns),
+    },
+    Spec {
+        name: "seed",
+        form: "seed=N",
+        role: Role::Order,
+        default: "`0`",
+        help: "seed of the order, combined with the epoch",
+        example: "3",
+        set: Setter::Value(|o, k, v| {
+            o.seed = whole(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.seed),
+    },
+    Spec {
+        name: "shuffle",
+        form: "shuffle=block|window|global|none",
+        role: Role::Order,
+        default: "`block`",
+        help: "how each epoch's rows are mixed",
+        example: "global",
+        set: Setter::Value(|o, k, v| {
+            o.shuffle = choice(k, v, SHUFFLES)?;
+            Ok(())
+        }),
+        get: |o| json!(name_of(o.shuffle, SHUFFLES)),
+    },
+    Spec {
+        name: "shuffle_block",
+        form: "shuffle_block=ROWS",
+        role: Role::Order,
+        default: "`max(4000000 / P, 262144)`",
+        help: "rows per block of shuffle=block",
+        example: "1000",
+        set: Setter::Value(|o, k, v| {
+            o.shuffle_block = Some(positive(k, v)?);
+            Ok(())
+        }),
+        get: |o| json!(o.block()),
+    },
+    Spec {
+        name: "shuffle_window",
+        form: "shuffle_window=K",
+        role: Role::Order,
+        default: "`4`",
+        help: "row groups per window of shuffle=window",
+        example: "9",
+        set: Setter::Value(|o, k, v| {
+            o.shuffle_window = positive(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.shuffle_window),
+    },
+    Spec {
+        name: "cast",
+        form: "cast=COL:DTYPE",
+        role: Role::Columns,
+        default: "none",
+        help: "serve COL (or a stack= NAME) as DTYPE; repeat for more",
+        example: "a:float16",
+        set: Setter::Value(|o, k, v| {
+            let (col, dtype) = pair(k, v, "COL:DTYPE")?;
+            let dtype = dtype.parse::<DType>().map_err(|e| bad(k, v, e))?;
+            {
+                o.casts.push((col, dtype));
+                Ok(())
+            }
+        }),
+        get: |o| pairs(&o.casts),
+    },
+    Spec {
+        name: "stack",
+        form: "stack=NAME:C1+C2+…",
+        role: Role::Columns,
+        default: "none",
+        help: "scalar columns of one dtype as one tensor NAME [B, k]",
+        example: "s:a+b",
+        set: Setter::Value(|o, k, v| {
+            let (name, cols) = pair(k, v, "NAME:COL1+COL2+…")?;
+            let cols =
+                names(cols, '+').ok_or_else(|| bad(k, v, "expected stack=NAME:COL1+COL2+…"))?;
+            {
+                o.stacks.push((name, cols));
+                Ok(())
+            }
+        }),
+        get: |o| {
+            let v: Vec<String> = (o.stacks.iter())
+                .map(|(n, cols)| {
+                    let cols: Vec<String> = cols.iter().map(|c| escape(c)).collect();
+                    format!("{}:{}", escape(n), cols.join("+"))
+                })
+                .collect();
+            json!(v)
+        },
+    },
+    Spec {
+        name: "pad",
+        form: "pad=COL:L",
+        role: Role::Columns,
+        default: "none",
+        help: "a list column as [B, L], zero-padded, plus COL.len",
+        example: "t:4",
+        set: Setter::Value(|o, k, v| {
+            let (col, len) = pair(k, v, "COL:LENGTH")?;
+            let len = positive(k, len)
+                .map_err(|_| bad(k, v, "the length must be a whole number greater than 0"))?;
+            {
+                o.pads.push((col, len as usize));
+                Ok(())
+            }
+        }),
+        get: |o| pairs(&o.pads),
+    },
+    Spec {
+        name: "partitions",
+        form: "partitions=P",
+        role: Role::Order,
+        default: "`1`",
+        help: "fixed partitions of the rows, one share per host",
+        example: "8",
+        set: Setter::Value(|o, k, v| {
+            o.partitions = positive(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.partitions),
+    },
+    Spec {
+        name: "nulls",
+        form: "nulls=error|zero",
+        role: Role::Columns,
+        default: "`error`",
+        help: "refuse columns with nulls, or serve them as 0 with COL.mask",
+        example: "zero",
+        set: Setter::Value(|o, k, v| {
+            o.nulls = choice(k, v, NULLS)?;
+            Ok(())
+        }),
+        get: |o| json!(o.nulls.name()),
+    },
+    Spec {
+        name: "transform",
+        form: "transform=FILE.py:NAME|MODULE:NAME",
+        role: Role::Columns,
+        default: "unset",
+        help: "your function (or a Petastorm TransformSpec), run once per row group",
+        example: "other.py:g",
+        set: Setter::Value(|o, k, v| {
+            let expected = "expected transform=FILE.py:NAME or MODULE:NAME";
+            let (target, name) = v.rsplit_once(':').ok_or_else(|| bad(k, v, expected))?;
+            if target.is_empty() || name.is_empty() {
+                return Err(bad(k, v, expected));
+            }
+            // A file is found from where the mount was asked, as a shell user means it.
+            o.transform = Some(match target.ends_with(".py") {
+                true => format!("{}:{name}", absolute(target).display()),
+                false => v.to_string(),
+            });
+            Ok(())
+        }),
+        get: |o| json!(o.transform),
+    },
+    Spec {
+        name: "transform_path",
+        form: "transform_path=DIR",
+        role: Role::Columns,
+        default: "unset",
+        help: "where transform=MODULE:NAME is imported from",
+        example: "/elsewhere",
+        set: Setter::Value(|o, k, v| {
+            o.transform_path = Some(absolute(not_empty(k, v, "expected a directory")?));
+            Ok(())
+        }),
+        get: |o| json!(o.transform_path),
+    },
+    Spec {
+        name: "transform_version",
+        form: "transform_version=STR",
+        role: Role::Columns,
+        default: "empty",
+        help: "a version that joins the function's digest",
+        example: "2",
+        set: Setter::Value(|o, _, v| {
+            o.transform_version = v.to_string();
+            Ok(())
+        }),
+        get: |o| json!(o.transform_version),
+    },
+    Spec {
+        name: "transform_columns",
+        form: "transform_columns=A:B:C",
+        role: Role::Columns,
+        default: "every column",
+        help: "the source columns the transform is given",
+        example: "a:b",
+        set: Setter::Value(|o, k, v| {
+            let cols =
+                names(v, ':').ok_or_else(|| bad(k, v, "expected transform_columns=A:B:C"))?;
+            {
+                o.transform_columns = Some(cols);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.transform_columns),
+    },
+    Spec {
+        name: "epochs",
+        form: "epochs=E",
+        role: Role::Runtime,
+        default: "`1`",
+        help: "epochs readdir lists",
+        example: "5",
+        set: Setter::Value(|o, k, v| {
+            o.epochs = positive(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.epochs),
+    },
+    Spec {
+        name: "world_size",
+        form: "world_size=W",
+        role: Role::Runtime,
+        default: "unset",
+        help: "list rank-R-of-W/ in each epoch",
+        example: "4",
+        set: Setter::Value(|o, k, v| {
+            o.world_size = Some(positive(k, v)?);
+            Ok(())
+        }),
+        get: |o| json!(o.world_size),
+    },
+    Spec {
+        name: "nonempty",
+        form: "nonempty",
+        role: Role::Runtime,
+        default: "off",
+        help: "mount over a directory that is not empty",
+        example: "",
+        set: Setter::Flag(|o| &mut o.nonempty),
+        get: |o| json!(o.nonempty),
+    },
+    Spec {
+        name: "threads",
+        form: "threads=N",
+        role: Role::Runtime,
+        default: "cores",
+        help: "the daemon's threads that decode, cast and gather",
+        example: "97",
+        set: Setter::Value(|o, k, v| {
+            o.threads = positive(k, v)? as usize;
+            Ok(())
+        }),
+        get: |o| json!(o.threads),
+    },
+    Spec {
+        name: "transform_workers",
+        form: "transform_workers=N",
+        role: Role::Runtime,
+        default: "`threads=`",
+        help: "the transform's worker processes",
+        example: "97",
+        set: Setter::Value(|o, k, v| {
+            o.transform_workers = Some(positive(k, v)? as usize);
+            Ok(())
+        }),
+        get: |o| json!(o.udf().map(|u| u.workers)),
+    },
+    Spec {
+        name: "python",
+        form: "python=PATH",
+        role: Role::Runtime,
+        default: "`python3`",
+        help: "the interpreter of the transform's workers",
+        example: "python3.99",
+        set: Setter::Value(|o, k, v| {
+            o.python = not_empty(k, v, "expected an interpreter, python=PATH")?.to_string();
+            Ok(())
+        }),
+        get: |o| json!(o.python),
+    },
+    Spec {
+        name: "memory_limit",
+        form: "memory_limit=SIZE",
+        role: Role::Runtime,
+        default: "`2G`",
+        help: "the daemon's memory: footers, decoded row groups, built batches",
+        example: "64M",
+        set: Setter::Value(|o, k, v| {
+            o.memory_limit = parse_size(v)
+                .filter(|&n| n >= 1 << 20)
+                .ok_or_else(|| bad(k, v, "expected a size of at least 1M, such as 2G"))?;
+            Ok(())
+        }),
+        get: |o| json!(o.memory_limit),
+    },
+    Spec {
+        name: "allow_other",
+        form: "allow_other",
+        role: Role::Runtime,
+        default: "off",
+        help: "let other users read the mount",
+        example: "",
+        set: Setter::Flag(|o| &mut o.allow_other),
+        get: |o| json!(o.allow_other),
+    },
+    Spec {
+        name: "auto_unmount",
+        form: "auto_unmount",
+        role: Role::Runtime,
+        default: "on where `fusermount3` exists",
+        help: "unmount when the daemon dies (auto_unmount=off: not)",
+        example: "",
+        set: Setter::Flag(|o| &mut o.auto_unmount),
+        get: |o| json!(o.auto_unmount),
+    },
+    Spec {
+        name: "metrics",
+        form: "metrics=ADDR:PORT",
+        role: Role::Runtime,
+        default: "off",
+        help: "serve the counters for Prometheus at http://ADDR:PORT/metrics",
+        example: "127.0.0.1:9100",
+        set: Setter::Value(|o, k, v| {
+            let port = v.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+            if !matches!(port, Some(Ok(_))) {
+                return Err(bad(k, v, "expected ADDR:PORT, such as 127.0.0.1:9100"));
+            }
+            {
+                o.metrics = Some(v.into());
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.metrics),
+    },
+    Spec {
+        name: "log",
+        form: "log=LEVEL",
+        role: Role::Runtime,
+        default: "`info`",
+        help: "tracing filter: error, warn, info, debug, trace",
+        example: "debug",
+        set: Setter::Value(|o, k, v| {
+            tracing_subscriber::EnvFilter::try_new(v).map_err(|e| bad(k, v, e))?;
+            {
+                o.log = v.into();
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.log),
+    },
+    Spec {
+        name: "cache_dir",
+        form: "cache_dir=PATH",
+        role: Role::Runtime,
+        default: "`/var/cache/tensorfs` as root, else `$XDG_CACHE_HOME/tensorfs` (`~/.cache/tensorfs`)",
+        help: "the local SSD cache",
+        example: "/elsewhere",
+        set: Setter::Value(|o, k, v| {
+            // Absolute, as the paths it gives out (gds/ links, user.tensorfs.path) must be.
+            {
+                o.cache_dir = absolute(not_empty(k, v, "expected a directory")?);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.cache_dir),
+    },
+    Spec {
+        name: "cache_size",
+        form: "cache_size=SIZE",
+        role: Role::Runtime,
+        default: "80% of the free space of `cache_dir`'s filesystem at mount",
+        help: "bound on what the cache holds",
+        example: "1G",
+        set: Setter::Value(|o, k, v| {
+            let size = parse_size(v).filter(|&n| n > 0);
+            {
+                o.cache_size = Some(size.ok_or_else(|| bad(k, v, "expected a size such as 200G"))?);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.cache_size),
+    },
+    Spec {
+        name: "passthrough",
+        form: "passthrough=auto|off",
+        role: Role::Runtime,
+        default: "`auto`",
+        help: "hand files the cache keeps to the kernel at open",
+        example: "off",
+        set: Setter::Value(|o, k, v| {
+            o.passthrough = choice(k, v, PASSTHROUGHS)?;
+            Ok(())
+        }),
+        get: |o| json!(name_of(o.passthrough, PASSTHROUGHS)),
+    },
+    Spec {
+        name: "opens",
+        form: "opens=daemon|kernel",
+        role: Role::Runtime,
+        default: "`daemon`",
+        help: "who answers an open: the daemon, or the kernel alone",
+        example: "kernel",
+        set: Setter::Value(|o, k, v| {
+            o.opens = choice(k, v, OPENS)?;
+            Ok(())
+        }),
+        get: |o| json!(name_of(o.opens, OPENS)),
+    },
+    Spec {
+        name: "prefetch",
+        form: "prefetch=N",
+        role: Role::Runtime,
+        default: "`8`",
+        help: "batches built ahead of each reader (0: none)",
+        example: "2",
+        set: Setter::Value(|o, k, v| {
+            o.prefetch = whole(k, v)?;
+            Ok(())
+        }),
+        get: |o| json!(o.prefetch),
+    },
+    Spec {
+        name: "snapshot",
+        form: "snapshot=PATH|URL",
+        role: Role::Dataset,
+        default: "unset",
+        help: "mount what `tensorfs snapshot` pinned",
+        example: "/pinned/train.snapshot",
+        set: Setter::Value(|o, k, v| {
+            o.snapshot = Some(not_empty(k, v, "expected a path or URL")?.into());
+            Ok(())
+        }),
+        get: |o| json!(o.snapshot),
+    },
+    Spec {
+        name: "version",
+        form: "version=N",
+        role: Role::Dataset,
+        default: "the latest",
+        help: "a table's version: Delta version, Iceberg snapshot id, Hudi instant",
+        example: "3",
+        set: Setter::Value(|o, k, v| {
+            let v = v
+                .parse::<u64>()
+                .map_err(|_| bad(k, v, "expected a table version, a whole number"))?;
+            {
+                o.version = Some(v);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.version),
+    },
+    Spec {
+        name: "fingerprint",
+        form: "fingerprint=HEX",
+        role: Role::Dataset,
+        default: "unset",
+        help: "refuse the mount unless the dataset's fingerprint is HEX",
+        example: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        set: Setter::Value(|o, k, v| {
+            let hex = v.to_ascii_lowercase();
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let why = "expected the 64 hex digits dataset.json and tensorfs snapshot give";
+                return Err(bad(k, v, why));
+            }
+            {
+                o.fingerprint = Some(hex);
+                Ok(())
+            }
+        }),
+        get: |o| json!(o.fingerprint),
+    },
+];
+
+/// The option named `key`, if tensorfs takes it.
+pub fn spec(key: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name == key)
+}
+
+/// What `tensorfs mount --help` lists of `-o`: each option's form, default and line.
+pub fn help() -> String {
+    let mut out =
+        String::from("Mount options (-o, comma-separated; docs/options.md describes each):\n");
+    let mut heading = "";
+    for s in SPECS {
+        let (section, _) = s.role.section();
+        if section != heading {
+            out.push_str(&format!("{section}:\n"));
+            heading = section;
+        }
+        let default = s.default.replace('`', "");
+        out.push_str(&format!("  {:<36} {} [{default}]\n", s.form, s.help));
+    }
+    out.push_str(
+        "store:\n  object_store keys: aws_endpoint=URL, aws_region=…, google_…, azure_…;\n  \
+         HTTP: client_…, http_username=U, http_password=P, http_bearer_token=T\n\
+         Names with ':', ',', '+' or '=' escape them with a backslash: columns=a\\:b:c",
+    );
+    out
+}
+
 impl Options {
     /// Parses `-o` arguments; each may hold several comma-separated options.
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Options, OptionError> {
@@ -445,245 +1063,28 @@ impl Options {
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
-        if let Some(done) = self.apply_flag(key, value) {
-            return done;
-        }
-        if is_generic(key) {
-            return Ok(());
-        }
-        let Some(value) = value else {
-            return Err(match KNOWN.contains(&key) {
-                true => OptionError(format!("mount option {key} needs a value: {key}=VALUE")),
-                false => unknown(key),
-            });
-        };
-        if self.apply_content(key, value)? || self.apply_runtime(key, value)? {
-            return Ok(());
-        }
-        Err(unknown(key))
-    }
-
-    /// A flag option (`name`, `name=true`, `name=off`…); `None` if `key` is not one.
-    fn apply_flag(&mut self, key: &str, value: Option<&str>) -> Option<Result<(), OptionError>> {
-        let flag = |set: &mut bool| match value {
-            None | Some("true") | Some("1") | Some("on") => {
-                *set = true;
-                Ok(())
-            }
-            Some("false") | Some("0") | Some("off") => {
-                *set = false;
-                Ok(())
-            }
-            Some(v) => Err(bad(key, v, "expected no value, true or false")),
-        };
-        let set = match key {
-            "drop_last" => &mut self.drop_last,
-            "allow_other" => &mut self.allow_other,
-            "auto_unmount" => &mut self.auto_unmount,
-            "nonempty" => &mut self.nonempty,
-            _ => return None,
-        };
-        Some(flag(set))
-    }
-
-    /// An option of what the mount shows (its tensors, their order, the tree); `false` if `key`
-    /// is not one.
-    fn apply_content(&mut self, key: &str, value: &str) -> Result<bool, OptionError> {
-        match key {
-            "batch_size" => self.batch_size = positive(key, value)?,
-            "columns" => {
-                let cols =
-                    names(value, ':').ok_or_else(|| bad(key, value, "expected columns=A:B:C"))?;
-                self.columns = Some(cols);
-            }
-            "seed" => {
-                self.seed = value
-                    .parse()
-                    .map_err(|_| bad(key, value, "expected a whole number"))?
-            }
-            "shuffle" => {
-                self.shuffle = match value {
-                    "none" => Shuffle::None,
-                    "window" => Shuffle::Window,
-                    "block" => Shuffle::Block,
-                    "global" => Shuffle::Global,
-                    _ => return Err(bad(key, value, "expected none, block, window or global")),
-                }
-            }
-            "shuffle_window" => self.shuffle_window = positive(key, value)?,
-            "shuffle_block" => self.shuffle_block = Some(positive(key, value)?),
-            "epochs" => self.epochs = positive(key, value)?,
-            "partitions" => self.partitions = positive(key, value)?,
-            "world_size" => self.world_size = Some(positive(key, value)?),
-            "cast" => {
-                let (col, dtype) = pair(key, value, "COL:DTYPE")?;
-                let dtype = dtype.parse::<DType>().map_err(|e| bad(key, value, e))?;
-                self.casts.push((col, dtype));
-            }
-            "stack" => {
-                let (name, cols) = pair(key, value, "NAME:COL1+COL2+…")?;
-                let cols = names(cols, '+')
-                    .ok_or_else(|| bad(key, value, "expected stack=NAME:COL1+COL2+…"))?;
-                self.stacks.push((name, cols));
-            }
-            "pad" => {
-                let (col, len) = pair(key, value, "COL:LENGTH")?;
-                let len = positive(key, len).map_err(|_| {
-                    bad(
-                        key,
-                        value,
-                        "the length must be a whole number greater than 0",
-                    )
-                })?;
-                self.pads.push((col, len as usize));
-            }
-            "nulls" => {
-                self.nulls = match value {
-                    "error" => Nulls::Error,
-                    "zero" => Nulls::Zero,
-                    _ => return Err(bad(key, value, "expected error or zero")),
-                }
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// An option of how the mount runs (cache, memory, threads, log, the store's settings);
-    /// `false` if `key` is not one.
-    fn apply_runtime(&mut self, key: &str, value: &str) -> Result<bool, OptionError> {
-        match key {
-            "transform" => {
-                let Some((target, name)) = value.rsplit_once(':') else {
-                    return Err(bad(
-                        key,
-                        value,
-                        "expected transform=FILE.py:NAME or MODULE:NAME",
-                    ));
+        match (spec(key).map(|s| s.set), value) {
+            (Some(Setter::Flag(field)), value) => {
+                *field(self) = match value {
+                    None | Some("true" | "1" | "on") => true,
+                    Some("false" | "0" | "off") => false,
+                    Some(v) => return Err(bad(key, v, "expected no value, true or false")),
                 };
-                if target.is_empty() || name.is_empty() {
-                    return Err(bad(
-                        key,
-                        value,
-                        "expected transform=FILE.py:NAME or MODULE:NAME",
-                    ));
-                }
-                // A file is found from where the mount was asked, as a shell user means it.
-                self.transform = Some(match target.ends_with(".py") {
-                    true => {
-                        let file = std::path::absolute(target).unwrap_or_else(|_| target.into());
-                        format!("{}:{name}", file.display())
-                    }
-                    false => value.to_string(),
-                });
+                Ok(())
             }
-            "transform_path" => {
-                if value.is_empty() {
-                    return Err(bad(key, value, "expected a directory"));
-                }
-                self.transform_path =
-                    Some(std::path::absolute(value).unwrap_or_else(|_| value.into()));
+            (Some(Setter::Value(set)), Some(v)) => set(self, key, v),
+            (Some(Setter::Value(_)), None) => Err(OptionError(format!(
+                "mount option {key} needs a value: {key}=VALUE"
+            ))),
+            (None, _) if is_generic(key) => Ok(()),
+            (None, Some(v)) if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
+                self.store.push((key.into(), v.into()));
+                Ok(())
             }
-            "transform_version" => self.transform_version = value.to_string(),
-            "transform_columns" => {
-                let cols = names(value, ':')
-                    .ok_or_else(|| bad(key, value, "expected transform_columns=A:B:C"))?;
-                self.transform_columns = Some(cols);
-            }
-            "transform_workers" => self.transform_workers = Some(positive(key, value)? as usize),
-            "python" => {
-                if value.is_empty() {
-                    return Err(bad(key, value, "expected an interpreter, python=PATH"));
-                }
-                self.python = value.to_string();
-            }
-            "cache_dir" => {
-                if value.is_empty() {
-                    return Err(bad(key, value, "expected a directory"));
-                }
-                // Absolute, as the paths it gives out (gds/ links, user.tensorfs.path) must be.
-                self.cache_dir = std::path::absolute(value).unwrap_or_else(|_| value.into());
-            }
-            "cache_size" => {
-                self.cache_size = Some(
-                    parse_size(value)
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| bad(key, value, "expected a size such as 200G"))?,
-                )
-            }
-            "prefetch" => {
-                self.prefetch = value
-                    .parse()
-                    .map_err(|_| bad(key, value, "expected a whole number"))?
-            }
-            "memory_limit" => {
-                self.memory_limit = parse_size(value)
-                    .filter(|&n| n >= 1 << 20)
-                    .ok_or_else(|| bad(key, value, "expected a size of at least 1M, such as 2G"))?
-            }
-            "threads" => self.threads = positive(key, value)? as usize,
-            "passthrough" => {
-                self.passthrough = match value {
-                    "auto" => Passthrough::Auto,
-                    "off" => Passthrough::Off,
-                    _ => return Err(bad(key, value, "expected auto or off")),
-                }
-            }
-            "opens" => {
-                self.opens = match value {
-                    "daemon" => Opens::Daemon,
-                    "kernel" => Opens::Kernel,
-                    _ => return Err(bad(key, value, "expected daemon or kernel")),
-                }
-            }
-            "log" => {
-                tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(key, value, e))?;
-                self.log = value.into();
-            }
-            "metrics" => {
-                let port = value.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
-                if !matches!(port, Some(Ok(_))) {
-                    return Err(bad(
-                        key,
-                        value,
-                        "expected ADDR:PORT, such as 127.0.0.1:9100",
-                    ));
-                }
-                self.metrics = Some(value.into());
-            }
-            "version" => {
-                let v = value.parse::<u64>();
-                self.version =
-                    Some(v.map_err(|_| {
-                        bad(key, value, "expected a table version, a whole number")
-                    })?);
-            }
-            "snapshot" => {
-                if value.is_empty() {
-                    return Err(bad(key, value, "expected a path or URL"));
-                }
-                self.snapshot = Some(value.into());
-            }
-            "fingerprint" => {
-                let hex = value.to_ascii_lowercase();
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(bad(
-                        key,
-                        value,
-                        "expected the 64 hex digits dataset.json and tensorfs snapshot give",
-                    ));
-                }
-                self.fingerprint = Some(hex);
-            }
-            _ if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
-                self.store.push((key.into(), value.into()));
-            }
-            _ => return Ok(false),
+            (None, _) => Err(unknown(key)),
         }
-        Ok(true)
     }
 
-    /// Checks between options.
     /// The transform asked for, if any.
     pub fn udf(&self) -> Option<crate::udf::Spec> {
         Some(crate::udf::Spec {
@@ -696,6 +1097,7 @@ impl Options {
         })
     }
 
+    /// Checks between options.
     fn check(&self) -> Result<(), OptionError> {
         let needs_transform = [
             ("transform_path", self.transform_path.is_some()),
@@ -758,168 +1160,31 @@ impl Options {
     }
 
     /// The content options, as two values the cache keys are derived from: what decides the
-    /// decoded columns, and what decides the order of rows into batches. Every field of
-    /// [`Options`] is named here with no `..`, so an option added to the struct does not compile
-    /// until it is placed on one side or the other: a content option cannot be left out of the
-    /// key, where it would serve stale bytes from a warm cache.
+    /// decoded columns, and what decides the order of rows into batches. Each option's [`Role`]
+    /// places it, and a test checks that each option changes its key and only its key: a
+    /// content option left out would serve stale bytes from a warm cache.
     pub fn content(&self) -> Content {
-        use serde_json::json;
-        let Options {
-            batch_size,
-            drop_last,
-            columns,
-            seed,
-            shuffle,
-            shuffle_window,
-            shuffle_block: _,
-            casts,
-            stacks,
-            pads,
-            nulls,
-            partitions,
-            transform,
-            transform_path: _,
-            transform_version,
-            transform_columns,
-            // The function's own identity (its sources' digest) joins the cache keys where
-            // they are made, from the transform's workers.
-            transform_workers: _,
-            python: _,
-            // Runtime options: how batches are produced and served, never their bytes.
-            epochs: _,
-            world_size: _,
-            cache_dir: _,
-            cache_size: _,
-            prefetch: _,
-            memory_limit: _,
-            threads: _,
-            passthrough: _,
-            opens: _,
-            allow_other: _,
-            auto_unmount: _,
-            nonempty: _,
-            log: _,
-            metrics: _,
-            // They choose the dataset (or refuse it); its fingerprint is in the key.
-            snapshot: _,
-            fingerprint: _,
-            version: _,
-            // The source is named by its fingerprint, not by how it is reached.
-            store: _,
-        } = self;
-        let casts: Vec<(&str, String)> = casts
-            .iter()
-            .map(|(c, d)| (c.as_str(), d.to_string()))
-            .collect();
+        let keyed = |role: Role| {
+            let values = SPECS.iter().filter(|s| s.role == role);
+            serde_json::Value::Object(values.map(|s| (s.name.into(), (s.get)(self))).collect())
+        };
         Content {
-            columns: json!({
-                "columns": columns,
-                "cast": casts,
-                "stack": stacks,
-                "pad": pads,
-                "nulls": nulls.name(),
-                "transform": transform,
-                "transform_version": transform_version,
-                "transform_columns": transform_columns,
-            }),
-            order: json!({
-                "batch_size": batch_size,
-                "drop_last": drop_last,
-                "seed": seed,
-                "shuffle": shuffle.name(),
-                "shuffle_window": shuffle_window,
-                "shuffle_block": self.block(),
-                "partitions": partitions,
-            }),
+            columns: keyed(Role::Columns),
+            order: keyed(Role::Order),
         }
     }
 
     /// The options in force, for dataset.json; secrets of the store are left out.
     pub fn to_json(&self) -> serde_json::Value {
-        use serde_json::json;
-        let mut m: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
-        m.insert("batch_size", json!(self.batch_size));
-        m.insert("drop_last", json!(self.drop_last));
-        m.insert("columns", json!(self.columns));
-        m.insert("seed", json!(self.seed));
-        m.insert("shuffle", json!(self.shuffle.name()));
-        m.insert("shuffle_window", json!(self.shuffle_window));
-        m.insert("shuffle_block", json!(self.block()));
-        m.insert(
-            "cast",
-            json!(
-                self.casts
-                    .iter()
-                    .map(|(c, d)| format!("{c}:{d}"))
-                    .collect::<Vec<_>>()
-            ),
-        );
-        m.insert(
-            "stack",
-            json!(
-                self.stacks
-                    .iter()
-                    .map(|(n, c)| format!("{n}:{}", c.join("+")))
-                    .collect::<Vec<_>>()
-            ),
-        );
-        m.insert(
-            "pad",
-            json!(
-                self.pads
-                    .iter()
-                    .map(|(c, l)| format!("{c}:{l}"))
-                    .collect::<Vec<_>>()
-            ),
-        );
-        m.insert("nulls", json!(self.nulls.name()));
-        m.insert("partitions", json!(self.partitions));
-        if self.transform.is_some() {
-            m.insert("transform", json!(self.transform));
-            m.insert("transform_path", json!(self.transform_path));
-            m.insert("transform_version", json!(self.transform_version));
-            m.insert("transform_columns", json!(self.transform_columns));
-            m.insert("transform_workers", json!(self.udf().map(|u| u.workers)));
-            m.insert("python", json!(self.python));
-        }
-        m.insert("epochs", json!(self.epochs));
-        m.insert("world_size", json!(self.world_size));
-        m.insert("cache_dir", json!(self.cache_dir));
-        m.insert("cache_size", json!(self.cache_size));
-        m.insert("prefetch", json!(self.prefetch));
-        m.insert("memory_limit", json!(self.memory_limit));
-        m.insert("threads", json!(self.threads));
-        m.insert(
-            "passthrough",
-            json!(if self.passthrough == Passthrough::Auto {
-                "auto"
-            } else {
-                "off"
-            }),
-        );
-        m.insert(
-            "opens",
-            json!(match self.opens {
-                Opens::Daemon => "daemon",
-                Opens::Kernel => "kernel",
-            }),
-        );
-        m.insert("allow_other", json!(self.allow_other));
-        m.insert("auto_unmount", json!(self.auto_unmount));
-        m.insert("nonempty", json!(self.nonempty));
-        m.insert("log", json!(self.log));
-        m.insert("metrics", json!(self.metrics));
-        m.insert("snapshot", json!(self.snapshot));
-        m.insert("fingerprint", json!(self.fingerprint));
-        m.insert("version", json!(self.version));
-        let store: BTreeMap<&str, &str> = self
-            .store
-            .iter()
+        let mut m: serde_json::Map<String, serde_json::Value> = (SPECS.iter())
+            .map(|s| (s.name.into(), (s.get)(self)))
+            .collect();
+        let store: BTreeMap<&str, &str> = (self.store.iter())
             .filter(|(k, _)| !is_secret(k))
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        m.insert("store", json!(store));
-        json!(m)
+        m.insert("store".into(), json!(store));
+        serde_json::Value::Object(m)
     }
 }
 
@@ -1054,7 +1319,7 @@ mod tests {
 
         #[test]
         fn known_keys_with_any_value_never_panic(
-            key in proptest::sample::select(vec!["batch_size", "columns", "seed", "shuffle", "shuffle_window", "shuffle_block", "epochs", "partitions", "world_size", "cast", "stack", "pad", "nulls", "cache_dir", "cache_size", "prefetch", "memory_limit", "threads", "passthrough", "opens", "log", "drop_last", "allow_other", "nonempty", "aws_region"]),
+            key in proptest::sample::select(SPECS.iter().map(|s| s.name).chain(["aws_region"]).collect::<Vec<_>>()),
             value in "[ -+--~]{0,40}",
         ) {
             match Options::parse(&[format!("{key}={value}")]) {
@@ -1064,51 +1329,126 @@ mod tests {
         }
     }
 
+    /// Two parses that differ in option `s` alone: off and on for a flag, the default and the
+    /// example for a value. A transform is given, as the `transform_` options need one.
+    fn differing(s: &Spec) -> (Options, Options) {
+        let base = "transform=t.py:f";
+        let parse = |opt: String| Options::parse(&[base, opt.as_str()]).unwrap();
+        match s.set {
+            Setter::Flag(_) => (parse(format!("{}=off", s.name)), parse(s.name.into())),
+            Setter::Value(_) => (
+                parse(String::new()),
+                parse(format!("{}={}", s.name, s.example)),
+            ),
+        }
+    }
+
     #[test]
-    fn every_content_option_enters_the_cache_key_and_no_runtime_option_does() {
-        let base = Options::parse::<&str>(&[]).unwrap().content();
-        for content in [
-            "batch_size=7",
-            "drop_last",
-            "columns=a:b",
-            "seed=3",
-            "shuffle=global",
-            "shuffle_window=9",
-            "cast=a:float16",
-            "stack=s:a+b",
-            "pad=t:4",
-            "nulls=zero",
-            "partitions=8",
-        ] {
-            let c = Options::parse(&[content]).unwrap().content();
-            assert_ne!(c, base, "{content} is missing from the cache key");
+    fn every_option_shows_in_dataset_json_and_content_options_change_their_key_alone() {
+        for s in SPECS {
+            let (a, b) = differing(s);
+            assert_ne!(
+                a.to_json()[s.name],
+                b.to_json()[s.name],
+                "{s:?} in dataset.json"
+            );
+            let (a, b) = (a.content(), b.content());
+            let keyed = matches!(s.role, Role::Columns | Role::Order);
+            assert_eq!(
+                a != b,
+                keyed,
+                "{s:?} is {:?} but the cache key says otherwise",
+                s.role
+            );
+            assert_eq!(a.columns != b.columns, s.role == Role::Columns, "{s:?}");
         }
-        for runtime in [
-            "epochs=5",
-            "world_size=4",
-            "cache_dir=/elsewhere",
-            "cache_size=1G",
-            "prefetch=2",
-            "memory_limit=64M",
-            "threads=1",
-            "passthrough=off",
-            "opens=kernel",
-            "allow_other",
-            "auto_unmount",
-            "nonempty",
-            "log=debug",
-            "snapshot=/pinned/train.snapshot",
-            "metrics=127.0.0.1:9100",
-            "version=3",
-            "fingerprint=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-            "aws_region=eu-west-1",
-        ] {
-            let c = Options::parse(&[runtime]).unwrap().content();
-            assert_eq!(c, base, "{runtime} would make a new cache");
+        let store = Options::parse(&["aws_region=eu-west-1"]).unwrap().content();
+        assert_eq!(
+            store,
+            Options::default().content(),
+            "a store key is no content"
+        );
+        // Names that join with a separator never make two lists write one key.
+        let a = Options::parse(&[r"stack=s:a\+b"]).unwrap().content();
+        let b = Options::parse(&["stack=s:a+b"]).unwrap().content();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn defaults_in_backticks_are_what_a_mount_without_the_option_has() {
+        let d = Options::default().to_json();
+        let mut checked = 0;
+        for s in SPECS {
+            let literal = (s.default.strip_prefix('`'))
+                .and_then(|v| v.strip_suffix('`'))
+                .filter(|v| !v.contains('`'));
+            let given = match (s.set, literal) {
+                (Setter::Flag(_), _) if s.default == "off" => format!("{}=off", s.name),
+                (Setter::Value(_), Some(v)) => format!("{}={v}", s.name),
+                _ => continue,
+            };
+            // A default written as a formula (`max(…)`, `threads=`) parses as no value.
+            if let Ok(o) = Options::parse(&[given.as_str()]) {
+                assert_eq!(
+                    o.to_json()[s.name],
+                    d[s.name],
+                    "{s:?}'s default is {}",
+                    s.default
+                );
+                checked += 1;
+            }
         }
-        // The order alone changes with the partitions: the decoded columns are shared.
-        let parted = Options::parse(&["partitions=8"]).unwrap().content();
-        assert_eq!(parted.columns, base.columns);
+        assert!(checked >= 15, "{checked} defaults checked");
+    }
+
+    #[test]
+    fn docs_options_md_lists_each_option_with_its_form_default_and_section() {
+        let docs = include_str!("../docs/options.md");
+        let mut rows = Vec::new();
+        let mut section = "";
+        for line in docs.lines() {
+            if line.starts_with("## ") {
+                section = line;
+            }
+            let Some(row) = line.strip_prefix("| `") else {
+                continue;
+            };
+            // A `|` inside a cell is written `\|`.
+            let cells: Vec<String> = (row.replace("\\|", "\u{1}").split('|'))
+                .map(|c| c.trim().replace('\u{1}', "|"))
+                .collect();
+            let form = cells[0].trim_end_matches('`').to_string();
+            rows.push((section, form, cells[1].clone()));
+        }
+        let ours = |section: &str| {
+            [Role::Columns, Role::Runtime, Role::Dataset]
+                .iter()
+                .any(|r| section.starts_with(r.section().1))
+        };
+        for s in SPECS {
+            let found: Vec<_> = rows.iter().filter(|(_, form, _)| form == s.form).collect();
+            assert_eq!(
+                found.len(),
+                1,
+                "docs/options.md has no one row for `{}`",
+                s.form
+            );
+            let (section, _, default) = found[0];
+            assert!(
+                section.starts_with(s.role.section().1),
+                "{s:?} is under {section}"
+            );
+            assert_eq!(default, s.default, "{s:?}'s default in docs/options.md");
+        }
+        for (section, form, _) in rows.iter().filter(|(section, ..)| ours(section)) {
+            assert!(
+                SPECS.iter().any(|s| s.form == form),
+                "{form} ({section}) is no option"
+            );
+        }
+        for s in SPECS {
+            assert!(help().contains(s.form), "--help misses {s:?}");
+        }
     }
 
     #[test]

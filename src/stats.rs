@@ -104,7 +104,8 @@ counters!(
     stall_ns: Nanos,
     /// Opens answered by FUSE passthrough of a file on the local cache.
     passthrough_opens: Count,
-    /// With opens=kernel: batch files stored in the kernel's page cache ahead of their reader.
+    /// Batch files stored in the kernel's page cache ahead of their reader (a shuffled epoch's,
+    /// and every one with opens=kernel).
     page_cache_stores: Count,
     /// One-open files of a reader's next epoch built whole ahead of it.
     ahead_files_built: Count,
