@@ -378,9 +378,10 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "ahead_late")
         ),
         format!(
-            "cache       {:.1} of {:.1} MB; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",
+            "cache       {:.1} of {:.1} MB, {:.1} MB written; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",
             mb("cache_bytes"),
             mb("cache_capacity"),
+            mb("cache_written_bytes"),
             ratio(n(v, "batch_file_hits"), n(v, "batch_file_misses")),
             ratio(n(v, "column_hits"), n(v, "column_misses")),
             n(v, "cache_evictions"),

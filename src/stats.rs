@@ -82,6 +82,9 @@ counters!(
     cache_evicted_bytes: Count,
     /// Writes to the cache that failed (a full disk: served from memory instead).
     cache_write_failures: Count,
+    /// Bytes written to the local cache: decoded columns, batch files, one-open files built
+    /// ahead (what the SSD is asked to write, per byte served: `bytes_served` and the reads).
+    cache_written_bytes: Count,
     /// Bytes the local cache holds.
     cache_bytes: Level,
     /// Bytes the local cache may hold (cache_size).

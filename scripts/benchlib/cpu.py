@@ -1,8 +1,8 @@
 """The daemon's CPU per GB of shuffled epochs read from cached columns (PRODUCT.md §6, issue 31).
 
-For each file kind (`all/NAME.npy` memory maps sliced batch by batch, `.safetensors` batch files,
-per-tensor `NNNNNN/NAME.npy` files), a mount of the bench dataset on a fresh cache with
-`shuffle=global,epochs=6` is read: epoch 0 (cold: it decodes and caches the columns) and epoch 1,
+For each shuffle mode (`block`, the default, and `window`) and each file kind (`all/NAME.npy`
+memory maps sliced batch by batch, `.safetensors` batch files, per-tensor `NNNNNN/NAME.npy`
+files), a mount of the bench dataset on a fresh cache with `shuffle=MODE,epochs=6` is read: epoch 0 (cold: it decodes and caches the columns) and epoch 1,
 each until the daemon's work for it has settled. Then epoch 2, and the daemon's utime+stime from
 the settled end of epoch 1 to the settled end of epoch 2, divided by the tensor bytes epoch 2
 delivered, is what a job's every epoch costs it: the epoch read and the next one built
@@ -102,6 +102,9 @@ def numpy_gather(cols: list, rows: int, batch_size: int) -> dict:
     return {"bytes": nbytes, "seconds": wall, "cpu_s": cpu, "core_s_gb": cpu / (nbytes / 1e9), "mb_s": nbytes / MB / wall}
 
 
+SHUFFLES = ("block", "window")
+
+
 def run_rows(binary: Path, data: Path, data_files: list[Path], scratch: Path, rows: int, batch_size: int,
              mounts: list, extra: list[str]) -> dict:
     out = {"rows": rows, "batch_size": batch_size, "kinds": {}}
@@ -118,11 +121,12 @@ def run_rows(binary: Path, data: Path, data_files: list[Path], scratch: Path, ro
 
     gather()
     gather()
-    for kind, label in KINDS.items():
+    for shuffle, (kind, label) in ((s, k) for s in SHUFFLES for k in KINDS.items()):
+        label = f"{label}, {shuffle}"
         cache = scratch / f"cache-cpu-{kind}"
         shutil.rmtree(cache, ignore_errors=True)
         m = Mount(binary, f"file://{data}", scratch / f"mnt-cpu-{kind}",
-                  [f"batch_size={batch_size}", "shuffle=global", "epochs=6", f"cache_dir={cache}", *extra])
+                  [f"batch_size={batch_size}", f"shuffle={shuffle}", "epochs=6", f"cache_dir={cache}", *extra])
         mounts.append(m)
         try:
             n = m.dataset()["batches_per_epoch"]
@@ -142,7 +146,7 @@ def run_rows(binary: Path, data: Path, data_files: list[Path], scratch: Path, ro
             read_kind(kind, local, rows, batch_size, n)
             lr = read_kind(kind, local, rows, batch_size, n)
             shutil.rmtree(local, ignore_errors=True)
-            k = out["kinds"][kind] = {
+            k = out["kinds"][f"{shuffle}/{kind}"] = {
                 "label": label, "bytes": nbytes, "daemon_cpu_s": after - before,
                 "core_s_gb": (after - before) / (nbytes / 1e9),
                 "ready_mb_s": ready[1] / MB / ready[2], "next_mb_s": right_after[1] / MB / right_after[2],
@@ -169,15 +173,15 @@ def print_rows(cpu: dict) -> list[str]:
     g = cpu["gather"]
     lines = [f"Daemon CPU, shuffled epochs from cached columns ({cpu['rows']} rows, batch {cpu['batch_size']}; "
              "target: <= 2x the gather's core-s/GB; the epoch read right after the one before >= 0.6x its rate)"]
-    head = (f"{'reader (epoch 2)':<42}{'core-s/GB':>10}{'x gather':>9}{'MB/s e2':>9}{'MB/s e4':>9}"
+    head = (f"{'reader (epoch 2), shuffle':<46}{'core-s/GB':>10}{'x gather':>9}{'MB/s e2':>9}{'MB/s e4':>9}"
             f"{'e4 x gather':>12}{'e2 x local':>11}{'built':>7}")
     lines += [head, "-" * len(head)]
     rate = g["mb_s"]
-    lines.append(f"{'np.take gather from RAM, 1 thread':<42}{g['core_s_gb']:>10.2f}{'1.00':>9}{rate:>9.0f}"
+    lines.append(f"{'np.take gather from RAM, 1 thread':<46}{g['core_s_gb']:>10.2f}{'1.00':>9}{rate:>9.0f}"
                  f"{rate:>9.0f}{'1.00':>12}{'':>11}{'':>7}")
     for k in cpu["kinds"].values():
         built = f"{k['epochs_built']:.2f}" if "epochs_built" in k else ""
-        lines.append(f"{'tensorfs ' + k['label']:<42}{k['core_s_gb']:>10.2f}{k['core_s_gb'] / g['core_s_gb']:>9.2f}"
+        lines.append(f"{'tensorfs ' + k['label']:<46}{k['core_s_gb']:>10.2f}{k['core_s_gb'] / g['core_s_gb']:>9.2f}"
                      f"{k['ready_mb_s']:>9.0f}{k['next_mb_s']:>9.0f}{k['next_mb_s'] / rate:>12.2f}"
                      f"{k['ready_mb_s'] / k['local_mb_s']:>11.2f}{built:>7}")
     lines.append("(built: the epochs of batches the daemon gathered while epoch 2 was read and its work settled: "
@@ -190,6 +194,6 @@ def print_rows(cpu: dict) -> list[str]:
     if st and "skipped" in st:
         lines.append(f"MosaicML Streaming: left out ({st['skipped']})")
     elif st:
-        lines.append(f"{'MosaicML Streaming, MDS, shuffle=True':<42}{'':>10}{'':>9}{st['mb_s']:>9.2f}{'':>9}"
+        lines.append(f"{'MosaicML Streaming, MDS, shuffle=True':<46}{'':>10}{'':>9}{st['mb_s']:>9.2f}{'':>9}"
                      f"{'':>12}{'':>11}   ({st['rows']} rows, {st['samples_s']:.0f} samples/s, one process)")
     return lines

@@ -809,6 +809,7 @@ impl DiskCache {
                 if meta.is_some() {
                     Stats::add(&stats.c.batch_files_written, 1);
                 }
+                Stats::add(&stats.c.cache_written_bytes, bytes);
                 self.index(item, bytes, checked);
                 Stats::set(&stats.c.cache_bytes, self.used());
                 Ok(file)

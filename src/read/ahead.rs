@@ -853,6 +853,7 @@ impl Job {
             reserved.path = Some(cache.path(item));
             Stats::add(&stats.c.ahead_files_built, 1);
             Stats::add(&stats.c.ahead_bytes_built, reserved.bytes);
+            Stats::add(&stats.c.cache_written_bytes, reserved.bytes);
             Stats::add(&stats.c.ahead_written_over, u64::from(b.over));
             out.push((
                 key,

@@ -71,6 +71,9 @@ pub struct Picks {
     row_groups: Vec<usize>,
     /// Each row, in batch order: (index into `row_groups`, row in that row group).
     rows: Vec<(usize, usize)>,
+    /// The same rows as runs of consecutive rows of one row group, where they come so (an
+    /// unshuffled order): copied a run at a time, not a row at a time.
+    runs: Option<Vec<transform::Run>>,
 }
 
 impl Picks {
@@ -99,7 +102,16 @@ impl Picks {
         let rows = (located.into_iter())
             .map(|(rg, row)| (slot[rg], row as usize))
             .collect();
-        Picks { row_groups, rows }
+        Picks::of(row_groups, rows)
+    }
+
+    fn of(row_groups: Vec<usize>, rows: Vec<(usize, usize)>) -> Picks {
+        let runs = transform::runs_of(&rows);
+        Picks {
+            row_groups,
+            rows,
+            runs,
+        }
     }
 
     /// As [`Picks::new`], for a dataset of many more row groups than the batch has rows.
@@ -118,7 +130,7 @@ impl Picks {
                 (k, row as usize)
             })
             .collect();
-        Picks { row_groups, rows }
+        Picks::of(row_groups, rows)
     }
 }
 
@@ -154,7 +166,11 @@ impl Picks {
         let cpu_started = crate::read::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
         for (&t, out) in wanted.iter().zip(outs) {
-            transform::gather_tensor(t, view.tensors[t].row_bytes(), &from, &self.rows, out);
+            let rb = view.tensors[t].row_bytes();
+            match &self.runs {
+                Some(runs) => transform::gather_runs(t, rb, &from, runs, out),
+                None => transform::gather_tensor(t, rb, &from, &self.rows, out),
+            }
         }
         let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
@@ -164,6 +180,10 @@ impl Picks {
 impl Weighted for Picks {
     fn weight(&self) -> usize {
         self.rows.len() * std::mem::size_of::<(usize, usize)>()
+            + self
+                .runs
+                .as_ref()
+                .map_or(0, |r| r.len() * std::mem::size_of::<transform::Run>())
             + self.row_groups.len() * std::mem::size_of::<usize>()
     }
 }

@@ -505,6 +505,48 @@ pub fn gather_tensor(
     }
 }
 
+/// Rows `start..start + len` of the row group at index `k` of a batch's row groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub k: usize,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// `rows` as runs of consecutive rows of one row group, where they average at least
+/// [`MIN_RUN`] rows (an unshuffled batch is one run per row group it spans); else `None`.
+pub fn runs_of(rows: &[(usize, usize)]) -> Option<Vec<Run>> {
+    let mut runs: Vec<Run> = Vec::new();
+    for &(k, r) in rows {
+        match runs.last_mut() {
+            Some(run) if run.k == k && run.start + run.len == r => run.len += 1,
+            _ => {
+                if (runs.len() + 1) * MIN_RUN > rows.len() {
+                    return None;
+                }
+                runs.push(Run {
+                    k,
+                    start: r,
+                    len: 1,
+                });
+            }
+        }
+    }
+    Some(runs)
+}
+
+/// The average run length below which [`gather_tensor`]'s copy of row by row is kept.
+const MIN_RUN: usize = 16;
+
+/// As [`gather_tensor`], rows given as runs ([`runs_of`]): a copy per run.
+pub fn gather_runs(t: usize, rb: usize, from: &[&Columns], runs: &[Run], out: &mut Vec<u8>) {
+    out.reserve(runs.iter().map(|r| r.len).sum::<usize>() * rb);
+    for run in runs {
+        let column = from[run.k].tensor(t);
+        out.extend_from_slice(&column[run.start * rb..(run.start + run.len) * rb]);
+    }
+}
+
 /// [`gather_tensor`] for rows of `N` bytes.
 fn gather_fixed<const N: usize>(columns: &[&[u8]], rows: &[(usize, usize)], out: &mut Vec<u8>) {
     for (i, &(k, r)) in rows.iter().enumerate() {
@@ -592,6 +634,43 @@ mod tests {
                 .collect();
             assert_eq!(gathered(0, rb, &[&a, &b], &rows), want, "{rb} bytes a row");
         }
+    }
+
+    #[test]
+    fn runs_gather_what_rows_gather_and_only_long_runs_are_kept() {
+        let group = |salt: u8, rows: usize| {
+            let bytes = (0..rows * 12).map(|i| (i as u8) ^ salt).collect();
+            Columns::owned(rows, vec![bytes])
+        };
+        let (a, b) = (group(0x55, 600), group(0xaa, 500));
+        // An unshuffled batch across two row groups: two runs.
+        let rows: Vec<(usize, usize)> = (500..600)
+            .map(|r| (0, r))
+            .chain((0..400).map(|r| (1, r)))
+            .collect();
+        let runs = runs_of(&rows).expect("runs");
+        assert_eq!(
+            runs,
+            [
+                Run {
+                    k: 0,
+                    start: 500,
+                    len: 100
+                },
+                Run {
+                    k: 1,
+                    start: 0,
+                    len: 400
+                }
+            ]
+        );
+        let mut out = vec![0xee; 3];
+        gather_runs(0, 12, &[&a, &b], &runs, &mut out);
+        assert_eq!(out.split_off(3), gathered(0, 12, &[&a, &b], &rows));
+        // Shuffled rows make runs of one row: gathered row by row.
+        let shuffled: Vec<(usize, usize)> = (0..500).map(|i| (i % 2, (i * 7) % 500)).collect();
+        assert_eq!(runs_of(&shuffled), None);
+        assert_eq!(runs_of(&[]), Some(vec![]));
     }
 
     #[test]
