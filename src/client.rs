@@ -26,7 +26,7 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 /// `A..B` (B excluded), `A..=B`, or `N`.
-pub fn parse_epochs(s: &str) -> Result<Range<u64>> {
+pub(crate) fn parse_epochs(s: &str) -> Result<Range<u64>> {
     let num = |x: &str| {
         x.trim()
             .parse::<u64>()
@@ -57,7 +57,7 @@ pub enum Format {
 }
 
 /// `R-of-W`: rank R of W.
-pub fn parse_rank(s: &str) -> Result<(u64, u64)> {
+pub(crate) fn parse_rank(s: &str) -> Result<(u64, u64)> {
     let bad = || anyhow!("--rank {s}: expected R-of-W with R < W, such as 3-of-8");
     let (r, w) = s.split_once("-of-").ok_or_else(bad)?;
     let (r, w): (u64, u64) = (r.parse().map_err(|_| bad())?, w.parse().map_err(|_| bad())?);

@@ -20,17 +20,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// happened.
 #[derive(Debug, thiserror::Error)]
 #[error("object '{location}' changed {since}: {how}")]
-pub struct ObjectChanged {
-    pub location: String,
+pub(crate) struct ObjectChanged {
+    pub(crate) location: String,
     /// "under the mount", "since the snapshot", …
-    pub since: &'static str,
+    pub(crate) since: &'static str,
     /// How it is known: "it is no longer version …", "it no longer exists", …
-    pub how: String,
+    pub(crate) how: String,
 }
 
 impl Error {
     /// An expected answer (ENOENT for a name that is not there, EISDIR, …): logged at debug.
-    pub fn answer(errno: i32) -> Error {
+    pub(crate) fn answer(errno: i32) -> Error {
         Error {
             errno,
             level: Level::DEBUG,
@@ -42,7 +42,7 @@ impl Error {
     /// A failure of the work behind a file: EIO, logged as an error (a warning when an object
     /// changed under the mount: nothing is wrong with the daemon). `what` names the file or
     /// batch.
-    pub fn failed(what: impl Into<String>, cause: anyhow::Error) -> Error {
+    pub(crate) fn failed(what: impl Into<String>, cause: anyhow::Error) -> Error {
         let changed = cause.chain().any(|c| c.is::<ObjectChanged>());
         Error {
             errno: libc::EIO,
@@ -53,7 +53,7 @@ impl Error {
     }
 
     /// A limit of the daemon (too many directories looked up, …): a warning.
-    pub fn limit(errno: i32, message: impl Into<String>) -> Error {
+    pub(crate) fn limit(errno: i32, message: impl Into<String>) -> Error {
         Error {
             errno,
             level: Level::WARN,
@@ -67,7 +67,7 @@ impl Error {
     }
 
     /// Logs the error at its level, as one line.
-    pub fn log(&self, op: &str) {
+    pub(crate) fn log(&self, op: &str) {
         let text = self.to_string();
         match self.level {
             Level::ERROR => tracing::error!("{op}: {text}"),
@@ -101,7 +101,7 @@ impl std::error::Error for Error {
 }
 
 /// `Error::answer(libc::ENOENT)` and its kin, for the `?` of plain answers.
-pub fn enoent() -> Error {
+pub(crate) fn enoent() -> Error {
     Error::answer(libc::ENOENT)
 }
 

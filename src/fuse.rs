@@ -20,7 +20,7 @@ use tokio::runtime::Handle as Handle_;
 /// Everything in a mount is immutable for the mount's life, so the kernel may cache it long.
 const TTL: Duration = Duration::from_secs(3600);
 
-pub struct FuseAdapter {
+pub(crate) struct FuseAdapter {
     requests: Arc<Requests<BackingId>>,
     fs: Arc<Fs>,
     runtime: Handle_,
@@ -60,7 +60,7 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 }
 
 impl FuseAdapter {
-    pub fn new(requests: Arc<Requests<BackingId>>, runtime: Handle_) -> Self {
+    pub(crate) fn new(requests: Arc<Requests<BackingId>>, runtime: Handle_) -> Self {
         // SAFETY: getuid and getgid have no preconditions and cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {

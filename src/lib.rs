@@ -7,18 +7,18 @@
 //! filesystem core the kernel's requests reach (the tree, open files); `fuse` is the adapter to
 //! the kernel, and `mount` ties them together. docs/dev/architecture.md draws it.
 
-pub mod cache;
+mod cache;
 pub mod client;
 pub mod error;
-pub mod fuse;
-pub mod metrics;
+mod fuse;
+mod metrics;
 pub mod mount;
 pub mod options;
 pub mod read;
 pub mod requests;
 pub mod source;
 pub mod stats;
-pub mod udf;
+mod udf;
 
 thread_local! {
     static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -27,7 +27,7 @@ thread_local! {
 /// Runs `f`, turning a panic into an error carrying the panic's message: for third-party
 /// decoders that may panic on malformed input. The panic is logged at debug level only; the
 /// caller reports the error.
-pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let outer = CATCHING.with(|c| c.replace(true));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     CATCHING.with(|c| c.set(outer));
@@ -35,7 +35,7 @@ pub fn catch_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// A caught panic's message, on one line.
-pub fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     let text = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -64,7 +64,7 @@ pub fn quiet_panics() {
 
 /// An error and its causes on one line, each cause once: wrapped errors (Parquet's `External`)
 /// repeat their source's message, which is left out the second time.
-pub fn describe(e: &anyhow::Error) -> String {
+pub(crate) fn describe(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
         let text = cause.to_string();

@@ -17,17 +17,17 @@ const HEAD_LIMIT: usize = 16 << 10;
 
 /// The listening socket, bound before anything is mounted, so that an address in use refuses
 /// the mount in one line.
-pub struct Endpoint(TcpListener);
+pub(crate) struct Endpoint(TcpListener);
 
 impl Endpoint {
-    pub fn bind(addr: &str) -> Result<Endpoint> {
+    pub(crate) fn bind(addr: &str) -> Result<Endpoint> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| anyhow!("mount option metrics={addr}: cannot listen there: {e}"))?;
         Ok(Endpoint(listener))
     }
 
     /// Serves scrapes of `fs`'s counters on a thread of its own, for the life of the process.
-    pub fn serve(self, fs: Arc<Fs>) {
+    pub(crate) fn serve(self, fs: Arc<Fs>) {
         let listener = self.0;
         let spawned = std::thread::Builder::new()
             .name("tensorfs-metrics".into())

@@ -120,7 +120,7 @@ impl Dataset {
     /// keep them), with a warning. With `world_size=W` dividing `partitions=P`, a host reading
     /// one rank's view needs only that rank's partitions: the largest such share is what must
     /// fit.
-    pub fn check_cache_room(&self, opts: &Options, capacity: u64) -> Result<()> {
+    pub(crate) fn check_cache_room(&self, opts: &Options, capacity: u64) -> Result<()> {
         let wide = opts.shuffle;
         if !wide.mixes_wide() {
             return Ok(());
@@ -176,12 +176,12 @@ impl Dataset {
     }
 
     /// The files of this dataset's mount.
-    pub fn layout(&self) -> Arc<Layout> {
+    pub(crate) fn layout(&self) -> Arc<Layout> {
         Arc::new(Layout::new(self.view.tensors.clone()))
     }
 
     /// Opens the local cache for this dataset and these content options.
-    pub fn open_cache(&self, opts: &Options, layout: Arc<Layout>) -> Result<DiskCache> {
+    pub(crate) fn open_cache(&self, opts: &Options, layout: Arc<Layout>) -> Result<DiskCache> {
         let content = opts.content();
         let fingerprint = self.source.fingerprint();
         let decode = self.source.decode_identity();
@@ -289,7 +289,7 @@ impl Dataset {
     /// mount's lasting memory is counted: every file's decoded footer (about 5 KiB an object,
     /// docs/dev/scale.md; a mount of a snapshot loads those its reads need, at most all) and
     /// `dataset.json`. Refused where that takes more than half the limit.
-    pub fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
+    pub(crate) fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
         let held = self.source.facts.footer_memory + dataset_json;
         let Some(buffers) = crate::read::budget::buffers(opts.memory_limit, held) else {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);

@@ -15,13 +15,13 @@ use std::path::PathBuf;
 pub struct OptionError(String);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Nulls {
+pub(crate) enum Nulls {
     Error,
     Zero,
 }
 
 impl Nulls {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Nulls::Error => "error",
             Nulls::Zero => "zero",
@@ -31,22 +31,22 @@ impl Nulls {
 
 /// The content options (see [`Options::content`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Content {
+pub(crate) struct Content {
     /// What decides the decoded columns of a row group.
-    pub columns: serde_json::Value,
+    pub(crate) columns: serde_json::Value,
     /// What decides which rows form each batch.
-    pub order: serde_json::Value,
+    pub(crate) order: serde_json::Value,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Passthrough {
+pub(crate) enum Passthrough {
     Auto,
     Off,
 }
 
 /// Who answers an open of a file of the mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Opens {
+pub(crate) enum Opens {
     /// The daemon: each open is a round trip, answered by passthrough where it may.
     Daemon,
     /// The kernel alone: opens and closes cost no round trip, reads come from the kernel's page
@@ -58,53 +58,53 @@ pub enum Opens {
 pub struct Options {
     // Content options.
     pub batch_size: u64,
-    pub drop_last: bool,
-    pub columns: Option<Vec<String>>,
-    pub seed: u64,
+    pub(crate) drop_last: bool,
+    pub(crate) columns: Option<Vec<String>>,
+    pub(crate) seed: u64,
     pub shuffle: Shuffle,
-    pub shuffle_window: u64,
+    pub(crate) shuffle_window: u64,
     /// Rows per block of `shuffle=block`; `None`: the default for the partitions.
-    pub shuffle_block: Option<u64>,
-    pub casts: Vec<(String, DType)>,
-    pub stacks: Vec<(String, Vec<String>)>,
-    pub pads: Vec<(String, usize)>,
-    pub nulls: Nulls,
-    pub partitions: u64,
+    pub(crate) shuffle_block: Option<u64>,
+    pub(crate) casts: Vec<(String, DType)>,
+    pub(crate) stacks: Vec<(String, Vec<String>)>,
+    pub(crate) pads: Vec<(String, usize)>,
+    pub(crate) nulls: Nulls,
+    pub(crate) partitions: u64,
     /// `transform=FILE.py:NAME|MODULE:NAME`: the user's function (PRODUCT.md §10).
-    pub transform: Option<String>,
-    pub transform_path: Option<PathBuf>,
-    pub transform_version: String,
+    pub(crate) transform: Option<String>,
+    pub(crate) transform_path: Option<PathBuf>,
+    pub(crate) transform_version: String,
     /// The source columns the transform reads (all where unset).
-    pub transform_columns: Option<Vec<String>>,
+    pub(crate) transform_columns: Option<Vec<String>>,
     // Runtime options.
     /// The transform's worker processes (the cores where unset) and their interpreter.
-    pub transform_workers: Option<usize>,
-    pub python: String,
-    pub epochs: u64,
+    pub(crate) transform_workers: Option<usize>,
+    pub(crate) python: String,
+    pub(crate) epochs: u64,
     pub world_size: Option<u64>,
-    pub cache_dir: PathBuf,
-    pub cache_size: Option<u64>,
-    pub prefetch: u64,
-    pub memory_limit: u64,
+    pub(crate) cache_dir: PathBuf,
+    pub(crate) cache_size: Option<u64>,
+    pub(crate) prefetch: u64,
+    pub(crate) memory_limit: u64,
     pub threads: usize,
-    pub passthrough: Passthrough,
-    pub opens: Opens,
-    pub allow_other: bool,
+    pub(crate) passthrough: Passthrough,
+    pub(crate) opens: Opens,
+    pub(crate) allow_other: bool,
     /// Unmount when the daemon dies (through fusermount3; on by default where it exists).
-    pub auto_unmount: bool,
+    pub(crate) auto_unmount: bool,
     /// Mount over a directory that is not empty.
     pub nonempty: bool,
     pub log: String,
     /// Where to serve the counters for Prometheus (`ADDR:PORT`).
-    pub metrics: Option<String>,
+    pub(crate) metrics: Option<String>,
     /// The snapshot (a path or URL) that pins the dataset mounted.
-    pub snapshot: Option<String>,
+    pub(crate) snapshot: Option<String>,
     /// The fingerprint the dataset must have.
-    pub fingerprint: Option<String>,
+    pub(crate) fingerprint: Option<String>,
     /// The version of a Delta table to mount (the latest when unset).
-    pub version: Option<u64>,
+    pub(crate) version: Option<u64>,
     /// object_store configuration keys, passed to the store as they are.
-    pub store: Vec<(String, String)>,
+    pub(crate) store: Vec<(String, String)>,
 }
 
 /// Options that mount(8), fstab and systemd hand to every filesystem.
@@ -170,7 +170,7 @@ fn default_cache_dir() -> PathBuf {
 }
 
 /// Whether an executable `name` is on the PATH (or in the usual system directories).
-pub fn find_in_path(name: &str) -> bool {
+pub(crate) fn find_in_path(name: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/bin", "/usr/bin", "/sbin", "/usr/sbin"].map(PathBuf::from))
@@ -265,7 +265,7 @@ fn positive(key: &str, value: &str) -> Result<u64, OptionError> {
 }
 
 /// `200G`, `512M`, `1.5G`, `4096`: binary units.
-pub fn parse_size(value: &str) -> Option<u64> {
+pub(crate) fn parse_size(value: &str) -> Option<u64> {
     let v = value.trim();
     let v = v
         .strip_suffix("iB")
@@ -286,7 +286,7 @@ pub fn parse_size(value: &str) -> Option<u64> {
 }
 
 /// A size for messages: `512.0K`, `1.5G`.
-pub fn human_size(bytes: u64) -> String {
+pub(crate) fn human_size(bytes: u64) -> String {
     let units = ["K", "M", "G", "T"];
     let mut v = bytes as f64;
     let mut unit = "";
@@ -310,7 +310,7 @@ const SEPARATORS: &[char] = &['\\', ',', ':', '+', '='];
 /// A column or tensor name as an option value writes it: every separator (and `\\` itself)
 /// escaped with a backslash, so that any printed hint can be pasted back as it is. A line
 /// break is written `\n` (`\r`), as the hint must stay one line.
-pub fn escape(name: &str) -> String {
+pub(crate) fn escape(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
         match c {
@@ -387,7 +387,7 @@ fn names(value: &str, sep: char) -> Option<Vec<String>> {
 
 /// What an option decides, and so which cache key it enters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// The decoded columns of every row group: the column cache's key.
     Columns,
     /// Which rows form each batch: the batch cache's key (with the columns').
@@ -400,7 +400,7 @@ pub enum Role {
 
 impl Role {
     /// The heading of `--help` and of docs/options.md that lists options of this role.
-    pub fn section(self) -> (&'static str, &'static str) {
+    pub(crate) fn section(self) -> (&'static str, &'static str) {
         match self {
             Role::Columns | Role::Order => ("content", "## Content options"),
             Role::Runtime => ("runtime", "## Runtime options"),
@@ -420,17 +420,19 @@ enum Setter {
 
 /// One mount option, declared once: parsing, the cache keys, `dataset.json`, `--help` and the
 /// test against docs/options.md's tables all come from [`SPECS`].
-pub struct Spec {
-    pub name: &'static str,
+pub(crate) struct Spec {
+    pub(crate) name: &'static str,
     /// How `--help` and docs/options.md write it: `batch_size=N`, `drop_last`.
-    pub form: &'static str,
-    pub role: Role,
+    pub(crate) form: &'static str,
+    pub(crate) role: Role,
     /// The default as docs/options.md's table writes it: a value in backticks, or words.
-    pub default: &'static str,
+    pub(crate) default: &'static str,
     /// One line for `--help`; docs/options.md says the rest.
-    pub help: &'static str,
-    /// A value that is not the default, for the tests that each option reaches its key.
-    pub example: &'static str,
+    pub(crate) help: &'static str,
+    /// A value that is not the default, for the tests that each option reaches its key (kept
+    /// beside its option so that a new option cannot be added without one).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) example: &'static str,
     set: Setter,
     /// Its value in `dataset.json`, and in the cache key where its role is one.
     get: fn(&Options) -> serde_json::Value,
@@ -502,7 +504,7 @@ fn absolute(value: &str) -> PathBuf {
 
 /// Every option tensorfs itself takes (object_store keys and mount(8)'s generic ones aside), in
 /// the order `--help` and docs/options.md list them.
-pub static SPECS: &[Spec] = &[
+pub(crate) static SPECS: &[Spec] = &[
     Spec {
         name: "batch_size",
         form: "batch_size=N",
@@ -1016,7 +1018,7 @@ pub static SPECS: &[Spec] = &[
 ];
 
 /// The option named `key`, if tensorfs takes it.
-pub fn spec(key: &str) -> Option<&'static Spec> {
+pub(crate) fn spec(key: &str) -> Option<&'static Spec> {
     SPECS.iter().find(|s| s.name == key)
 }
 
@@ -1086,7 +1088,7 @@ impl Options {
     }
 
     /// The transform asked for, if any.
-    pub fn udf(&self) -> Option<crate::udf::Spec> {
+    pub(crate) fn udf(&self) -> Option<crate::udf::Spec> {
         Some(crate::udf::Spec {
             target: self.transform.clone()?,
             path: self.transform_path.clone(),
@@ -1141,7 +1143,7 @@ impl Options {
         Ok(())
     }
 
-    pub fn order(&self) -> OrderOptions {
+    pub(crate) fn order(&self) -> OrderOptions {
         OrderOptions {
             batch_size: self.batch_size,
             drop_last: self.drop_last,
@@ -1155,7 +1157,7 @@ impl Options {
 
     /// Rows per block of `shuffle=block`: as given, else MosaicML Streaming's default block for
     /// as many canonical nodes as partitions.
-    pub fn block(&self) -> u64 {
+    pub(crate) fn block(&self) -> u64 {
         (self.shuffle_block).unwrap_or_else(|| crate::read::plan::default_block(self.partitions))
     }
 
@@ -1163,7 +1165,7 @@ impl Options {
     /// decoded columns, and what decides the order of rows into batches. Each option's [`Role`]
     /// places it, and a test checks that each option changes its key and only its key: a
     /// content option left out would serve stale bytes from a warm cache.
-    pub fn content(&self) -> Content {
+    pub(crate) fn content(&self) -> Content {
         let keyed = |role: Role| {
             let values = SPECS.iter().filter(|s| s.role == role);
             serde_json::Value::Object(values.map(|s| (s.name.into(), (s.get)(self))).collect())
@@ -1175,7 +1177,7 @@ impl Options {
     }
 
     /// The options in force, for dataset.json; secrets of the store are left out.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let mut m: serde_json::Map<String, serde_json::Value> = (SPECS.iter())
             .map(|s| (s.name.into(), (s.get)(self)))
             .collect();
@@ -1189,7 +1191,7 @@ impl Options {
 }
 
 /// Store keys whose values are credentials.
-pub fn is_secret(key: &str) -> bool {
+pub(crate) fn is_secret(key: &str) -> bool {
     [
         "secret",
         "key",

@@ -7,7 +7,7 @@ use std::time::Instant;
 /// What a counter measures, for the Prometheus exposition: a count that only grows, a level
 /// (a gauge), or nanoseconds (exposed in seconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Count,
     Level,
     Nanos,
@@ -16,7 +16,7 @@ pub enum Kind {
 macro_rules! counters {
     ($($(#[doc = $doc:literal])+ $name:ident: $kind:ident,)*) => {
         #[derive(Debug, Default)]
-        pub struct Counters { $(pub $name: AtomicU64,)* }
+        pub(crate) struct Counters { $(pub $name: AtomicU64,)* }
 
         impl Counters {
             fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -26,7 +26,7 @@ macro_rules! counters {
             }
 
             /// Every counter: its name (as in stats.json), kind, what it counts, and its value.
-            pub fn described(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
+            pub(crate) fn described(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
                 vec![$((
                     stringify!($name),
                     Kind::$kind,
@@ -146,7 +146,7 @@ const STALL_BUCKETS_SHOWN: usize = 31;
 
 #[derive(Debug)]
 pub struct Stats {
-    pub c: Counters,
+    pub(crate) c: Counters,
     stalls: [AtomicU64; BUCKETS],
     started: Instant,
 }
@@ -162,16 +162,16 @@ impl Default for Stats {
 }
 
 impl Stats {
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn set(counter: &AtomicU64, n: u64) {
+    pub(crate) fn set(counter: &AtomicU64, n: u64) {
         counter.store(n, Ordering::Relaxed);
     }
 
     /// A reader waited `d` for data (an `open` that built its batch, a read from the daemon).
-    pub fn stall(&self, d: std::time::Duration) {
+    pub(crate) fn stall(&self, d: std::time::Duration) {
         let us = d.as_micros() as u64;
         let bucket = (64 - us.leading_zeros() as usize).min(BUCKETS - 1);
         self.stalls[bucket].fetch_add(1, Ordering::Relaxed);
@@ -180,7 +180,7 @@ impl Stats {
     }
 
     /// The 99th percentile of stall times, in µs (the upper bound of its bucket).
-    pub fn stall_p99_us(&self) -> u64 {
+    pub(crate) fn stall_p99_us(&self) -> u64 {
         let counts: Vec<u64> = self
             .stalls
             .iter()
@@ -203,7 +203,7 @@ impl Stats {
     /// The counters in Prometheus's text exposition format (0.0.4): `tensorfs_NAME_total` for
     /// counts, `_seconds_total` for times, gauges for levels, and reader stalls as a histogram;
     /// `memory_bytes`: the daemon's buffers now.
-    pub fn prometheus(&self, memory_bytes: u64) -> String {
+    pub(crate) fn prometheus(&self, memory_bytes: u64) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let mut metric = |name: &str, ty: &str, help: &str, values: &[(String, f64)]| {

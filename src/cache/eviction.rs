@@ -8,14 +8,18 @@ use crate::read::plan::{BatchRef, Orders, Stride};
 use crate::read::readers::Readers;
 use std::sync::Arc;
 
-pub struct Eviction {
+pub(crate) struct Eviction {
     orders: Arc<Orders>,
     readers: Arc<Readers>,
     cache: Arc<DiskCache>,
 }
 
 impl Eviction {
-    pub fn new(orders: Arc<Orders>, readers: Arc<Readers>, cache: Arc<DiskCache>) -> Eviction {
+    pub(crate) fn new(
+        orders: Arc<Orders>,
+        readers: Arc<Readers>,
+        cache: Arc<DiskCache>,
+    ) -> Eviction {
         Eviction {
             orders,
             readers,
@@ -25,7 +29,7 @@ impl Eviction {
 
     /// How far ahead of the readers an item is next needed, in rows (`u64::MAX`: never): of
     /// every reader still reading ([`Readers::reading`]), the nearest.
-    pub fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
+    pub(crate) fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
         let plan = self.orders.plan();
         let reading = self.readers.reading(|dir| plan.count(dir));
         let cache = self.cache.clone();

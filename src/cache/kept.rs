@@ -11,7 +11,7 @@ const VERSION: u32 = 1;
 
 /// Creates `dir` (and its parents) private to its owner, 0700: the cache holds the dataset's
 /// data, which other users may not be allowed to read.
-pub fn private_dir(dir: &Path) -> Result<()> {
+pub(crate) fn private_dir(dir: &Path) -> Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -26,7 +26,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn hash32(parts: &[&[u8]]) -> [u8; 32] {
+pub(crate) fn hash32(parts: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_le_bytes());
@@ -36,7 +36,7 @@ pub fn hash32(parts: &[&[u8]]) -> [u8; 32] {
 }
 
 /// A short hex name for a key.
-pub fn key_name(parts: &[&[u8]]) -> String {
+pub(crate) fn key_name(parts: &[&[u8]]) -> String {
     hash32(parts)[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -49,7 +49,7 @@ const BLOB_MAGIC: &[u8; 8] = b"TFSBLOB1";
 /// its identity and crc32c, to a temp file beside `path`, then renamed into place. Not fsynced:
 /// a blob a crash tore fails [`read_blob`]'s checks and is fetched again, and a mount keeps
 /// thousands of footers, where one fsync each made start-up wait on the disk.
-pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()> {
+pub(crate) fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()> {
     let mut b = Vec::with_capacity(64 + payload.len());
     b.extend_from_slice(BLOB_MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
@@ -78,7 +78,7 @@ pub fn write_blob(path: &Path, identity: &[u8; 32], payload: &[u8]) -> Result<()
 }
 
 /// Reads what [`write_blob`] wrote; `None` when it is missing, of another identity or corrupt.
-pub fn read_blob(path: &Path, identity: &[u8; 32]) -> Option<Vec<u8>> {
+pub(crate) fn read_blob(path: &Path, identity: &[u8; 32]) -> Option<Vec<u8>> {
     let b = std::fs::read(path).ok()?;
     let head = 8 + 4 + 32 + 8 + 4;
     if b.len() < head + 4 || &b[..8] != BLOB_MAGIC || &b[12..44] != identity {
@@ -96,7 +96,7 @@ pub fn read_blob(path: &Path, identity: &[u8; 32]) -> Option<Vec<u8>> {
 }
 
 /// The identity of an item from its parts.
-pub fn identity(parts: &[&[u8]]) -> [u8; 32] {
+pub(crate) fn identity(parts: &[&[u8]]) -> [u8; 32] {
     hash32(parts)
 }
 

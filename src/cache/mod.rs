@@ -41,9 +41,9 @@
 //! meta, and where the meta lives), `eviction` (what goes first), `kept` (small checked files
 //! kept between mounts).
 
-pub mod eviction;
+pub(crate) mod eviction;
 mod format;
-pub mod kept;
+pub(crate) mod kept;
 mod one_open;
 
 use crate::cache::kept::private_dir;
@@ -68,7 +68,7 @@ use std::time::{Duration, Instant};
 /// Why the cache did not store an item. Never a failure of the read that wanted it: the caller
 /// serves the item from memory instead, and the cache takes items again once it can.
 #[derive(Debug, thiserror::Error)]
-pub enum NotStored {
+pub(crate) enum NotStored {
     /// Every item it could evict is needed sooner (or pinned) than this one.
     #[error("the cache is full of items needed sooner")]
     Full,
@@ -97,7 +97,7 @@ impl Entry {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     ino: u64,
     size: u64,
     mtime_ns: i128,
@@ -105,7 +105,7 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    pub fn of(md: &std::fs::Metadata) -> Stamp {
+    pub(crate) fn of(md: &std::fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
         Stamp {
             ino: md.ino(),
@@ -117,10 +117,9 @@ impl Stamp {
 }
 
 /// A row group's tensor columns from the cache, checked.
-pub struct LoadedColumns {
-    pub rows: usize,
-    pub buf: ColumnBuf,
-    pub ranges: Vec<std::ops::Range<usize>>,
+pub(crate) struct LoadedColumns {
+    pub(crate) buf: ColumnBuf,
+    pub(crate) ranges: Vec<std::ops::Range<usize>>,
 }
 
 /// Columns files smaller than this are read, never mapped: a mapping costs more than reading a
@@ -129,7 +128,7 @@ const MAP_AT_LEAST: u64 = 64 << 10;
 
 /// Whether a columns file of `len` bytes is mapped where files of `map_from` bytes or more
 /// are to be.
-pub fn mapped(len: u64, map_from: u64) -> bool {
+pub(crate) fn mapped(len: u64, map_from: u64) -> bool {
     len >= map_from.max(MAP_AT_LEAST)
 }
 
@@ -151,7 +150,7 @@ fn out_of_resources(e: &std::io::Error) -> bool {
 /// How many columns files may be mapped at once: half of what the kernel lets a process map
 /// (`vm.max_map_count`, 65530 by default), leaving the rest to the allocator, thread stacks
 /// and libraries.
-pub fn mappings_allowed() -> usize {
+pub(crate) fn mappings_allowed() -> usize {
     std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
@@ -164,7 +163,7 @@ pub fn mappings_allowed() -> usize {
 /// every row group, maps them instead, and so does any mount a row group too large to hold in
 /// memory (`Builder::map_from` says which; tensorfs itself only ever replaces cache files by
 /// rename, which leaves a mapping as it was).
-pub enum ColumnBuf {
+pub(crate) enum ColumnBuf {
     Read(Vec<u8>),
     Mapped(Mmap),
 }
@@ -180,7 +179,7 @@ impl std::ops::Deref for ColumnBuf {
     }
 }
 
-pub struct DiskCache {
+pub(crate) struct DiskCache {
     root: PathBuf,
     cols: PathBuf,
     /// Each row group's columns file name (global row-group index), and back.
@@ -236,7 +235,7 @@ impl DiskCache {
     /// there (checksums are checked on use, not here). `columns`: each row group's columns file
     /// name ([`columns_name`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn open(
+    pub(crate) fn open(
         cache_dir: &Path,
         ckey: String,
         bkey: String,
@@ -300,11 +299,11 @@ impl DiskCache {
         Ok(cache)
     }
 
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.capacity
     }
 
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
 
@@ -413,7 +412,7 @@ impl DiskCache {
     }
 
     /// Where an item lives.
-    pub fn path(&self, item: Item) -> PathBuf {
+    pub(crate) fn path(&self, item: Item) -> PathBuf {
         match item {
             Item::Columns { rg } => self.cols.join(&self.columns[rg]),
             _ => self.batches.join(self.layout.item_path(item)),
@@ -433,7 +432,7 @@ impl DiskCache {
 
     /// Whether a file of batch `b` is in the cache: its row groups are then not needed to serve
     /// it.
-    pub fn has_batch(&self, b: BatchRef) -> bool {
+    pub(crate) fn has_batch(&self, b: BatchRef) -> bool {
         self.built.lock().unwrap().contains_key(&b)
     }
 
@@ -448,7 +447,7 @@ impl DiskCache {
         }
     }
 
-    pub fn contains(&self, item: Item) -> bool {
+    pub(crate) fn contains(&self, item: Item) -> bool {
         self.entries.lock().unwrap().contains_key(&item)
     }
 
@@ -491,7 +490,7 @@ impl DiskCache {
     }
 
     /// Keeps an item from eviction for `grace` (a path handed out to GPUDirect readers).
-    pub fn pin(&self, item: Item, grace: Duration) {
+    pub(crate) fn pin(&self, item: Item, grace: Duration) {
         if let Some(e) = self.entries.lock().unwrap().get_mut(&item) {
             e.pinned_until = Some(Instant::now() + grace);
         }
@@ -499,7 +498,7 @@ impl DiskCache {
 
     /// A row group's columns from the cache, checked; `None` on a miss. Mapped where [`mapped`]
     /// says so, else read.
-    pub fn load_columns(
+    pub(crate) fn load_columns(
         &self,
         rg: usize,
         tensors: usize,
@@ -541,7 +540,7 @@ impl DiskCache {
             }
         };
         match parse_columns(&buf, &self.identity(item), tensors) {
-            Ok((rows, ranges)) => Some(LoadedColumns { rows, buf, ranges }),
+            Ok((_, ranges)) => Some(LoadedColumns { buf, ranges }),
             Err(e) => {
                 self.drop_corrupt(item, &e.to_string(), stats);
                 None
@@ -550,7 +549,7 @@ impl DiskCache {
     }
 
     /// Writes a row group's columns.
-    pub fn store_columns(
+    pub(crate) fn store_columns(
         &self,
         rg: usize,
         rows: usize,
@@ -567,7 +566,7 @@ impl DiskCache {
 
     /// Whether `file`, opened (and checked) as `item` earlier, is still the item's file as it
     /// was checked: the item is in the index and the file unchanged since.
-    pub fn unchanged(&self, item: Item, file: &File) -> bool {
+    pub(crate) fn unchanged(&self, item: Item, file: &File) -> bool {
         let Some(known) = self.entries.lock().unwrap().get(&item).map(|e| e.checked) else {
             return false;
         };
@@ -575,7 +574,7 @@ impl DiskCache {
     }
 
     /// Whether `item` is in the index and was checked since it was indexed.
-    pub fn checked_already(&self, item: Item) -> bool {
+    pub(crate) fn checked_already(&self, item: Item) -> bool {
         let entries = self.entries.lock().unwrap();
         entries.get(&item).is_some_and(|e| e.checked.is_some())
     }
@@ -583,7 +582,7 @@ impl DiskCache {
     /// A batch file from the cache if it was checked already and is unchanged since: an open
     /// and an `fstat`, never a read. `None` where it is not in the index or still to be
     /// checked ([`DiskCache::open_batch_file`] does that).
-    pub fn open_if_checked(&self, item: Item) -> Option<File> {
+    pub(crate) fn open_if_checked(&self, item: Item) -> Option<File> {
         if !self.checked_already(item) {
             return None;
         }
@@ -592,14 +591,14 @@ impl DiskCache {
     }
 
     /// A batch file from the cache, checked against its crc32c; `None` on a miss.
-    pub fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
+    pub(crate) fn open_batch_file(&self, item: Item, stats: &Stats) -> Option<(File, PathBuf)> {
         let (file, _) = self.check_file(item, &|_| {}, stats)?;
         Some((file, self.path(item)))
     }
 
     /// Writes a batch file (the concatenation of `parts`) and its meta; the file, opened, and
     /// its path.
-    pub fn store_batch_file(
+    pub(crate) fn store_batch_file(
         &self,
         item: Item,
         parts: &[&[u8]],
@@ -619,7 +618,7 @@ impl DiskCache {
     /// Whether `bytes` more fit once the items that `distance` says are never needed again are
     /// evicted (they are): room for work done well ahead of its readers, which must not push
     /// out anything they need ([`crate::read::prefetch`]'s next epoch).
-    pub fn has_spare_room(
+    pub(crate) fn has_spare_room(
         &self,
         bytes: u64,
         distance: &dyn Fn(Item) -> u64,
@@ -638,7 +637,7 @@ impl DiskCache {
     /// it was checked in this mount and is unchanged since (read in pieces, `checked` told the
     /// bytes read so far), with the stamp it is indexed with; `None` on a miss (one that fails
     /// its check is dropped).
-    pub fn check_file(
+    pub(crate) fn check_file(
         &self,
         item: Item,
         checked: &dyn Fn(u64),
@@ -908,7 +907,7 @@ impl DiskCache {
 
 /// The name of a row group's columns file: the object version's identity (`object`, hashed
 /// from its URL, key, size and version) and the row group's index in the object.
-pub fn columns_name(object: &[u8; 32], rg: usize) -> String {
+pub(crate) fn columns_name(object: &[u8; 32], rg: usize) -> String {
     let id: String = object[..16].iter().map(|b| format!("{b:02x}")).collect();
     format!("{id}-{rg:06}.cols")
 }
@@ -1184,7 +1183,7 @@ mod tests {
             &c.load_columns(4, 2, 0, &stats).unwrap().buf[4096..4104],
             b"xxxxxxxx"
         );
-        assert_eq!(cols.rows, 2);
+        assert_eq!(cols.ranges.len(), 2);
         assert_eq!(&cols.buf[cols.ranges[1].clone()], b"yy");
         // Flip a data byte: the next load drops it.
         let path = c.path(Item::Columns { rg: 4 });

@@ -48,7 +48,12 @@ impl DiskCache {
     /// built ahead, [`crate::read::ahead`]), evicting for it only items that `distance` says are never
     /// needed again: `false` where that leaves too little room. Given back with
     /// [`DiskCache::unreserve`].
-    pub fn reserve_spare(&self, bytes: u64, distance: &dyn Fn(Item) -> u64, stats: &Stats) -> bool {
+    pub(crate) fn reserve_spare(
+        &self,
+        bytes: u64,
+        distance: &dyn Fn(Item) -> u64,
+        stats: &Stats,
+    ) -> bool {
         let _one_at_a_time = self.reserving.lock().unwrap();
         if !self.spare_room(bytes, distance, stats) {
             return false;
@@ -59,7 +64,7 @@ impl DiskCache {
     }
 
     /// Gives back what [`DiskCache::reserve_spare`] reserved.
-    pub fn unreserve(&self, bytes: u64, stats: &Stats) {
+    pub(crate) fn unreserve(&self, bytes: u64, stats: &Stats) {
         self.used.fetch_sub(bytes, Ordering::Relaxed);
         Stats::set(&stats.c.cache_bytes, self.used());
     }
@@ -68,7 +73,7 @@ impl DiskCache {
     /// [`DiskCache::reserve_spare`], `reserved` of them) as `item`: its meta (length and
     /// crc32c of its bytes, `crc`) set on it, renamed into place. The stamp it is kept with. Not
     /// fsynced, as no cache file is: its checksum is checked on first use after a restart.
-    pub fn keep(
+    pub(crate) fn keep(
         &self,
         item: Item,
         file: &File,
@@ -98,7 +103,7 @@ impl DiskCache {
     /// over: moved to a new temp path, its bytes of the capacity held as a reservation
     /// ([`DiskCache::unreserve`]). That path and those bytes; `None` where it is not indexed
     /// as kept with that stamp any more (evicted, or replaced).
-    pub fn unkeep(&self, item: Item, stamp: Stamp) -> Option<(PathBuf, u64)> {
+    pub(crate) fn unkeep(&self, item: Item, stamp: Stamp) -> Option<(PathBuf, u64)> {
         let mut entries = self.entries.lock().unwrap();
         if entries.get(&item)?.checked != Some(stamp) {
             return None;
@@ -114,7 +119,7 @@ impl DiskCache {
     }
 
     /// Removes kept one-open file `item`, if it is still indexed as kept with `stamp`.
-    pub fn let_go(&self, item: Item, stamp: Stamp, stats: &Stats) {
+    pub(crate) fn let_go(&self, item: Item, stamp: Stamp, stats: &Stats) {
         let same = self.entries.lock().unwrap().get(&item).map(|e| e.checked) == Some(Some(stamp));
         if same {
             self.remove(item, stats);
@@ -123,7 +128,7 @@ impl DiskCache {
 
     /// A new file in the cache's temp directory, for reading and writing, that the caller
     /// removes (or a later start does, once this process is gone).
-    pub fn scratch_file(&self) -> Result<(File, PathBuf)> {
+    pub(crate) fn scratch_file(&self) -> Result<(File, PathBuf)> {
         self.tmp_file()
     }
 }

@@ -151,7 +151,7 @@ const LONGEST_WAIT: Duration = Duration::from_secs(5);
 
 /// A build under way, or the check of a file kept by an earlier mount: how far it is, and the
 /// means to stop it or to wait for its end.
-pub struct Progress {
+pub(crate) struct Progress {
     /// A check, not a build: an open always waits for it (up to [`LONGEST_WAIT`]), since it
     /// reads a local file at the disk's rate, and nothing stops it.
     check: bool,
@@ -211,7 +211,7 @@ enum State {
     Skipped,
 }
 
-pub struct Ahead {
+pub(crate) struct Ahead {
     materializer: Arc<Materializer>,
     builder: Arc<Builder>,
     cache: Arc<DiskCache>,
@@ -233,7 +233,7 @@ pub struct Ahead {
 }
 
 impl Ahead {
-    pub fn new(
+    pub(crate) fn new(
         materializer: Arc<Materializer>,
         builder: Arc<Builder>,
         cache: Arc<DiskCache>,
@@ -273,7 +273,7 @@ impl Ahead {
     /// for a build near its end ([`worth_waiting`]); else by the daemon, stopping the build (the
     /// reader is faster than it, and a build beside the daemon's reads would gather every batch
     /// twice).
-    pub fn for_open(&self, dir: Batches, kind: FileKind) -> Opening {
+    pub(crate) fn for_open(&self, dir: Batches, kind: FileKind) -> Opening {
         self.opening(dir, kind, true)
     }
 
@@ -282,7 +282,7 @@ impl Ahead {
     /// rows it needs are served by the daemon meanwhile (a read waiting for the whole file's
     /// build stalled its reader for hundreds of milliseconds). A build far from its end is
     /// stopped, as for an open.
-    pub fn for_read(&self, dir: Batches, kind: FileKind) -> Opening {
+    pub(crate) fn for_read(&self, dir: Batches, kind: FileKind) -> Opening {
         self.opening(dir, kind, false)
     }
 
@@ -334,7 +334,7 @@ impl Ahead {
 
     /// After [`Opening::Soon`]: the file once its build has ended, if it was built. A build
     /// that has not ended within [`LONGEST_WAIT`] is stopped, and the daemon serves the file.
-    pub async fn when_built(
+    pub(crate) async fn when_built(
         &self,
         dir: Batches,
         kind: FileKind,
@@ -352,7 +352,7 @@ impl Ahead {
     /// The path of file `kind` of `dir` (for `gds/` and `user.tensorfs.path`) where it is built
     /// ahead now, or kept by an earlier mount: checked first, waited for as an open waits.
     /// Nothing is built, and no build is waited for or stopped.
-    pub async fn built_path(&self, dir: Batches, kind: FileKind) -> Option<PathBuf> {
+    pub(crate) async fn built_path(&self, dir: Batches, kind: FileKind) -> Option<PathBuf> {
         let key = self.key(dir, kind);
         // Some(a check under way, if one is); None: nothing known of the file in this mount.
         let known = (self.files.lock().unwrap().get(&key)).map(|state| match state {
@@ -375,7 +375,7 @@ impl Ahead {
     /// Starts that where nothing of the file is known yet in this mount, and says how far it
     /// is. A file whose build was skipped in this mount (no room, failed, or stopped by a
     /// reader that came first) stays skipped.
-    pub fn warm(&self, dir: Batches, kind: FileKind) -> Warming {
+    pub(crate) fn warm(&self, dir: Batches, kind: FileKind) -> Warming {
         let key = self.key(dir, kind);
         if !self.files.lock().unwrap().contains_key(&key) {
             self.start(match self.cache.contains(key.item()) {
@@ -402,7 +402,7 @@ impl Ahead {
 
     /// Whether file `kind` of `dir` has a path to give ([`Ahead::built_path`]): built ahead, or
     /// kept by an earlier mount and not yet found changed.
-    pub fn has_path(&self, dir: Batches, kind: FileKind) -> bool {
+    pub(crate) fn has_path(&self, dir: Batches, kind: FileKind) -> bool {
         let key = self.key(dir, kind);
         match self.files.lock().unwrap().get(&key) {
             Some(State::Ready(_)) => true,
@@ -443,7 +443,7 @@ impl Ahead {
     /// same file of the directory's next epoch (check it, where an earlier mount kept it), with
     /// the `.npy` files of the other tensors read in this chain, or read together with it now,
     /// that are not built yet, and drop those of epochs before `dir`'s.
-    pub fn reader_at(&self, dir: Batches, kind: FileKind) {
+    pub(crate) fn reader_at(&self, dir: Batches, kind: FileKind) {
         if !self.enabled {
             return;
         }
@@ -665,7 +665,7 @@ fn nobodys(built: Built) -> Option<Spare> {
 
 /// How far a file asked for by `tensorfs warm` is ([`Ahead::warm`]).
 #[derive(Debug, PartialEq)]
-pub enum Warming {
+pub(crate) enum Warming {
     /// Built or checked this far (0 to 1).
     Under(f64),
     Ready,
@@ -675,7 +675,7 @@ pub enum Warming {
 }
 
 /// How an open of a one-open file is served ([`Ahead::for_open`]).
-pub enum Opening {
+pub(crate) enum Opening {
     Ready(Arc<File>),
     /// Once the build has ended ([`Ahead::when_built`]).
     Soon(Arc<Progress>),

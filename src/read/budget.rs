@@ -11,27 +11,32 @@
 
 /// What `memory_limit` leaves for the buffers once `held` bytes (footers, dataset.json) are
 /// held for good; `None` where those take more than half of it.
-pub fn buffers(memory_limit: u64, held: u64) -> Option<u64> {
+pub(crate) fn buffers(memory_limit: u64, held: u64) -> Option<u64> {
     (held <= memory_limit / 2).then(|| memory_limit - held)
 }
 
 /// The buffers' budget split among what holds memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Budget {
+pub(crate) struct Budget {
     /// Decoded row groups (mapped ones weigh nothing: their pages are the page cache's).
-    pub decoded: usize,
+    pub(crate) decoded: usize,
     /// Built batches.
-    pub batches: usize,
+    pub(crate) batches: usize,
     /// Single tensors of batches.
-    pub tensors: usize,
+    pub(crate) tensors: usize,
     /// Gather picks (which rows of which row groups a batch takes).
-    pub picks: usize,
+    pub(crate) picks: usize,
 }
 
 impl Budget {
     /// The split of `buffers` bytes, for batches of at most `largest_batch` bytes and tensors
     /// of at most `largest_tensor`, `prefetch` of them built ahead of each reader.
-    pub fn split(buffers: u64, largest_batch: u64, largest_tensor: u64, prefetch: u64) -> Budget {
+    pub(crate) fn split(
+        buffers: u64,
+        largest_batch: u64,
+        largest_tensor: u64,
+        prefetch: u64,
+    ) -> Budget {
         let half = buffers / 2;
         Budget {
             decoded: half as usize,
@@ -42,7 +47,8 @@ impl Budget {
     }
 
     /// The most the memos hold together.
-    pub fn total(&self) -> u64 {
+    #[cfg(test)]
+    fn total(&self) -> u64 {
         (self.decoded + self.batches + self.tensors + self.picks) as u64
     }
 }

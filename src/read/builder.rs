@@ -27,15 +27,15 @@ use tracing::Instrument;
 
 /// A built batch: every tensor's rows, and the safetensors header that goes in front of them.
 #[derive(Debug)]
-pub struct Batch {
-    pub rows: u64,
-    pub tensors: Vec<Vec<u8>>,
-    pub safetensors_header: Vec<u8>,
+pub(crate) struct Batch {
+    pub(crate) rows: u64,
+    pub(crate) tensors: Vec<Vec<u8>>,
+    pub(crate) safetensors_header: Vec<u8>,
 }
 
 impl Batch {
     /// The header of its file `kind`.
-    pub fn header(&self, layout: &Layout, kind: FileKind) -> std::borrow::Cow<'_, [u8]> {
+    pub(crate) fn header(&self, layout: &Layout, kind: FileKind) -> std::borrow::Cow<'_, [u8]> {
         match kind {
             FileKind::Safetensors => std::borrow::Cow::Borrowed(&self.safetensors_header),
             FileKind::Npy(_) => std::borrow::Cow::Owned(layout.header(kind, self.rows)),
@@ -43,14 +43,20 @@ impl Batch {
     }
 
     /// `size` bytes at `offset` of this batch's file `kind`.
-    pub fn file_bytes(&self, layout: &Layout, kind: FileKind, offset: u64, size: u32) -> Vec<u8> {
+    pub(crate) fn file_bytes(
+        &self,
+        layout: &Layout,
+        kind: FileKind,
+        offset: u64,
+        size: u32,
+    ) -> Vec<u8> {
         let header = self.header(layout, kind);
         crate::read::layout::slice(&layout.parts(kind, &header, &self.tensors), offset, size)
     }
 }
 
 /// Something whose memory a cache counts.
-pub trait Weighted {
+pub(crate) trait Weighted {
     fn weight(&self) -> usize;
 
     /// Whether it holds a mapped file (see [`Memo::with_max_mappings`]).
@@ -66,7 +72,7 @@ impl Weighted for Batch {
 }
 
 /// Where each row of a batch is, worked out once for all its tensors.
-pub struct Picks {
+pub(crate) struct Picks {
     /// The row groups the batch draws from, ascending.
     row_groups: Vec<usize>,
     /// Each row, in batch order: (index into `row_groups`, row in that row group).
@@ -190,7 +196,7 @@ impl Weighted for Picks {
 
 /// One tensor of a batch, gathered alone (for a reader of the one-open files, which read one
 /// tensor at a time).
-pub struct TensorRows(pub Vec<u8>);
+pub(crate) struct TensorRows(pub Vec<u8>);
 
 impl Weighted for TensorRows {
     fn weight(&self) -> usize {
@@ -199,13 +205,13 @@ impl Weighted for TensorRows {
 }
 
 /// A tensor's rows of a batch: from the whole batch where it is built, else gathered alone.
-pub enum TensorOf {
+pub(crate) enum TensorOf {
     Batch(Arc<Batch>, usize),
     Alone(Arc<TensorRows>),
 }
 
 impl TensorOf {
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             TensorOf::Batch(b, t) => &b.tensors[*t],
             TensorOf::Alone(rows) => &rows.0,
@@ -235,7 +241,7 @@ struct MemoState<K, V> {
 
 /// A byte-bounded LRU cache in front of single-flight builds: concurrent callers for one key
 /// share one build.
-pub struct Memo<K, V> {
+pub(crate) struct Memo<K, V> {
     capacity: usize,
     /// At most this many values held that are mappings, whatever they weigh.
     max_mappings: usize,
@@ -243,14 +249,14 @@ pub struct Memo<K, V> {
 }
 
 impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self::with_max_mappings(capacity, usize::MAX)
     }
 
     /// Holding at most `max_mappings` values that are mapped files: their pages are the page
     /// cache's, left out of their weight, but each is a mapping, which a process has only so
     /// many of.
-    pub fn with_max_mappings(capacity: usize, max_mappings: usize) -> Self {
+    pub(crate) fn with_max_mappings(capacity: usize, max_mappings: usize) -> Self {
         Memo {
             capacity,
             max_mappings,
@@ -264,7 +270,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         }
     }
 
-    pub async fn get_or_build<F>(&self, key: K, build: F) -> Result<Arc<V>>
+    pub(crate) async fn get_or_build<F>(&self, key: K, build: F) -> Result<Arc<V>>
     where
         F: Future<Output = Result<Arc<V>>>,
     {
@@ -302,7 +308,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
 
     /// Holds `value`, built without a flight (on the calling thread), unless a value of `key`
     /// is held already; the value held.
-    pub fn insert(&self, key: K, value: Arc<V>) -> Arc<V> {
+    pub(crate) fn insert(&self, key: K, value: Arc<V>) -> Arc<V> {
         let mut s = self.state.lock().unwrap();
         if let Some(held) = s.cache.get(&key) {
             return held.clone();
@@ -314,7 +320,11 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     /// The value of `key`, held, or built by `build` on the calling thread (which does not
     /// wait: a worker's) and held; callers of [`Memo::get_or_build`] meanwhile wait for it.
     /// `None` where `build` gives nothing, or another build of `key` is under way.
-    pub fn build_here(&self, key: K, build: impl FnOnce() -> Option<Arc<V>>) -> Option<Arc<V>> {
+    pub(crate) fn build_here(
+        &self,
+        key: K,
+        build: impl FnOnce() -> Option<Arc<V>>,
+    ) -> Option<Arc<V>> {
         if let Some(v) = self.get(&key) {
             return Some(v);
         }
@@ -330,7 +340,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     /// Claims the keys of `keys` that are neither held nor being built, for a build the caller
     /// makes of them all at once: callers of [`Memo::get_or_build`] wait for it rather than
     /// building their own. Each is ended by [`Claimed::end`], or unbuilt as the claim drops.
-    pub fn claim(&self, keys: impl IntoIterator<Item = K>) -> Claimed<'_, K, V> {
+    pub(crate) fn claim(&self, keys: impl IntoIterator<Item = K>) -> Claimed<'_, K, V> {
         let mut s = self.state.lock().unwrap();
         let mut claimed = Vec::new();
         for key in keys {
@@ -380,40 +390,40 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     }
 
     /// The value of `key` if it is held now, without building it.
-    pub fn get(&self, key: &K) -> Option<Arc<V>> {
+    pub(crate) fn get(&self, key: &K) -> Option<Arc<V>> {
         self.state.lock().unwrap().cache.get(key).cloned()
     }
 
     /// Whether `key` is held now (its place in the LRU order unchanged).
-    pub fn contains(&self, key: &K) -> bool {
+    pub(crate) fn contains(&self, key: &K) -> bool {
         self.state.lock().unwrap().cache.contains(key)
     }
 
     /// The bytes it may hold.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Bytes held by the cache.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.state.lock().unwrap().bytes
     }
 }
 
 /// Keys of a [`Memo`] claimed for one build ([`Memo::claim`]).
-pub struct Claimed<'a, K: Hash + Eq + Clone, V: Weighted> {
+pub(crate) struct Claimed<'a, K: Hash + Eq + Clone, V: Weighted> {
     memo: &'a Memo<K, V>,
     keys: Vec<K>,
 }
 
 impl<K: Hash + Eq + Clone, V: Weighted> Claimed<'_, K, V> {
     /// The keys claimed, in the order asked for.
-    pub fn keys(&self) -> &[K] {
+    pub(crate) fn keys(&self) -> &[K] {
         &self.keys
     }
 
     /// Ends every claim, the keys in order with `values`, held where there is one.
-    pub fn end(mut self, values: impl IntoIterator<Item = Option<Arc<V>>>) {
+    pub(crate) fn end(mut self, values: impl IntoIterator<Item = Option<Arc<V>>>) {
         let keys = std::mem::take(&mut self.keys);
         let mut values = values.into_iter();
         for key in keys {
@@ -437,15 +447,15 @@ impl<K: Hash + Eq + Clone, V: Weighted> Drop for Claimed<'_, K, V> {
 const MAP_WHEN_TOO_LARGE_FROM: u64 = 16 << 20;
 
 /// What the builder may use: worker threads, and bytes of memory for what it holds.
-pub struct Limits {
-    pub threads: usize,
+pub(crate) struct Limits {
+    pub(crate) threads: usize,
     /// The buffers' bytes, split by [`Budget::split`].
-    pub memory: u64,
+    pub(crate) memory: u64,
     /// Batches built ahead of each reader.
-    pub prefetch: u64,
+    pub(crate) prefetch: u64,
 }
 
-pub struct Builder {
+pub(crate) struct Builder {
     source: Arc<Source>,
     view: Arc<View>,
     /// The user's transform: row groups are read as its input and go through it first.
@@ -497,19 +507,19 @@ pub struct Builder {
 const READ_TOGETHER_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a builder works from.
-pub struct Parts {
-    pub source: Arc<Source>,
-    pub view: Arc<View>,
-    pub layout: Arc<Layout>,
-    pub orders: Arc<Orders>,
-    pub stats: Arc<Stats>,
-    pub cache: Arc<DiskCache>,
-    pub eviction: Arc<Eviction>,
-    pub udf: Option<Arc<crate::udf::Applied>>,
+pub(crate) struct Parts {
+    pub(crate) source: Arc<Source>,
+    pub(crate) view: Arc<View>,
+    pub(crate) layout: Arc<Layout>,
+    pub(crate) orders: Arc<Orders>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) cache: Arc<DiskCache>,
+    pub(crate) eviction: Arc<Eviction>,
+    pub(crate) udf: Option<Arc<crate::udf::Applied>>,
 }
 
 impl Builder {
-    pub fn new(parts: Parts, runtime: Handle, limits: Limits) -> Result<Builder> {
+    pub(crate) fn new(parts: Parts, runtime: Handle, limits: Limits) -> Result<Builder> {
         let Parts {
             source,
             view,
@@ -571,37 +581,37 @@ impl Builder {
         })
     }
 
-    pub fn plan(&self) -> &Plan {
+    pub(crate) fn plan(&self) -> &Plan {
         self.orders.plan()
     }
 
-    pub fn stats(&self) -> &Arc<Stats> {
+    pub(crate) fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 
     /// The worker pool, for other work on the batches it builds (writing them to the cache).
-    pub fn pool(&self) -> &Pool {
+    pub(crate) fn pool(&self) -> &Pool {
         &self.pool
     }
 
     /// How many worker threads there are (`threads`): a build ahead gathers on at most as many.
-    pub fn threads(&self) -> usize {
+    pub(crate) fn threads(&self) -> usize {
         self.threads
     }
 
     /// A reader waits for something the workers build until the guard is dropped (see
     /// [`Pool::reader_waits`]).
-    pub fn reader_waits(&self) -> ReaderWaits<'_> {
+    pub(crate) fn reader_waits(&self) -> ReaderWaits<'_> {
         self.pool.reader_waits()
     }
 
     /// Batch `b`, built on first use.
-    pub async fn batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
+    pub(crate) async fn batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
         self.batches.get_or_build(b, self.build_batch(b)).await
     }
     /// Tensor `t` of batch `b`: from the batch where it is in memory, else its rows alone,
     /// gathered on first use.
-    pub async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
+    pub(crate) async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
         if let Some(batch) = self.batches.get(&b) {
             return Ok(TensorOf::Batch(batch, t));
@@ -630,13 +640,13 @@ impl Builder {
     }
 
     /// A reader read tensor `t` through an `all/NAME.npy` file (see [`Builder::tensor`]).
-    pub fn reading_npy(&self, t: usize) {
+    pub(crate) fn reading_npy(&self, t: usize) {
         self.npy_read.lock().unwrap().insert(t, Instant::now());
     }
 
     /// The tensors other than `t` read through `all/NAME.npy` files in the last
     /// [`READ_TOGETHER_FOR`], where `t` is one of them: none for a reader of one tensor.
-    pub fn read_with(&self, t: usize) -> Vec<usize> {
+    pub(crate) fn read_with(&self, t: usize) -> Vec<usize> {
         let mut read = self.npy_read.lock().unwrap();
         let now = Instant::now();
         read.retain(|_, at| now.duration_since(*at) < READ_TOGETHER_FOR);
@@ -647,17 +657,17 @@ impl Builder {
     }
 
     /// Batch `b` if it is in memory now.
-    pub fn batch_at_hand(&self, b: BatchRef) -> Option<Arc<Batch>> {
+    pub(crate) fn batch_at_hand(&self, b: BatchRef) -> Option<Arc<Batch>> {
         self.batches.get(&b)
     }
 
     /// Whether batch `b` is in memory whole ([`Builder::gather_here`] takes it).
-    pub fn has_batch(&self, b: BatchRef) -> bool {
+    pub(crate) fn has_batch(&self, b: BatchRef) -> bool {
         self.batches.contains(&b)
     }
 
     /// Tensor `t` of batch `b` if it is in memory now.
-    pub fn tensor_at_hand(&self, b: BatchRef, t: usize) -> Option<TensorOf> {
+    pub(crate) fn tensor_at_hand(&self, b: BatchRef, t: usize) -> Option<TensorOf> {
         if let Some(batch) = self.batches.get(&b) {
             return Some(TensorOf::Batch(batch, t));
         }
@@ -665,20 +675,20 @@ impl Builder {
     }
 
     /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
-    pub fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
+    pub(crate) fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
         self.batches.contains(&b) || self.tensors.contains(&(b, t))
     }
 
     /// Whether every row group batch `b` draws from is decoded in memory or in the local cache:
     /// the batch is then gathered without fetching or decoding anything.
-    pub fn row_groups_at_hand(&self, b: BatchRef) -> bool {
+    pub(crate) fn row_groups_at_hand(&self, b: BatchRef) -> bool {
         let order = self.orders.epoch(b.epoch());
         (self.plan().batch_row_groups(&order, b.index()).into_iter())
             .all(|g| self.decoded.contains(&g) || self.cache.contains(Item::Columns { rg: g }))
     }
 
     /// Whether batch `b`, or any of its tensors alone, is held in memory.
-    pub fn holds_any_of(&self, b: BatchRef) -> bool {
+    pub(crate) fn holds_any_of(&self, b: BatchRef) -> bool {
         (0..self.view.tensors.len()).any(|t| self.has_tensor(b, t))
     }
 
@@ -686,7 +696,7 @@ impl Builder {
     /// is decoded in memory: no hand-off between threads, each of which costs more than
     /// gathering a small batch. `None` where a row group is not in memory (the caller builds it
     /// through [`Builder::batch`]).
-    pub fn batch_here(&self, b: BatchRef) -> Option<Arc<Batch>> {
+    pub(crate) fn batch_here(&self, b: BatchRef) -> Option<Arc<Batch>> {
         if let Some(batch) = self.batches.get(&b) {
             return Some(batch);
         }
@@ -743,7 +753,7 @@ impl Builder {
     /// in `outs`, gathered on the calling thread (a thread that builds ahead in `SCHED_IDLE`,
     /// whose gathers must not take the workers from readers), where each row is located once
     /// for all of them. Its row groups are loaded as for any build; the rows are not kept.
-    pub fn gather_here(
+    pub(crate) fn gather_here(
         &self,
         runtime: &Handle,
         b: BatchRef,
@@ -788,7 +798,7 @@ impl Builder {
     /// Decodes (or loads) the row groups the batches `batches` (epoch, batch) need, ahead of
     /// building them, in that order: the prefetcher starts a row group's decode well before the
     /// first batch that needs it.
-    pub async fn warm_row_groups(&self, batches: &[(u64, u64)]) -> Result<()> {
+    pub(crate) async fn warm_row_groups(&self, batches: &[(u64, u64)]) -> Result<()> {
         let mut seen = BTreeSet::new();
         let mut needed = Vec::new();
         for &(epoch, i) in batches {
@@ -813,7 +823,7 @@ impl Builder {
     /// once, not once a batch. The blocks the batches draw from themselves are left to their
     /// builds, which decode at full width (a decode asked for ahead keeps the rank of a decode
     /// ahead, one worker short of them all).
-    pub async fn warm_blocks(&self, batches: &[(u64, u64)]) -> Result<()> {
+    pub(crate) async fn warm_blocks(&self, batches: &[(u64, u64)]) -> Result<()> {
         let mut needed = Vec::new();
         for &(epoch, i) in batches {
             let order = self.orders.epoch(epoch);
@@ -844,7 +854,7 @@ impl Builder {
 
     /// Batches a row group (or a shuffle window of them) spans: how far ahead the prefetcher
     /// starts decoding so that a reader never waits for a whole row group at its boundary.
-    pub fn row_group_lookahead(&self) -> u64 {
+    pub(crate) fn row_group_lookahead(&self) -> u64 {
         let o = self.plan().options();
         let per_window = match o.shuffle {
             Shuffle::None => 1,
@@ -863,7 +873,7 @@ impl Builder {
     /// columns: two fetch and decode while the reader goes through a third, so a slow source
     /// (a fetch as long as the reading of a window) never makes the reader wait at a boundary.
     /// One window where three fit; else half a window, so that no window is decoded twice.
-    pub fn row_group_lead(&self) -> u64 {
+    pub(crate) fn row_group_lead(&self) -> u64 {
         let ahead = self.row_group_lookahead();
         let row: usize = self.view.tensors.iter().map(|t| t.row_bytes()).sum();
         let window = ahead * self.plan().options().batch_size * row as u64;
@@ -1026,7 +1036,7 @@ impl Builder {
                         return Ok(Columns::loaded(l));
                     }
                 }
-                Ok(Columns::owned(t.rows, t.tensors))
+                Ok(Columns::owned(t.tensors))
             })
             .await
             .with_context(|| format!("file '{name}' row group {rg}"))?
@@ -1034,7 +1044,7 @@ impl Builder {
 
     /// Bytes the memos hold in the daemon's memory: decoded row groups, built batches, single
     /// tensors and gather picks (within their shares of the [`Budget`]).
-    pub fn memory(&self) -> usize {
+    pub(crate) fn memory(&self) -> usize {
         self.decoded.bytes() + self.batches.bytes() + self.tensors.bytes() + self.picks.bytes()
     }
 }

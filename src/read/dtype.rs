@@ -20,7 +20,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 12] = [
+    pub(crate) const ALL: [DType; 12] = [
         DType::Bool,
         DType::I8,
         DType::I16,
@@ -36,7 +36,7 @@ impl DType {
     ];
 
     /// Bytes per element.
-    pub fn size(self) -> usize {
+    pub(crate) fn size(self) -> usize {
         match self {
             DType::Bool | DType::I8 | DType::U8 => 1,
             DType::I16 | DType::U16 | DType::F16 => 2,
@@ -64,7 +64,7 @@ impl DType {
     }
 
     /// The `descr` of a little-endian `.npy` header.
-    pub fn npy_descr(self) -> &'static str {
+    pub(crate) fn npy_descr(self) -> &'static str {
         match self {
             DType::Bool => "|b1",
             DType::I8 => "|i1",
@@ -82,7 +82,7 @@ impl DType {
     }
 
     /// The dtype string of a safetensors header.
-    pub fn safetensors(self) -> &'static str {
+    pub(crate) fn safetensors(self) -> &'static str {
         match self {
             DType::Bool => "BOOL",
             DType::I8 => "I8",

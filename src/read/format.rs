@@ -8,7 +8,7 @@
 use crate::read::dtype::DType;
 
 /// Where tensor data starts in every batch file.
-pub const DATA_ALIGN: usize = 4096;
+pub(crate) const DATA_ALIGN: usize = 4096;
 
 const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 
@@ -21,7 +21,7 @@ pub struct TensorLayout<'a> {
 }
 
 impl TensorLayout<'_> {
-    pub fn data_len(&self) -> usize {
+    pub(crate) fn data_len(&self) -> usize {
         self.dtype.size() * self.shape.iter().product::<usize>()
     }
 }
@@ -62,7 +62,7 @@ pub fn npy_header(dtype: DType, shape: &[usize]) -> Vec<u8> {
 }
 
 /// The length of [`npy_header`] without building it.
-pub fn npy_header_len(dtype: DType, shape: &[usize]) -> usize {
+pub(crate) fn npy_header_len(dtype: DType, shape: &[usize]) -> usize {
     npy_header(dtype, shape).len()
 }
 

@@ -9,13 +9,13 @@ use crate::source::view::Tensor;
 use std::path::PathBuf;
 
 /// The name of a directory's one-open safetensors file.
-pub const ALL_SAFETENSORS: &str = "all.safetensors";
+pub(crate) const ALL_SAFETENSORS: &str = "all.safetensors";
 /// The name of a directory's folder of one-open `.npy` files.
-pub const ALL: &str = "all";
+pub(crate) const ALL: &str = "all";
 
 /// Which file of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FileKind {
+pub(crate) enum FileKind {
     /// `NNNNNN.safetensors`: every tensor.
     Safetensors,
     /// `NNNNNN/NAME.npy`: tensor `t`.
@@ -25,7 +25,7 @@ pub enum FileKind {
 /// A file the local cache may hold: a row group's decoded columns, a batch file, or a
 /// directory's one-open file built ahead ([`crate::read::ahead`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Item {
+pub(crate) enum Item {
     Columns {
         rg: usize,
     },
@@ -48,7 +48,7 @@ pub enum Item {
 
 impl Item {
     /// The item of file `kind` of batch `b`.
-    pub fn of(kind: FileKind, b: BatchRef) -> Item {
+    pub(crate) fn of(kind: FileKind, b: BatchRef) -> Item {
         let (epoch, batch) = (b.epoch(), b.index());
         match kind {
             FileKind::Safetensors => Item::Safetensors { epoch, batch },
@@ -61,7 +61,7 @@ impl Item {
     }
 
     /// The batch of a batch file.
-    pub fn batch(&self) -> Option<BatchRef> {
+    pub(crate) fn batch(&self) -> Option<BatchRef> {
         match *self {
             Item::Columns { .. } | Item::All { .. } => None,
             Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
@@ -71,7 +71,7 @@ impl Item {
     }
 
     /// The file of its batch it is.
-    pub fn kind(&self) -> Option<FileKind> {
+    pub(crate) fn kind(&self) -> Option<FileKind> {
         match *self {
             Item::Columns { .. } | Item::All { .. } => None,
             Item::Safetensors { .. } => Some(FileKind::Safetensors),
@@ -82,7 +82,7 @@ impl Item {
 
 /// Batch `i`'s name, `{i:06d}`: its directory's, and its safetensors file's stem. Six digits, and
 /// as many as it has past batch 999999, so that one name never depends on the epoch's length.
-pub fn batch_name(i: u64) -> String {
+pub(crate) fn batch_name(i: u64) -> String {
     format!("{i:06}")
 }
 
@@ -97,33 +97,33 @@ pub fn batch_file_entry(i: u64) -> u64 {
 }
 
 /// Where batch `i`'s directory of per-tensor files is, as [`batch_file_entry`].
-pub fn batch_dir_entry(i: u64) -> u64 {
+pub(crate) fn batch_dir_entry(i: u64) -> u64 {
     2 * i + 1
 }
 
 /// The batch whose file or directory an epoch or rank directory's own entry `k` is (below
 /// [`batch_file_entry`] of its batch count), and whether it is the `.safetensors` file.
-pub fn entry_batch(k: u64) -> (u64, bool) {
+pub(crate) fn entry_batch(k: u64) -> (u64, bool) {
     (k / 2, k.is_multiple_of(2))
 }
 
 /// Batch `i`'s `.safetensors` file.
-pub fn safetensors_name(i: u64) -> String {
+pub(crate) fn safetensors_name(i: u64) -> String {
     format!("{}.safetensors", batch_name(i))
 }
 
 /// The batch whose `.safetensors` file `name` is.
-pub fn parse_safetensors_name(name: &str) -> Option<u64> {
+pub(crate) fn parse_safetensors_name(name: &str) -> Option<u64> {
     parse_batch(name.strip_suffix(".safetensors")?)
 }
 
 /// The `.npy` file of the tensor named `tensor` (in a batch's directory, or `all/`).
-pub fn npy_file_name(tensor: &str) -> String {
+pub(crate) fn npy_file_name(tensor: &str) -> String {
     format!("{tensor}.npy")
 }
 
 /// The batch a name is: the name `batch_name` gives it, and no other spelling.
-pub fn parse_batch(s: &str) -> Option<u64> {
+pub(crate) fn parse_batch(s: &str) -> Option<u64> {
     let i = s
         .parse()
         .ok()
@@ -132,14 +132,14 @@ pub fn parse_batch(s: &str) -> Option<u64> {
 }
 
 /// A decimal number as names write it: digits, no leading zero.
-pub fn number(s: &str) -> Option<u64> {
+pub(crate) fn number(s: &str) -> Option<u64> {
     let canonical =
         !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
     canonical.then(|| s.parse().ok()).flatten()
 }
 
 /// `epoch-N`, and `epoch-N/rank-R-of-W` for a rank view: its path under the mount point.
-pub fn dir_name(b: Batches) -> String {
+pub(crate) fn dir_name(b: Batches) -> String {
     match b {
         Batches::Epoch(e) => epoch_name(e),
         Batches::Rank { epoch, rank, world } => {
@@ -149,7 +149,7 @@ pub fn dir_name(b: Batches) -> String {
 }
 
 /// The directory of the cache's batch files that keeps one-open files built ahead.
-pub const KEPT_ALL: &str = "all";
+pub(crate) const KEPT_ALL: &str = "all";
 
 /// A kept one-open file's name: `epoch-N[.rank-R-of-W].safetensors`, or `….tT.npy` for tensor
 /// T (tensor names may hold any character; their index is fixed by the cache key).
@@ -166,26 +166,26 @@ fn all_name(dir: Batches, kind: FileKind) -> String {
     }
 }
 
-pub fn epoch_name(epoch: u64) -> String {
+pub(crate) fn epoch_name(epoch: u64) -> String {
     format!("epoch-{epoch}")
 }
 
 /// The last epoch a mount shows: `epoch-N` resolves for any N up to it (2^63 - 1). Bounded so
 /// that the epochs after one (a prefetcher looks ahead into them) never overflow.
-pub const MAX_EPOCH: u64 = i64::MAX as u64;
+pub(crate) const MAX_EPOCH: u64 = i64::MAX as u64;
 
-pub fn parse_epoch(name: &str) -> Option<u64> {
+pub(crate) fn parse_epoch(name: &str) -> Option<u64> {
     name.strip_prefix("epoch-")
         .and_then(number)
         .filter(|&e| e <= MAX_EPOCH)
 }
 
-pub fn rank_name(rank: u64, world: u64) -> String {
+pub(crate) fn rank_name(rank: u64, world: u64) -> String {
     format!("rank-{rank}-of-{world}")
 }
 
 /// `rank-R-of-W` with R < W.
-pub fn parse_rank(name: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_rank(name: &str) -> Option<(u64, u64)> {
     name.strip_prefix("rank-")
         .and_then(|s| s.split_once("-of-"))
         .and_then(|(r, w)| Some((number(r)?, number(w)?)))
@@ -193,34 +193,34 @@ pub fn parse_rank(name: &str) -> Option<(u64, u64)> {
 }
 
 /// The files of a mount: names and sizes from the tensor view alone.
-pub struct Layout {
+pub(crate) struct Layout {
     tensors: Vec<Tensor>,
 }
 
 impl Layout {
-    pub fn new(tensors: Vec<Tensor>) -> Layout {
+    pub(crate) fn new(tensors: Vec<Tensor>) -> Layout {
         Layout { tensors }
     }
 
-    pub fn tensors(&self) -> usize {
+    pub(crate) fn tensors(&self) -> usize {
         self.tensors.len()
     }
 
-    pub fn tensor_name(&self, t: usize) -> &str {
+    pub(crate) fn tensor_name(&self, t: usize) -> &str {
         &self.tensors[t].name
     }
 
     /// The tensor a `NAME.npy` file name is.
-    pub fn parse_npy(&self, file: &str) -> Option<usize> {
+    pub(crate) fn parse_npy(&self, file: &str) -> Option<usize> {
         let name = file.strip_suffix(".npy")?;
         self.tensors.iter().position(|t| t.name == name)
     }
 
-    pub fn npy_name(&self, t: usize) -> String {
+    pub(crate) fn npy_name(&self, t: usize) -> String {
         npy_file_name(self.tensor_name(t))
     }
 
-    pub fn file_name(&self, i: u64, kind: FileKind) -> String {
+    pub(crate) fn file_name(&self, i: u64, kind: FileKind) -> String {
         match kind {
             FileKind::Safetensors => safetensors_name(i),
             FileKind::Npy(t) => format!("{}/{}", batch_name(i), self.npy_name(t)),
@@ -228,7 +228,7 @@ impl Layout {
     }
 
     /// Where the cache keeps an item, relative to its directory of columns or of batches.
-    pub fn item_path(&self, item: Item) -> PathBuf {
+    pub(crate) fn item_path(&self, item: Item) -> PathBuf {
         match item {
             Item::Columns { .. } => unreachable!("the cache names columns files by object"),
             Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
@@ -240,7 +240,7 @@ impl Layout {
     }
 
     /// The one-open file a name in the cache's [`KEPT_ALL`] directory is ([`all_name`]).
-    pub fn parse_all_name(&self, name: &str) -> Option<Item> {
+    pub(crate) fn parse_all_name(&self, name: &str) -> Option<Item> {
         let (stem, kind) = match name.strip_suffix(".safetensors") {
             Some(stem) => (stem, FileKind::Safetensors),
             None => {
@@ -262,7 +262,12 @@ impl Layout {
 
     /// The batch file a path below an epoch's directory names (`NNNNNN.safetensors`, or
     /// `NNNNNN/NAME.npy` as `dir` and `name`), if any.
-    pub fn parse_batch_file(&self, epoch: u64, dir: Option<&str>, name: &str) -> Option<Item> {
+    pub(crate) fn parse_batch_file(
+        &self,
+        epoch: u64,
+        dir: Option<&str>,
+        name: &str,
+    ) -> Option<Item> {
         match dir {
             None => {
                 let batch = parse_safetensors_name(name)?;
@@ -277,7 +282,7 @@ impl Layout {
     }
 
     /// Every tensor's layout in a batch of `rows` rows, in file order.
-    pub fn layouts(&self, rows: u64) -> Vec<TensorLayout<'_>> {
+    pub(crate) fn layouts(&self, rows: u64) -> Vec<TensorLayout<'_>> {
         self.tensors
             .iter()
             .map(|t| TensorLayout {
@@ -290,7 +295,7 @@ impl Layout {
 
     /// The header of a file of `rows` rows: a batch file, or a directory's one-open file
     /// (`Npy` of every row of the tensor, `Safetensors` of every tensor).
-    pub fn header(&self, kind: FileKind, rows: u64) -> Vec<u8> {
+    pub(crate) fn header(&self, kind: FileKind, rows: u64) -> Vec<u8> {
         match kind {
             FileKind::Safetensors => format::safetensors_header(&self.layouts(rows)),
             FileKind::Npy(t) => {
@@ -301,7 +306,7 @@ impl Layout {
     }
 
     /// The tensors a file holds, in order.
-    pub fn tensors_of(&self, kind: FileKind) -> std::ops::Range<usize> {
+    pub(crate) fn tensors_of(&self, kind: FileKind) -> std::ops::Range<usize> {
         match kind {
             FileKind::Safetensors => 0..self.tensors(),
             FileKind::Npy(t) => t..t + 1,
@@ -309,12 +314,12 @@ impl Layout {
     }
 
     /// Bytes of one row of tensor `t`.
-    pub fn row_bytes(&self, t: usize) -> u64 {
+    pub(crate) fn row_bytes(&self, t: usize) -> u64 {
         self.tensors[t].row_bytes() as u64
     }
 
     /// The exact size of a file of `rows` rows, known before any of its data exists.
-    pub fn size(&self, kind: FileKind, rows: u64) -> u64 {
+    pub(crate) fn size(&self, kind: FileKind, rows: u64) -> u64 {
         let data: u64 = self
             .tensors_of(kind)
             .map(|t| rows * self.row_bytes(t))
@@ -323,7 +328,7 @@ impl Layout {
     }
 
     /// Where tensor `t`'s data lies in a file `kind` of `rows` rows (which must hold it).
-    pub fn tensor_range(&self, kind: FileKind, rows: u64, t: usize) -> std::ops::Range<u64> {
+    pub(crate) fn tensor_range(&self, kind: FileKind, rows: u64, t: usize) -> std::ops::Range<u64> {
         (self.tensor_ranges(kind, rows))
             .find_map(|(u, range)| (u == t).then_some(range))
             .expect("a tensor of the file")
@@ -331,7 +336,7 @@ impl Layout {
 
     /// Each tensor of a file `kind` of `rows` rows, with where its data lies, in file order
     /// (the header, which a safetensors file builds to know its length, built once).
-    pub fn tensor_ranges(
+    pub(crate) fn tensor_ranges(
         &self,
         kind: FileKind,
         rows: u64,
@@ -347,7 +352,7 @@ impl Layout {
     /// What a read of `size` bytes at `offset` of one-open file `kind` of `rows` rows (batches
     /// of `batch_size`) spans: its header's bytes, then each batch's rows of each tensor it
     /// reaches, in file order (each tensor's rows of every batch lie in batch order).
-    pub fn spans(
+    pub(crate) fn spans(
         &self,
         kind: FileKind,
         rows: u64,
@@ -390,7 +395,7 @@ impl Layout {
     }
 
     /// A batch file's bytes: its header, then its tensors' data.
-    pub fn parts<'a>(
+    pub(crate) fn parts<'a>(
         &self,
         kind: FileKind,
         header: &'a [u8],
@@ -404,7 +409,7 @@ impl Layout {
 
 /// A piece of a read of a one-open file ([`Layout::spans`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Span {
+pub(crate) enum Span {
     /// These bytes of its header.
     Header(std::ops::Range<u64>),
     /// These bytes of batch `batch`'s rows of tensor `t`.
@@ -417,7 +422,7 @@ pub enum Span {
 
 impl Span {
     /// How many bytes of the file it spans.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         match self {
             Span::Header(range) => range.end - range.start,
             Span::Rows { within, .. } => within.end - within.start,
@@ -426,7 +431,7 @@ impl Span {
 }
 
 /// `size` bytes at `offset` of the concatenation of `parts`.
-pub fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
+pub(crate) fn slice(parts: &[&[u8]], offset: u64, size: u32) -> Vec<u8> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut out = Vec::with_capacity((size as usize).min(total.saturating_sub(offset as usize)));
     let (mut start, end) = (offset as usize, offset as usize + size as usize);

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 /// What materialising a batch file gave: the file in the cache, open, and its path, or nothing
 /// when the cache could not take it (the file is then served from memory).
-pub struct Materialized(pub Option<(File, PathBuf)>);
+pub(crate) struct Materialized(pub Option<(File, PathBuf)>);
 
 impl Weighted for Materialized {
     fn weight(&self) -> usize {
@@ -29,7 +29,7 @@ impl Weighted for Materialized {
 /// few times `prefetch` deep, so that every reader's next files fit.
 const READY_FILES: usize = 64;
 
-pub struct Materializer {
+pub(crate) struct Materializer {
     builder: Arc<Builder>,
     layout: Arc<Layout>,
     cache: Arc<DiskCache>,
@@ -42,7 +42,7 @@ pub struct Materializer {
 }
 
 impl Materializer {
-    pub fn new(
+    pub(crate) fn new(
         builder: Arc<Builder>,
         layout: Arc<Layout>,
         cache: Arc<DiskCache>,
@@ -69,34 +69,34 @@ impl Materializer {
     }
 
     /// How far ahead of the readers each cache item is needed ([`Eviction::distance_fn`]).
-    pub fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
+    pub(crate) fn distance_fn(&self) -> Box<dyn Fn(Item) -> u64 + Send + Sync> {
         self.eviction.distance_fn()
     }
 
     /// Whether the cache has room for `bytes` more beside everything the plan needs again
     /// ([`DiskCache::has_spare_room`]): a file built far ahead takes no room a nearer one needs.
-    pub fn has_spare_room(&self, bytes: u64) -> bool {
+    pub(crate) fn has_spare_room(&self, bytes: u64) -> bool {
         (self.cache).has_spare_room(bytes, &*self.distance_fn(), self.stats())
     }
 
     /// Where the batch file `item` is (or would be) in the cache.
-    pub fn path(&self, item: Item) -> PathBuf {
+    pub(crate) fn path(&self, item: Item) -> PathBuf {
         self.cache.path(item)
     }
 
     /// Keeps the batch file `item` from eviction for `grace` (a reader was given its path).
-    pub fn pin(&self, item: Item, grace: std::time::Duration) {
+    pub(crate) fn pin(&self, item: Item, grace: std::time::Duration) {
         self.cache.pin(item, grace)
     }
 
-    pub fn contains(&self, item: Item) -> bool {
+    pub(crate) fn contains(&self, item: Item) -> bool {
         self.cache.contains(item)
     }
 
     /// Whether batch `b` has a file in the cache that [`Materializer::tensor_from_file`] would
     /// read tensor `t` from: an index lookup, for callers that hand the read to another thread
     /// only when there is one.
-    pub fn has_tensor_file(&self, b: BatchRef, t: usize) -> bool {
+    pub(crate) fn has_tensor_file(&self, b: BatchRef, t: usize) -> bool {
         self.tensor_file(b, t).is_some()
     }
 
@@ -115,7 +115,7 @@ impl Materializer {
     /// `out` as it was, where neither is in the cache or the read fails (the caller then
     /// gathers the rows). Blocking; it moves no reader (a build ahead reads batches no reader
     /// is at).
-    pub fn tensor_from_file(&self, b: BatchRef, t: usize, out: &mut Vec<u8>) -> bool {
+    pub(crate) fn tensor_from_file(&self, b: BatchRef, t: usize, out: &mut Vec<u8>) -> bool {
         let rows = self.plan().batch_len(b.index());
         let Some((item, kind)) = self.tensor_file(b, t) else {
             return false;
@@ -137,7 +137,7 @@ impl Materializer {
     /// Batch `b`'s rows of tensors `wanted` (in that order), each onto the end of its buffer in
     /// `outs`, for one-open files built on the calling thread: from memory, else from the
     /// batch's materialised files, else gathered (decoding what is not at hand).
-    pub fn batch_tensors(
+    pub(crate) fn batch_tensors(
         &self,
         runtime: &tokio::runtime::Handle,
         b: BatchRef,
@@ -162,7 +162,7 @@ impl Materializer {
     /// the cache already checked. `None` if it is not materialised, or is but must be checked
     /// first: that reads the whole file, which the caller does off the FUSE thread
     /// ([`Materializer::materialize`]), so that no open waits behind another's disk reads.
-    pub fn ready(&self, item: Item) -> Option<Arc<File>> {
+    pub(crate) fn ready(&self, item: Item) -> Option<Arc<File>> {
         let kept = self.ready.lock().unwrap().pop(&item);
         let file = match kept {
             Some(file) if self.cache.unchanged(item, &file) => file,
@@ -174,7 +174,7 @@ impl Materializer {
 
     /// The batch file `item` in the local cache, checked, materialising it first if needed.
     /// `None`: the cache cannot hold it; serve it from memory.
-    pub async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
+    pub(crate) async fn materialize(&self, item: Item) -> Result<Option<(std::fs::File, PathBuf)>> {
         if let Some(hit) = self.checked(item).await? {
             Stats::add(&self.stats().c.batch_file_hits, 1);
             return Ok(Some(hit));
@@ -186,7 +186,7 @@ impl Materializer {
     /// Makes the batch file `item`, which a reader will want next, ready for that open: checked
     /// if it is in the cache (a warm remount's files are read whole once to check them, here
     /// rather than in the reader's open), else materialised. Readers' position stays as it is.
-    pub async fn prefetch(&self, item: Item) -> Result<()> {
+    pub(crate) async fn prefetch(&self, item: Item) -> Result<()> {
         let file = match self.checked(item).await? {
             Some(hit) => Some(hit),
             None => self.build(item).await?,
@@ -200,13 +200,13 @@ impl Materializer {
     /// Builds the batch file `item` far ahead of its reader (the next epoch's, in idle time,
     /// [`crate::read::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
     /// is far off. Whether the cache took it.
-    pub async fn build_ahead(&self, item: Item) -> Result<bool> {
+    pub(crate) async fn build_ahead(&self, item: Item) -> Result<bool> {
         Ok(self.build(item).await?.is_some())
     }
 
     /// Whether the batch file `item` is in the cache and checked since it was indexed: its
     /// open needs nothing from the prefetcher.
-    pub fn checked_already(&self, item: Item) -> bool {
+    pub(crate) fn checked_already(&self, item: Item) -> bool {
         self.cache.checked_already(item)
     }
 

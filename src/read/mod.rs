@@ -8,18 +8,18 @@
 //! `page_cache` stores built files in the kernel's page cache, making them known to it through
 //! `own_mount`, the daemon's own calls into its mount.
 
-pub mod ahead;
-pub mod budget;
-pub mod builder;
+pub(crate) mod ahead;
+pub(crate) mod budget;
+pub(crate) mod builder;
 pub mod dtype;
 pub mod format;
 pub mod layout;
-pub mod materialize;
-pub mod own_mount;
-pub mod page_cache;
+pub(crate) mod materialize;
+pub(crate) mod own_mount;
+pub(crate) mod page_cache;
 pub mod partitions;
 pub mod plan;
-pub mod pool;
-pub mod prefetch;
-pub mod readers;
-pub mod transform;
+pub(crate) mod pool;
+pub(crate) mod prefetch;
+pub(crate) mod readers;
+pub(crate) mod transform;

@@ -21,7 +21,7 @@ use std::sync::mpsc;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-pub struct OwnMount {
+pub(crate) struct OwnMount {
     /// The jobs of the thread that calls into the mount; `None` where that thread could not be
     /// given a descriptor table of its own (calls are then made on the calling thread).
     jobs: Option<mpsc::Sender<Job>>,
@@ -29,7 +29,7 @@ pub struct OwnMount {
 
 impl OwnMount {
     /// Starts the thread that calls into the mount.
-    pub fn start() -> OwnMount {
+    pub(crate) fn start() -> OwnMount {
         let (jobs, queue) = mpsc::channel::<Job>();
         let (said, told) = mpsc::channel();
         let spawned = std::thread::Builder::new()
@@ -62,7 +62,7 @@ impl OwnMount {
 
     /// Runs `f`, which calls into the mount, on the thread that holds none of the daemon's
     /// descriptors, and waits for it. Blocking.
-    pub fn call<T: Send + 'static>(
+    pub(crate) fn call<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<T> {
@@ -108,7 +108,7 @@ struct OpenHow {
 /// The inode number of `path` (not followed where it is a symlink) where the kernel knows it
 /// without asking the daemon: every name on the way in its caches and still valid, and the
 /// attributes as it holds them. `None` where it would have to ask.
-pub fn cached_ino(path: &Path) -> Option<u64> {
+pub(crate) fn cached_ino(path: &Path) -> Option<u64> {
     let name = CString::new(path.as_os_str().as_bytes()).ok()?;
     let how = OpenHow {
         flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The bytes a tripwire leaves out of the page cache: the first page.
-pub const TRIPWIRE_PAGE: u64 = 4096;
+pub(crate) const TRIPWIRE_PAGE: u64 = 4096;
 
 /// Directories whose last listings are remembered: batch directories a few batches ahead of
 /// each reader, and the epoch and rank directories read.
@@ -54,7 +54,7 @@ const LISTED_DIRS: usize = 64;
 type Listing = Arc<HashSet<OsString>>;
 
 #[derive(Clone)]
-pub struct PageCache {
+pub(crate) struct PageCache {
     notifier: Notifier,
     mountpoint: PathBuf,
     /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
@@ -64,7 +64,7 @@ pub struct PageCache {
 }
 
 impl PageCache {
-    pub fn new(notifier: Notifier, mountpoint: &Path) -> PageCache {
+    pub(crate) fn new(notifier: Notifier, mountpoint: &Path) -> PageCache {
         PageCache {
             notifier,
             mountpoint: mountpoint.to_path_buf(),
@@ -85,7 +85,7 @@ impl PageCache {
     /// lookups for 828 files in 36 directories, against 888), batch files and batch directories
     /// by listings of their epoch or rank directory, each from a batch's entries on, as far as
     /// one `getdents64` call's answer reaches (about 97 batches on kernel 6.18).
-    pub fn make_file_known(
+    pub(crate) fn make_file_known(
         &self,
         layout: &Layout,
         dir: Batches,
@@ -103,7 +103,7 @@ impl PageCache {
 
     /// Whether file `kind` of batch `j` of `dir` was named by the last listing of its directory
     /// (and so, as a rule, is known to the kernel). Not blocking.
-    pub fn file_known(&self, layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) fn file_known(&self, layout: &Layout, dir: Batches, j: u64, kind: FileKind) -> bool {
         let (dir, _, name) = listed_in(layout, dir, j, kind);
         self.was_listed(&dir, &name)
     }
@@ -202,7 +202,7 @@ impl PageCache {
     /// kernel's page cache of inode `ino`, which the kernel knows (one it is opening, or one
     /// [`PageCache::make_file_known`] made known): it ignores a store to an inode it does not
     /// hold.
-    pub fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
+    pub(crate) fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
         for (at, bytes) in pieces(parts, from) {
             self.notifier.store(INodeNo(ino), at, &bytes)?;
         }
@@ -321,17 +321,17 @@ fn list_once(path: &Path, at: u64) -> std::io::Result<HashSet<OsString>> {
 }
 
 /// A file to store: its directory, batch and kind, and the byte it is stored from.
-pub type ToStore = (Batches, u64, FileKind, u64);
+pub(crate) type ToStore = (Batches, u64, FileKind, u64);
 
 /// A tensor's rows of one batch of a one-open file read by the daemon, to store in its page
 /// cache: the file (relative to the mount point), its size, where the rows start in it, the
 /// rows, and the bytes at their start left out (a tripwire: 0 or a page).
-pub struct RowsToStore {
-    pub file: String,
-    pub file_size: u64,
-    pub at: u64,
-    pub rows: crate::read::builder::TensorOf,
-    pub left_out: u64,
+pub(crate) struct RowsToStore {
+    pub(crate) file: String,
+    pub(crate) file_size: u64,
+    pub(crate) at: u64,
+    pub(crate) rows: crate::read::builder::TensorOf,
+    pub(crate) left_out: u64,
 }
 
 /// The rows of one-open files that the prefetcher gathered ahead of their reader, stored in the
@@ -343,13 +343,13 @@ pub struct RowsToStore {
 /// of the same file), whose answer may need the transform workers or the async workers. The
 /// queue is short: the rows it holds are kept in memory outside the budget, so rows that find
 /// it full are not stored (their reader reads them from the daemon).
-pub struct RowStores {
+pub(crate) struct RowStores {
     jobs: Mutex<std::sync::mpsc::SyncSender<RowsToStore>>,
     stored: Mutex<LruCache<(Batches, u64, FileKind, usize), ()>>,
 }
 
 impl RowStores {
-    pub fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
+    pub(crate) fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<RowsToStore>(QUEUED_ROWS);
         std::thread::Builder::new()
             .name("tensorfs-store".into())
@@ -373,7 +373,7 @@ impl RowStores {
 
     /// Whether tensor `t`'s rows of batch `j` of `dir` in file `kind` are to be stored now:
     /// true once per such rows.
-    pub fn claim(&self, dir: Batches, j: u64, kind: FileKind, t: usize) -> bool {
+    pub(crate) fn claim(&self, dir: Batches, j: u64, kind: FileKind, t: usize) -> bool {
         self.stored
             .lock()
             .unwrap()
@@ -381,7 +381,7 @@ impl RowStores {
             .is_none()
     }
 
-    pub fn store(&self, job: RowsToStore) {
+    pub(crate) fn store(&self, job: RowsToStore) {
         let _ = self.jobs.lock().unwrap().try_send(job);
     }
 }
@@ -406,7 +406,7 @@ const REMEMBERED: usize = 1 << 16;
 /// gathered in memory and stored there, not written to the cache on disk (a shuffled epoch's
 /// file is read once: written and read back it would cost two copies more). A read the page
 /// cache misses is answered by the daemon from the same batch.
-pub struct Filler {
+pub(crate) struct Filler {
     kernel: OnceLock<Stores>,
     builder: Arc<Builder>,
     layout: Arc<Layout>,
@@ -429,7 +429,7 @@ enum Stored {
 }
 
 impl Filler {
-    pub fn new(builder: Arc<Builder>, layout: Arc<Layout>) -> Filler {
+    pub(crate) fn new(builder: Arc<Builder>, layout: Arc<Layout>) -> Filler {
         Filler {
             kernel: OnceLock::new(),
             builder,
@@ -443,7 +443,7 @@ impl Filler {
 
     /// From now on, files are stored in `page_cache`; with `tripwires` (`opens=kernel`, where
     /// no open tells where a reader is) the prefetcher leaves some first pages out.
-    pub fn set(&self, page_cache: PageCache, tripwires: bool) {
+    pub(crate) fn set(&self, page_cache: PageCache, tripwires: bool) {
         let _ = self.kernel.set(Stores {
             page_cache,
             tripwires,
@@ -451,13 +451,13 @@ impl Filler {
     }
 
     /// Whether files are stored in the page cache rather than written.
-    pub fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         self.kernel.get().is_some()
     }
 
     /// Whether the prefetcher stores the files it builds for a reader, some with a tripwire
     /// page left out (`opens=kernel`); else it builds them in memory, for their opens to store.
-    pub fn tripwires(&self) -> bool {
+    pub(crate) fn tripwires(&self) -> bool {
         self.kernel.get().is_some_and(|k| k.tripwires)
     }
 
@@ -465,7 +465,14 @@ impl Filler {
     /// inode `ino`, which a reader is opening, on the calling thread, the reply to the open
     /// after it. The caller makes sure no read of `ino` is under way: the kernel's store waits
     /// for the pages such a read holds, whose answer a thread storing here may be needed for.
-    pub fn store_opened(&self, ino: u64, dir: Batches, j: u64, kind: FileKind, batch: &Batch) {
+    pub(crate) fn store_opened(
+        &self,
+        ino: u64,
+        dir: Batches,
+        j: u64,
+        kind: FileKind,
+        batch: &Batch,
+    ) {
         let Some(kernel) = self.kernel.get() else {
             return;
         };
@@ -484,7 +491,7 @@ impl Filler {
     /// Waits until file `kind` of batch `j` of `dir` is no longer being stored (its store
     /// claimed by the prefetcher or a walk, a worker's job away), for at most
     /// [`STORE_WAIT`]: whether it is stored.
-    pub async fn store_ended(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) async fn store_ended(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         let deadline = tokio::time::Instant::now() + STORE_WAIT;
         loop {
             // Registered before looking, so that the end is not missed.
@@ -503,7 +510,7 @@ impl Filler {
     }
 
     /// Whether file `kind` of batch `j` of `dir` is claimed and its store not ended.
-    pub fn under_way(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) fn under_way(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         self.stored.lock().unwrap().peek(&(dir, j, kind)) == Some(&Stored::Under)
     }
 
@@ -514,17 +521,17 @@ impl Filler {
     }
 
     /// Whether file `kind` of batch `j` of `dir` is stored (or being stored).
-    pub fn has(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) fn has(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         self.stored.lock().unwrap().contains(&(dir, j, kind))
     }
 
     /// Whether file `kind` of batch `j` of `dir` is stored, the store ended.
-    pub fn stored(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) fn stored(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         self.stored.lock().unwrap().peek(&(dir, j, kind)) == Some(&Stored::Done)
     }
 
     /// Takes file `kind` of batch `j` of `dir` to store: false if it is stored or being stored.
-    pub fn claim(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+    pub(crate) fn claim(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         let mut stored = self.stored.lock().unwrap();
         if stored.contains(&(dir, j, kind)) {
             return false;
@@ -544,7 +551,7 @@ impl Filler {
     /// Stores the file claimed, from byte `from` on (past a tripwire page, or 0): its batch
     /// built (or taken from memory), then its bytes handed to the kernel off the async workers.
     /// On a failure it is no longer claimed, and its reader reads it from the daemon.
-    pub async fn fill(
+    pub(crate) async fn fill(
         self: &Arc<Self>,
         dir: Batches,
         j: u64,
@@ -568,7 +575,7 @@ impl Filler {
     /// Stores the files claimed `files` (directory, batch, file, from byte) as [`Filler::fill`]
     /// does: those whose batches' row groups are in memory in one job of a worker, the rest as
     /// `fill` does; how many. After a failure the files left are no longer claimed.
-    pub async fn fill_all(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
+    pub(crate) async fn fill_all(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
         if files.is_empty() {
             return Ok(0);
         }
@@ -581,7 +588,7 @@ impl Filler {
     /// Stores `files`, claimed, one by one as [`Filler::fill`] does, the first (the one
     /// [`Filler::fill_here`] stopped at: its batch cannot be built on a worker) without trying
     /// a worker again; how many. After a failure the files left are no longer claimed.
-    pub async fn fill_left(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
+    pub(crate) async fn fill_left(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
         let mut done = 0;
         let mut left = files.into_iter();
         while let Some(file) = left.next() {
@@ -598,7 +605,7 @@ impl Filler {
 
     /// Stores `files`, claimed, in order on the calling thread (a worker's) while their batches
     /// can be built there: how many, and the files left from the first that could not.
-    pub fn fill_here(&self, files: Vec<ToStore>) -> (u64, Vec<ToStore>) {
+    pub(crate) fn fill_here(&self, files: Vec<ToStore>) -> (u64, Vec<ToStore>) {
         let mut done = 0;
         for (n, &(dir, j, kind, from)) in files.iter().enumerate() {
             match self.store_here(dir, j, kind, from) {

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use std::ops::Range;
 
 /// With fewer objects than this many a partition, row groups have homes rather than objects.
-pub const OBJECTS_PER_PARTITION: usize = 4;
+pub(crate) const OBJECTS_PER_PARTITION: usize = 4;
 
 /// One object of the dataset, as the plan sees it: its key (relative to the dataset's root),
 /// which draws its home, and the rows of its row groups.
@@ -32,7 +32,7 @@ pub struct PlanFile<'a> {
 }
 
 /// A piece of a row group: (global row group, canonical rows).
-pub type Piece = (usize, Range<u64>);
+pub(crate) type Piece = (usize, Range<u64>);
 
 /// A unit placed whole in its home: an object, or one row group of it.
 struct Unit {
@@ -57,7 +57,7 @@ fn draws(seed: u64, key: &str) -> (u64, u64) {
 /// (adjacent pieces of one row group merged). `rg_start`: each global row group's first
 /// canonical row, and one more entry, the row count. Each partition holds at least
 /// `n × batch_size` rows, `n = rows / (partitions × batch_size)`; every row is in one partition.
-pub fn assign(
+pub(crate) fn assign(
     files: &[PlanFile],
     rg_start: &[u64],
     partitions: u64,
@@ -128,7 +128,7 @@ pub fn assign(
 }
 
 /// Whether the homes of `partitions` partitions hold whole objects (else row groups).
-pub fn whole_objects(files: &[PlanFile], partitions: u64) -> bool {
+pub(crate) fn whole_objects(files: &[PlanFile], partitions: u64) -> bool {
     let with_rows = files.iter().filter(|f| f.rg_rows.iter().any(|&r| r > 0));
     partitions == 1 || with_rows.count() >= OBJECTS_PER_PARTITION * partitions as usize
 }

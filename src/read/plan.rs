@@ -52,7 +52,7 @@ impl Shuffle {
     }
 
     /// Whether each batch draws from many row groups at once (gathered from mapped columns).
-    pub fn mixes_wide(self) -> bool {
+    pub(crate) fn mixes_wide(self) -> bool {
         matches!(self, Shuffle::Block | Shuffle::Global)
     }
 }
@@ -138,15 +138,15 @@ pub struct Plan {
 
 /// A set of batch indices `first, first + step, …` (`count` of them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stride {
-    pub first: u64,
-    pub step: u64,
-    pub count: u64,
+pub(crate) struct Stride {
+    pub(crate) first: u64,
+    pub(crate) step: u64,
+    pub(crate) count: u64,
 }
 
 impl Stride {
     /// The first batch of the set at or after `from`, and the members from there on.
-    pub fn from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn from(&self, from: u64) -> impl Iterator<Item = u64> + '_ {
         let skip = if from <= self.first {
             0
         } else {
@@ -214,17 +214,17 @@ impl Plan {
 
     /// A plan of one object with these row groups (in-process tests).
     #[cfg(test)]
-    pub fn of_row_groups(rg_rows: &[u64], opts: OrderOptions) -> Plan {
+    pub(crate) fn of_row_groups(rg_rows: &[u64], opts: OrderOptions) -> Plan {
         Plan::new(&[PlanFile { key: "", rg_rows }], opts)
     }
 
-    pub fn options(&self) -> &OrderOptions {
+    pub(crate) fn options(&self) -> &OrderOptions {
         &self.opts
     }
 
     /// Whether every epoch has epoch 0's order (`shuffle=none`): its batches are then the same
     /// files in every epoch, built and kept once.
-    pub fn epochs_repeat(&self) -> bool {
+    pub(crate) fn epochs_repeat(&self) -> bool {
         self.opts.shuffle == Shuffle::None
     }
 
@@ -234,7 +234,7 @@ impl Plan {
     }
 
     /// Batch `g` (global) of `epoch` as the engine builds, keeps and names it.
-    pub fn batch(&self, epoch: u64, g: u64) -> BatchRef {
+    pub(crate) fn batch(&self, epoch: u64, g: u64) -> BatchRef {
         BatchRef {
             epoch: self.same_as(epoch),
             index: g,
@@ -243,7 +243,7 @@ impl Plan {
 
     /// The directory whose files `dir`'s are, byte for byte: the same directory of the epoch it
     /// shares ([`Plan::same_as`]).
-    pub fn shared_dir(&self, dir: Batches) -> Batches {
+    pub(crate) fn shared_dir(&self, dir: Batches) -> Batches {
         match dir {
             Batches::Epoch(e) => Batches::Epoch(self.same_as(e)),
             Batches::Rank { epoch, rank, world } => Batches::Rank {
@@ -256,7 +256,7 @@ impl Plan {
 
     /// Batch `j` of directory `dir` ([`Batches::global`]) as the engine builds, keeps and names
     /// it.
-    pub fn batch_in(&self, dir: Batches, j: u64) -> BatchRef {
+    pub(crate) fn batch_in(&self, dir: Batches, j: u64) -> BatchRef {
         let (epoch, g) = dir.global(j);
         self.batch(epoch, g)
     }
@@ -271,7 +271,7 @@ impl Plan {
     }
 
     /// Rows in the largest row group.
-    pub fn max_row_group_rows(&self) -> u64 {
+    pub(crate) fn max_row_group_rows(&self) -> u64 {
         self.rg_start
             .windows(2)
             .map(|w| w[1] - w[0])
@@ -301,7 +301,7 @@ impl Plan {
 
     /// Rows in blocks of `shuffle=block` in partition `p`: the block size, or the whole
     /// partition where it is smaller, blocks being of equal size.
-    pub fn block_rows(&self, p: u64) -> u64 {
+    pub(crate) fn block_rows(&self, p: u64) -> u64 {
         let len = self.partition_len(p);
         len.div_ceil(len.div_ceil(self.opts.block).max(1))
     }
@@ -322,12 +322,12 @@ impl Plan {
     }
 
     /// The partition batch `i` is drawn from, if it is drawn from one.
-    pub fn partition_of_batch(&self, i: u64) -> Option<u64> {
+    pub(crate) fn partition_of_batch(&self, i: u64) -> Option<u64> {
         (i < self.single_partition_batches()).then(|| i % self.opts.partitions)
     }
 
     /// Rows served per epoch: all of them, less the final partial batch with `drop_last`.
-    pub fn epoch_rows(&self) -> u64 {
+    pub(crate) fn epoch_rows(&self) -> u64 {
         if self.opts.drop_last {
             self.rows() / self.opts.batch_size * self.opts.batch_size
         } else {
@@ -340,7 +340,7 @@ impl Plan {
     }
 
     /// Rows in batch `i` (the last one may be short).
-    pub fn batch_len(&self, i: u64) -> u64 {
+    pub(crate) fn batch_len(&self, i: u64) -> u64 {
         let start = i * self.opts.batch_size;
         self.epoch_rows()
             .saturating_sub(start)
@@ -376,7 +376,7 @@ impl Plan {
     }
 
     /// The canonical row group holding a canonical row, and the row's index inside it.
-    pub fn locate(&self, row: u64) -> (usize, u64) {
+    pub(crate) fn locate(&self, row: u64) -> (usize, u64) {
         debug_assert!(row < self.rows());
         let rg = self.rg_start.partition_point(|&s| s <= row) - 1;
         (rg, row - self.rg_start[rg])
@@ -524,7 +524,7 @@ impl Plan {
     /// prefetcher needs to decode ahead: the window's other rows are read by the next batches).
     /// Under `shuffle=global`, a partition of more row groups than the batch has rows gives
     /// its rows' own row groups, one lookup a row, rather than all of them.
-    pub fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
+    pub(crate) fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
         let first = i * self.opts.batch_size;
         let end = first + self.batch_len(i);
         let leftovers = self.single_partition_batches() * self.opts.batch_size;
@@ -569,7 +569,7 @@ impl Plan {
 
     /// The windows (partition, window) that batch `i`'s rows lie in under `shuffle=block`, for
     /// the prefetcher to decode a block's row groups once rather than per batch.
-    pub fn batch_blocks(&self, order: &EpochOrder, i: u64) -> Vec<(usize, usize)> {
+    pub(crate) fn batch_blocks(&self, order: &EpochOrder, i: u64) -> Vec<(usize, usize)> {
         let first = i * self.opts.batch_size;
         let len = self.batch_len(i);
         let mut out: Vec<(usize, usize)> = Vec::new();
@@ -599,7 +599,7 @@ impl Plan {
     }
 
     /// How many windows partition `p`'s order has.
-    pub fn windows_in(&self, order: &EpochOrder, p: usize) -> usize {
+    pub(crate) fn windows_in(&self, order: &EpochOrder, p: usize) -> usize {
         match &order.parts[p] {
             Order::Window { windows, .. } => windows.len() - 1,
             _ => 1,
@@ -607,7 +607,7 @@ impl Plan {
     }
 
     /// The row groups of window `w` of partition `p`'s order.
-    pub fn window_row_groups(&self, order: &EpochOrder, p: usize, w: usize) -> Vec<usize> {
+    pub(crate) fn window_row_groups(&self, order: &EpochOrder, p: usize, w: usize) -> Vec<usize> {
         let part = &self.parts[p];
         match &order.parts[p] {
             Order::Window {
@@ -668,7 +668,7 @@ impl Plan {
 
     /// The batches of the epoch that may need rows of row group `rg`: the cache uses it to know
     /// when a row group is needed next.
-    pub fn row_group_batches(&self, order: &EpochOrder, rg: usize) -> Vec<Stride> {
+    pub(crate) fn row_group_batches(&self, order: &EpochOrder, rg: usize) -> Vec<Stride> {
         let bs = self.opts.batch_size;
         let parts = self.opts.partitions;
         let single_rows = self.per_partition * bs;
@@ -739,13 +739,13 @@ fn window_slots(start: &[u64], windows: &[u64], w: usize) -> Range<usize> {
 
 /// The plan with the orders of the epochs in use, each computed once (an epoch's order holds a
 /// shuffle of its row groups).
-pub struct Orders {
+pub(crate) struct Orders {
     plan: Plan,
     epochs: std::sync::Mutex<lru::LruCache<u64, std::sync::Arc<EpochOrder>>>,
 }
 
 impl Orders {
-    pub fn new(plan: Plan) -> Orders {
+    pub(crate) fn new(plan: Plan) -> Orders {
         Orders {
             plan,
             epochs: std::sync::Mutex::new(lru::LruCache::new(
@@ -754,11 +754,11 @@ impl Orders {
         }
     }
 
-    pub fn plan(&self) -> &Plan {
+    pub(crate) fn plan(&self) -> &Plan {
         &self.plan
     }
 
-    pub fn epoch(&self, epoch: u64) -> std::sync::Arc<EpochOrder> {
+    pub(crate) fn epoch(&self, epoch: u64) -> std::sync::Arc<EpochOrder> {
         let mut epochs = self.epochs.lock().unwrap();
         epochs
             .get_or_insert(epoch, || std::sync::Arc::new(self.plan.epoch(epoch)))
@@ -904,14 +904,14 @@ fn mix(mut z: u64) -> u64 {
 
 /// The directories that are one another's next epochs, as one reader goes from epoch to
 /// epoch: the epochs' (`None`), or one rank's views (its rank and world size).
-pub type Chain = Option<(u64, u64)>;
+pub(crate) type Chain = Option<(u64, u64)>;
 
 /// One batch of the plan as the engine builds, keeps and names it: global batch `index` of the
 /// epoch whose batches it shares ([`Plan::same_as`]: epoch 0's where epochs repeat). Made from
 /// a request's epoch by [`Plan::batch`] or [`Plan::batch_in`], once, so that every memo, cache
 /// item and file of an epoch that repeats another is the other's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BatchRef {
+pub(crate) struct BatchRef {
     epoch: u64,
     index: u64,
 }
@@ -924,12 +924,12 @@ impl BatchRef {
     }
 
     /// The epoch whose batch this is (the one it shares).
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
 
     /// The batch's global index in its epoch.
-    pub fn index(&self) -> u64 {
+    pub(crate) fn index(&self) -> u64 {
         self.index
     }
 }
@@ -942,7 +942,7 @@ impl std::fmt::Display for BatchRef {
 
 /// A directory of batches: an epoch, or a rank's view of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Batches {
+pub(crate) enum Batches {
     Epoch(u64),
     Rank { epoch: u64, rank: u64, world: u64 },
 }
@@ -950,7 +950,7 @@ pub enum Batches {
 impl Batches {
     /// The (epoch, global batch) that batch `j` of this directory is: rank `rank` of `world`
     /// reads global batches rank, rank + world, … ([`Plan::rank_batches`] of them).
-    pub fn global(&self, j: u64) -> (u64, u64) {
+    pub(crate) fn global(&self, j: u64) -> (u64, u64) {
         match *self {
             Batches::Epoch(e) => (e, j),
             Batches::Rank { epoch, rank, world } => (epoch, rank + j * world),
@@ -958,7 +958,7 @@ impl Batches {
     }
 
     /// The directories this one is an epoch of.
-    pub fn chain(&self) -> Chain {
+    pub(crate) fn chain(&self) -> Chain {
         match *self {
             Batches::Epoch(_) => None,
             Batches::Rank { rank, world, .. } => Some((rank, world)),
@@ -966,7 +966,7 @@ impl Batches {
     }
 
     /// The same directory in the next epoch.
-    pub fn next_epoch(&self) -> Batches {
+    pub(crate) fn next_epoch(&self) -> Batches {
         match *self {
             Batches::Epoch(e) => Batches::Epoch(e + 1),
             Batches::Rank { epoch, rank, world } => Batches::Rank {
@@ -980,7 +980,7 @@ impl Batches {
 
 impl Plan {
     /// Batches in a directory.
-    pub fn count(&self, b: Batches) -> u64 {
+    pub(crate) fn count(&self, b: Batches) -> u64 {
         match b {
             Batches::Epoch(_) => self.batches(),
             Batches::Rank { world, .. } => self.rank_batches(world),
@@ -989,7 +989,7 @@ impl Plan {
 
     /// Rows of a directory's batches back to back: all full but the epoch's last batch, which
     /// a directory holds, if at all, as its own last.
-    pub fn dir_rows(&self, b: Batches) -> u64 {
+    pub(crate) fn dir_rows(&self, b: Batches) -> u64 {
         match self.count(b) {
             0 => 0,
             n => (n - 1) * self.opts.batch_size + self.batch_len(b.global(n - 1).1),

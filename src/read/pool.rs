@@ -39,7 +39,7 @@ fn set_class(tid: libc::pid_t, class: Class) -> bool {
 
 /// Moves the calling thread to `SCHED_IDLE` (at nice [`NICE`] where that is refused), for a
 /// thread that does only work ahead of any reader, to its end.
-pub fn idle_class() {
+pub(crate) fn idle_class() {
     lower_own_priority();
     set_class(0, Class::Idle);
 }
@@ -61,7 +61,7 @@ impl Waiters {
     }
 }
 
-pub struct Pool {
+pub(crate) struct Pool {
     jobs: Mutex<Sender<Job>>,
     /// `None`: the workers cannot leave `SCHED_IDLE` again here, so they never enter it.
     waiters: Option<Arc<Mutex<Waiters>>>,
@@ -89,7 +89,7 @@ fn idle_class_reversible() -> bool {
 }
 
 impl Pool {
-    pub fn new(threads: usize) -> Result<Pool> {
+    pub(crate) fn new(threads: usize) -> Result<Pool> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let waiters = idle_class_reversible().then(Arc::<Mutex<Waiters>>::default);
@@ -121,7 +121,7 @@ impl Pool {
     }
 
     /// Runs `f` on a worker, nobody waiting for it; a panic in it is logged, not a lost worker.
-    pub fn spawn(&self, f: impl FnOnce() + Send + 'static) {
+    pub(crate) fn spawn(&self, f: impl FnOnce() + Send + 'static) {
         let job: Job = Box::new(move || {
             if let Err(panic) = crate::catch_panic(f) {
                 tracing::error!("work ahead of the readers failed: {panic}");
@@ -132,7 +132,7 @@ impl Pool {
     }
 
     /// Runs `f` on a worker; a panic in it is an error for the caller, not a lost worker.
-    pub async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
@@ -153,7 +153,7 @@ impl Pool {
     /// A reader waits for a build until the guard is dropped: the workers leave `SCHED_IDLE`
     /// meanwhile, whatever they are building (the build the reader waits for may be one the
     /// prefetcher started).
-    pub fn reader_waits(&self) -> ReaderWaits<'_> {
+    pub(crate) fn reader_waits(&self) -> ReaderWaits<'_> {
         self.adjust(1);
         ReaderWaits(self)
     }
@@ -174,7 +174,7 @@ impl Pool {
 
 /// See [`Pool::reader_waits`].
 #[must_use]
-pub struct ReaderWaits<'a>(&'a Pool);
+pub(crate) struct ReaderWaits<'a>(&'a Pool);
 
 impl Drop for ReaderWaits<'_> {
     fn drop(&mut self) {
@@ -188,10 +188,10 @@ impl Drop for ReaderWaits<'_> {
 /// Measured on two cores, a reader opening a batch file every 1.7 ms, eight runs each: opens
 /// over 1 ms, 4.5 an epoch at normal priority against 2.75 here; the share of the epoch it
 /// waited, 6.27% against 6.07% (means).
-pub struct Background(Option<tokio::runtime::Runtime>);
+pub(crate) struct Background(Option<tokio::runtime::Runtime>);
 
 impl Background {
-    pub fn new(threads: usize) -> Result<Background> {
+    pub(crate) fn new(threads: usize) -> Result<Background> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(threads + 2)
@@ -205,7 +205,7 @@ impl Background {
     }
 
     /// Runs `f` on the background runtime; a panic in it is an error for the caller.
-    pub async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T> {
@@ -228,7 +228,7 @@ impl Drop for Background {
 }
 
 /// CPU time the calling thread has used, in nanoseconds: a worker's work apart from its waits.
-pub fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -32,7 +32,7 @@ use tokio::runtime::Handle;
 /// The `depth` batches that follow batch `i` of directory `dir`, crossing into the next epoch
 /// (the same rank's view of it, for a rank view). A pure function of the plan, so what is
 /// prefetched is what will be read.
-pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64)> {
+pub(crate) fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64)> {
     let mut out = Vec::new();
     let (mut d, mut j) = (dir, i);
     for _ in 0..depth {
@@ -49,7 +49,7 @@ pub fn ahead(plan: &Plan, dir: Batches, i: u64, depth: u64) -> Vec<(Batches, u64
     out
 }
 
-pub struct Prefetcher {
+pub(crate) struct Prefetcher {
     materializer: Arc<Materializer>,
     builder: Arc<Builder>,
     stats: Arc<Stats>,
@@ -74,7 +74,7 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    pub fn new(
+    pub(crate) fn new(
         materializer: Arc<Materializer>,
         builder: Arc<Builder>,
         readers: Arc<Readers>,
@@ -117,7 +117,7 @@ impl Prefetcher {
     /// From now on, the rows gathered ahead of a reader of a one-open file served by the daemon
     /// are stored in its page cache, and the names of the batch files a reader opens next made
     /// known to the kernel ahead of it.
-    pub fn use_page_cache(&self, page_cache: PageCache) {
+    pub(crate) fn use_page_cache(&self, page_cache: PageCache) {
         let _ = self.page_cache.set(page_cache.clone());
         match RowStores::start(page_cache, self.stats.clone()) {
             Ok(stores) => {
@@ -130,12 +130,12 @@ impl Prefetcher {
     /// From now on, the files built for a reader are stored in the kernel's page cache of the
     /// files it opens, instead of written to the cache; with `tripwires` (`opens=kernel`) the
     /// prefetcher stores them itself, else their opens do.
-    pub fn store_in(&self, page_cache: PageCache, tripwires: bool) {
+    pub(crate) fn store_in(&self, page_cache: PageCache, tripwires: bool) {
         self.filler.set(page_cache, tripwires);
     }
 
     /// What stores the files of shuffled epochs in the page cache.
-    pub fn filler(&self) -> &Arc<Filler> {
+    pub(crate) fn filler(&self) -> &Arc<Filler> {
         &self.filler
     }
 
@@ -145,7 +145,7 @@ impl Prefetcher {
 
     /// A reader read what `event` says: move its position, and where it reads in order,
     /// schedule what follows.
-    pub fn follow(&self, event: Event) {
+    pub(crate) fn follow(&self, event: Event) {
         let Some(step) = self.readers.step(event, self.depth.max(2)) else {
             return;
         };
@@ -434,7 +434,7 @@ impl Prefetcher {
     }
 
     /// Each reader's position and how many of the batches it reads next are materialised.
-    pub fn depths(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn depths(&self) -> Vec<serde_json::Value> {
         let mut out: Vec<(String, serde_json::Value)> = self
             .readers
             .positions()

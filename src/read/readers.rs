@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 /// What a reader read of a directory's batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum What {
+pub(crate) enum What {
     /// One of a batch's files (an open, or a read of one).
     File(FileKind),
     /// Tensor `t`'s rows of the batches, through one-open file `file`; `past_half` once the
@@ -34,15 +34,15 @@ pub enum What {
 /// A reader of `dir` read `what` of its batches `first..=last` (in reading order): the one
 /// event every request that reads a batch emits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Event {
-    pub dir: Batches,
-    pub first: u64,
-    pub last: u64,
-    pub what: What,
+pub(crate) struct Event {
+    pub(crate) dir: Batches,
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    pub(crate) what: What,
 }
 
 impl Event {
-    pub fn at(dir: Batches, batch: u64, what: What) -> Event {
+    pub(crate) fn at(dir: Batches, batch: u64, what: What) -> Event {
         Event {
             dir,
             first: batch,
@@ -75,22 +75,22 @@ struct State {
 
 /// What a reader's step tells the prefetcher.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Step {
+pub(crate) struct Step {
     /// Whether it reads about in order, so that what it reads next is known.
-    pub sequential: bool,
+    pub(crate) sequential: bool,
     /// The files of a batch it opens.
-    pub kinds: Vec<FileKind>,
+    pub(crate) kinds: Vec<FileKind>,
 }
 
 /// A reader's position, for `stats.json`.
-pub struct Position {
-    pub dir: Batches,
-    pub at: u64,
-    pub kinds: Vec<FileKind>,
+pub(crate) struct Position {
+    pub(crate) dir: Batches,
+    pub(crate) at: u64,
+    pub(crate) kinds: Vec<FileKind>,
 }
 
 #[derive(Default)]
-pub struct Readers {
+pub(crate) struct Readers {
     state: Mutex<State>,
 }
 
@@ -100,7 +100,7 @@ impl Readers {
     /// batch within `slack` batches of where it last was: loader workers read neighbouring
     /// batches out of order), or from its first read if that is of the directory's first
     /// batch; random access is not followed.
-    pub fn step(&self, event: Event, slack: u64) -> Option<Step> {
+    pub(crate) fn step(&self, event: Event, slack: u64) -> Option<Step> {
         let kind = match event.what {
             What::File(kind) => Some(kind),
             What::Rows { .. } => None,
@@ -148,7 +148,7 @@ impl Readers {
     }
 
     /// The batch the reader of `dir` is at, if it has read any.
-    pub fn position(&self, dir: Batches) -> Option<u64> {
+    pub(crate) fn position(&self, dir: Batches) -> Option<u64> {
         let state = self.state.lock().unwrap();
         state.dirs.get(&dir).map(|r| r.at)
     }
@@ -159,7 +159,7 @@ impl Readers {
     /// epoch left the one before behind, wherever it last read in it: loader workers finish an
     /// epoch out of order); where none is, the one that moved last; where nobody has read, the
     /// start.
-    pub fn reading(&self, count: impl Fn(Batches) -> u64) -> Vec<(u64, u64)> {
+    pub(crate) fn reading(&self, count: impl Fn(Batches) -> u64) -> Vec<(u64, u64)> {
         let state = self.state.lock().unwrap();
         let now = Instant::now();
         let mut latest: HashMap<Chain, u64> = HashMap::new();
@@ -183,7 +183,11 @@ impl Readers {
 
     /// Of the batches `beyond` (in reading order) of `dir`'s reader, the (epoch, batch) of those
     /// whose row groups it has not asked for yet; its mark moves to the last of them.
-    pub fn not_yet_warmed(&self, dir: Batches, beyond: &[(Batches, u64)]) -> Vec<(u64, u64)> {
+    pub(crate) fn not_yet_warmed(
+        &self,
+        dir: Batches,
+        beyond: &[(Batches, u64)],
+    ) -> Vec<(u64, u64)> {
         let mut state = self.state.lock().unwrap();
         let Some(r) = state.dirs.get_mut(&dir) else {
             return Vec::new();
@@ -192,7 +196,7 @@ impl Readers {
     }
 
     /// Every reader's position, in no order.
-    pub fn positions(&self) -> Vec<Position> {
+    pub(crate) fn positions(&self) -> Vec<Position> {
         self.state
             .lock()
             .unwrap()

@@ -10,10 +10,9 @@ use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
 use half::f16;
 
-/// One row group, transformed: for every tensor of the view, `rows` rows of fixed size, as
+/// One row group, transformed: for every tensor of the view, its rows of fixed size, as
 /// decoded or as loaded from the local cache.
-pub struct Columns {
-    pub rows: usize,
+pub(crate) struct Columns {
     data: ColumnData,
 }
 
@@ -23,22 +22,20 @@ enum ColumnData {
 }
 
 impl Columns {
-    pub fn owned(rows: usize, tensors: Vec<Vec<u8>>) -> Columns {
+    pub(crate) fn owned(tensors: Vec<Vec<u8>>) -> Columns {
         Columns {
-            rows,
             data: ColumnData::Owned(tensors),
         }
     }
 
-    pub fn loaded(l: LoadedColumns) -> Columns {
+    pub(crate) fn loaded(l: LoadedColumns) -> Columns {
         Columns {
-            rows: l.rows,
             data: ColumnData::Loaded(l),
         }
     }
 
     /// The rows of tensor `t`, back to back.
-    pub fn tensor(&self, t: usize) -> &[u8] {
+    pub(crate) fn tensor(&self, t: usize) -> &[u8] {
         match &self.data {
             ColumnData::Owned(v) => &v[t],
             ColumnData::Loaded(l) => &l.buf[l.ranges[t].clone()],
@@ -46,12 +43,12 @@ impl Columns {
     }
 
     /// Whether the columns are a mapped file of the local cache.
-    pub fn is_mapped(&self) -> bool {
+    pub(crate) fn is_mapped(&self) -> bool {
         matches!(&self.data, ColumnData::Loaded(l) if matches!(l.buf, ColumnBuf::Mapped(_)))
     }
 
     /// Bytes held in the daemon's memory (mapped pages belong to the page cache).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         match &self.data {
             ColumnData::Owned(v) => v.iter().map(Vec::len).sum(),
             ColumnData::Loaded(l) => match &l.buf {
@@ -63,11 +60,11 @@ impl Columns {
 }
 
 /// A transformed row group and what transforming it counted.
-pub struct Transformed {
-    pub rows: usize,
-    pub tensors: Vec<Vec<u8>>,
+pub(crate) struct Transformed {
+    pub(crate) rows: usize,
+    pub(crate) tensors: Vec<Vec<u8>>,
     /// Lists longer than their `pad=` length, cut.
-    pub truncated: u64,
+    pub(crate) truncated: u64,
 }
 
 /// Elements of one column, flattened: their type, little-endian bytes, and which are valid
@@ -235,7 +232,7 @@ fn store(d: DType, n: Num, out: &mut Vec<u8>) {
 }
 
 /// Converts little-endian elements of `from` to `to`.
-pub fn cast(data: Vec<u8>, from: DType, to: DType) -> Vec<u8> {
+pub(crate) fn cast(data: Vec<u8>, from: DType, to: DType) -> Vec<u8> {
     if from == to {
         return data;
     }
@@ -335,7 +332,7 @@ fn decode_cells(
 /// batches in row order), into the view's tensor columns. Each piece is let go once
 /// transformed, so the row group is held about once, not as Arrow arrays and tensor columns
 /// both.
-pub fn transform_row_group(
+pub(crate) fn transform_row_group(
     view: &View,
     pieces: Vec<arrow::array::RecordBatch>,
 ) -> Result<Transformed> {
@@ -476,7 +473,7 @@ const GATHER_AHEAD: usize = 16;
 
 /// Gathers tensor `t` (`rb` bytes a row) of a batch onto the end of `out`: row k of the batch
 /// is row `rows[k].1` of the row group `from[rows[k].0]`.
-pub fn gather_tensor(
+pub(crate) fn gather_tensor(
     t: usize,
     rb: usize,
     from: &[&Columns],
@@ -507,15 +504,15 @@ pub fn gather_tensor(
 
 /// Rows `start..start + len` of the row group at index `k` of a batch's row groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Run {
-    pub k: usize,
-    pub start: usize,
-    pub len: usize,
+pub(crate) struct Run {
+    pub(crate) k: usize,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
 }
 
 /// `rows` as runs of consecutive rows of one row group, where they average at least
 /// [`MIN_RUN`] rows (an unshuffled batch is one run per row group it spans); else `None`.
-pub fn runs_of(rows: &[(usize, usize)]) -> Option<Vec<Run>> {
+pub(crate) fn runs_of(rows: &[(usize, usize)]) -> Option<Vec<Run>> {
     let mut runs: Vec<Run> = Vec::new();
     for &(k, r) in rows {
         match runs.last_mut() {
@@ -539,7 +536,7 @@ pub fn runs_of(rows: &[(usize, usize)]) -> Option<Vec<Run>> {
 const MIN_RUN: usize = 16;
 
 /// As [`gather_tensor`], rows given as runs ([`runs_of`]): a copy per run.
-pub fn gather_runs(t: usize, rb: usize, from: &[&Columns], runs: &[Run], out: &mut Vec<u8>) {
+pub(crate) fn gather_runs(t: usize, rb: usize, from: &[&Columns], runs: &[Run], out: &mut Vec<u8>) {
     out.reserve(runs.iter().map(|r| r.len).sum::<usize>() * rb);
     for run in runs {
         let column = from[run.k].tensor(t);
@@ -595,7 +592,7 @@ mod tests {
             let wide = (0..rows)
                 .flat_map(|r| std::iter::repeat_n((base + r) as u8, 200))
                 .collect();
-            Columns::owned(rows as usize, vec![narrow, wide])
+            Columns::owned(vec![narrow, wide])
         };
         let (a, b) = (group(0, 40), group(100, 30));
         let rows: Vec<(usize, usize)> = (0..50).map(|i| (i % 2, (i * 7) % 30)).collect();
@@ -625,7 +622,7 @@ mod tests {
                 let bytes = (0..rows * rb)
                     .map(|i| (i as u8).wrapping_mul(31) ^ salt)
                     .collect();
-                Columns::owned(rows, vec![bytes])
+                Columns::owned(vec![bytes])
             };
             let (a, b) = (group(0x55, 37), group(0xaa, 21));
             let rows: Vec<(usize, usize)> = (0..60).map(|i| (i % 2, (i * 11) % 21)).collect();
@@ -640,7 +637,7 @@ mod tests {
     fn runs_gather_what_rows_gather_and_only_long_runs_are_kept() {
         let group = |salt: u8, rows: usize| {
             let bytes = (0..rows * 12).map(|i| (i as u8) ^ salt).collect();
-            Columns::owned(rows, vec![bytes])
+            Columns::owned(vec![bytes])
         };
         let (a, b) = (group(0x55, 600), group(0xaa, 500));
         // An unshuffled batch across two row groups: two runs.

@@ -29,20 +29,20 @@ const DATASET_JSON_INO: u64 = 2;
 const GDS_INO: u64 = 3;
 const META_INO: u64 = 4;
 const STATS_JSON_INO: u64 = 5;
-pub const DATASET_JSON: &str = "dataset.json";
+pub(crate) const DATASET_JSON: &str = "dataset.json";
 const GDS: &str = "gds";
 const META: &str = ".tensorfs";
 const STATS_JSON: &str = "stats.json";
 /// stats.json's size is a multiple of this.
 const STATS_JSON_STEP: u64 = 4096;
 /// The extended attribute that names a batch file's backing file.
-pub const PATH_XATTR: &str = "user.tensorfs.path";
+pub(crate) const PATH_XATTR: &str = "user.tensorfs.path";
 /// The extended attribute `tensorfs warm` asks of a one-open file: its build started (or the
 /// file an earlier mount kept checked) where nothing of it is known yet, and how far it is:
 /// `ready`, `skipped` (no room, failed, or stopped by a reader), or the part done (0 to 1). Of a
 /// batch file: materialised on the cache (`ready`) or not (`skipped`: no room), once asked.
 /// Not listed: it is a request, not an attribute.
-pub const WARM_XATTR: &str = "user.tensorfs.warm";
+pub(crate) const WARM_XATTR: &str = "user.tensorfs.warm";
 /// How long a backing file handed out by path stays pinned in the cache.
 const PIN_GRACE: Duration = Duration::from_secs(300);
 
@@ -54,7 +54,7 @@ const MAX_BATCHES: u64 = 1 << 32;
 const MAX_TENSORS: usize = 1 << 12;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Node {
+pub(crate) enum Node {
     Root,
     DatasetJson,
     /// `gds/`: the epoch tree again, files as symlinks to their backing files.
@@ -111,14 +111,14 @@ pub struct Attr {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
-    pub ino: u64,
-    pub kind: Kind,
+    pub(crate) ino: u64,
+    pub(crate) kind: Kind,
     pub name: String,
 }
 
 /// How an openable file is served.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Openable {
+pub(crate) enum Openable {
     /// A batch file: materialised and passed through, or served by the daemon.
     Batch,
     /// dataset.json: fixed for the mount's life.
@@ -179,15 +179,15 @@ struct Dirs {
 }
 
 /// What the tree is made from.
-pub struct Tree {
-    pub materializer: Arc<Materializer>,
-    pub builder: Arc<Builder>,
-    pub prefetcher: Prefetcher,
-    pub ahead: Ahead,
-    pub layout: Arc<Layout>,
-    pub epochs: u64,
-    pub world_size: Option<u64>,
-    pub dataset_json: Vec<u8>,
+pub(crate) struct Tree {
+    pub(crate) materializer: Arc<Materializer>,
+    pub(crate) builder: Arc<Builder>,
+    pub(crate) prefetcher: Prefetcher,
+    pub(crate) ahead: Ahead,
+    pub(crate) layout: Arc<Layout>,
+    pub(crate) epochs: u64,
+    pub(crate) world_size: Option<u64>,
+    pub(crate) dataset_json: Vec<u8>,
 }
 
 pub struct Fs {
@@ -212,7 +212,7 @@ pub struct Fs {
 }
 
 impl Fs {
-    pub fn new(tree: Tree) -> Fs {
+    pub(crate) fn new(tree: Tree) -> Fs {
         let Tree {
             materializer,
             builder,
@@ -255,7 +255,7 @@ impl Fs {
         }
     }
 
-    pub fn stats(&self) -> &Stats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.stats
     }
 
@@ -328,7 +328,7 @@ impl Fs {
     }
 
     /// The counters in Prometheus's text exposition format (`metrics=`).
-    pub fn metrics_text(&self) -> String {
+    pub(crate) fn metrics_text(&self) -> String {
         let memory = self.builder.memory() as u64;
         self.stats().prometheus(memory)
     }
@@ -598,7 +598,7 @@ impl Fs {
     }
 
     /// What `open` may open: a regular file, or `EISDIR`/`ELOOP`.
-    pub fn openable(&self, ino: u64) -> Result<Openable> {
+    pub(crate) fn openable(&self, ino: u64) -> Result<Openable> {
         let node = self.node(ino)?;
         match self.getattr(ino)?.kind {
             Kind::Dir => Err(Error::answer(libc::EISDIR)),
@@ -617,13 +617,13 @@ impl Fs {
 
     /// A batch file's backing file if it is materialised already (checked), without waiting;
     /// the caller follows the reader ([`Fs::follow_open`]) once it answered.
-    pub fn materialized(&self, ino: u64) -> Option<Arc<File>> {
+    pub(crate) fn materialized(&self, ino: u64) -> Option<Arc<File>> {
         let item = self.item(self.node(ino).ok()?).ok()?;
         self.materializer.ready(item)
     }
 
     /// Counts an answered open of batch file `ino`, which waited `waited`, by passthrough or not.
-    pub fn opened(&self, ino: u64, waited: std::time::Duration, passthrough: bool) {
+    pub(crate) fn opened(&self, ino: u64, waited: std::time::Duration, passthrough: bool) {
         let stats = self.stats();
         Stats::add(&stats.c.opens, 1);
         stats.stall(waited);
@@ -639,7 +639,7 @@ impl Fs {
 
     /// Whether `ino` is a file whose bytes change while mounted (stats.json, and dataset.json
     /// where it counts the objects touched).
-    pub fn is_live(&self, ino: u64) -> bool {
+    pub(crate) fn is_live(&self, ino: u64) -> bool {
         ino == STATS_JSON_INO || (ino == DATASET_JSON_INO && self.touched_at.is_some())
     }
 
@@ -647,7 +647,7 @@ impl Fs {
     /// stored in the kernel's page cache of the files readers open, not written to the local
     /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
     /// (`shuffle=none`) they are read every epoch, and written.
-    pub fn store_in(&self, page_cache: PageCache, kernel_opens: bool) {
+    pub(crate) fn store_in(&self, page_cache: PageCache, kernel_opens: bool) {
         self.prefetcher.use_page_cache(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);
@@ -657,7 +657,7 @@ impl Fs {
     /// Where batch file `ino` is stored in the page cache by its opens, not written: its
     /// directory, batch and file. Not a file the cache holds (one `tensorfs warm` or a GPUDirect
     /// reader asked for), which its open checks and reads by passthrough.
-    pub fn stored_by_opens(&self, ino: u64) -> Option<(Batches, u64, FileKind)> {
+    pub(crate) fn stored_by_opens(&self, ino: u64) -> Option<(Batches, u64, FileKind)> {
         let filler = self.prefetcher.filler();
         if !filler.on() || filler.tripwires() {
             return None;
@@ -675,7 +675,12 @@ impl Fs {
     /// batch is in memory and nobody is storing it, the file then stored if `store`. False:
     /// its store is under way, or its batch must be built first ([`Fs::store_built`]). The
     /// caller follows the reader once it answered.
-    pub fn store_at_hand(&self, ino: u64, place: (Batches, u64, FileKind), store: bool) -> bool {
+    pub(crate) fn store_at_hand(
+        &self,
+        ino: u64,
+        place: (Batches, u64, FileKind),
+        store: bool,
+    ) -> bool {
         let (dir, i, kind) = place;
         let filler = self.prefetcher.filler();
         if filler.stored(dir, i, kind) {
@@ -695,7 +700,7 @@ impl Fs {
 
     /// As [`Fs::store_at_hand`], for an open that waits: for the store under way to end, else
     /// for its batch to be built.
-    pub async fn store_built(
+    pub(crate) async fn store_built(
         &self,
         ino: u64,
         place: (Batches, u64, FileKind),
@@ -716,7 +721,7 @@ impl Fs {
 
     /// A read of a file nobody opened through the daemon (`opens=kernel`: the kernel answers
     /// opens alone): from its backing file where it has one now, else as [`Fs::read`] builds it.
-    pub async fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    pub(crate) async fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let node = self.node(ino)?;
         let backing = if node.batch_file().is_some() {
             let file = self.materialized(ino);
@@ -742,13 +747,13 @@ impl Fs {
     }
 
     /// Counts an open of a one-open file answered by passthrough.
-    pub fn opened_by_passthrough(&self) {
+    pub(crate) fn opened_by_passthrough(&self) {
         Stats::add(&self.stats().c.passthrough_opens, 1);
     }
 
     /// A reader opened file `ino` (followed after the open is answered): a batch file, or a
     /// one-open file opened built ahead, whose reader has the next epoch's built.
-    pub fn follow_open(&self, ino: u64) {
+    pub(crate) fn follow_open(&self, ino: u64) {
         let Ok(node) = self.node(ino) else { return };
         let event = match (node.batch_file(), node.all_file()) {
             (Some((d, i, kind)), _) => self.dir(d).map(|dir| Event::at(dir, i, What::File(kind))),
@@ -778,7 +783,7 @@ impl Fs {
     }
 
     /// How an open of one-open file `ino` is served ([`Ahead::for_open`]).
-    pub fn open_all(&self, ino: u64) -> Opening {
+    pub(crate) fn open_all(&self, ino: u64) -> Opening {
         match self.all_file(ino) {
             Some((dir, kind)) => self.ahead.for_open(dir, kind),
             None => Opening::Daemon,
@@ -786,7 +791,11 @@ impl Fs {
     }
 
     /// One-open file `ino` once the build it waits for has ended, if it was built.
-    pub async fn all_when_built(&self, ino: u64, progress: Arc<Progress>) -> Option<Arc<File>> {
+    pub(crate) async fn all_when_built(
+        &self,
+        ino: u64,
+        progress: Arc<Progress>,
+    ) -> Option<Arc<File>> {
         let (dir, kind) = self.all_file(ino)?;
         self.ahead.when_built(dir, kind, progress).await
     }
@@ -865,13 +874,13 @@ impl Fs {
     }
 
     /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
-    pub fn is_batch_file(&self, ino: u64) -> bool {
+    pub(crate) fn is_batch_file(&self, ino: u64) -> bool {
         self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
             && self.node(ino).is_ok_and(|n| n.batch_file().is_some())
     }
 
     /// The names of a node's extended attributes.
-    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+    pub(crate) fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         let built = || {
             self.is_all_file(ino)
                 && (self.all_file(ino)).is_some_and(|(dir, kind)| self.ahead.has_path(dir, kind))
@@ -924,7 +933,7 @@ impl Fs {
     /// A read of an open file: from its backing file where the open found it materialised
     /// (checked then), else from [`Fs::read`]. Reads of batch files count as served by the
     /// daemon, and their waits as stalls.
-    pub async fn read_open(
+    pub(crate) async fn read_open(
         &self,
         ino: u64,
         backing: Option<Arc<File>>,
@@ -958,7 +967,7 @@ impl Fs {
     /// memory: on the FUSE thread, with no trip through the async workers, which cost a few
     /// times more than the copy. `None` where it must wait ([`Fs::read_unopened`]). The caller
     /// follows the reader once it has answered ([`Fs::follow_open`]).
-    pub fn read_at_hand(&self, ino: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
+    pub(crate) fn read_at_hand(&self, ino: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
         let started = std::time::Instant::now();
         let node = self.node(ino).ok()?;
         let (d, i, kind) = node.batch_file()?;
@@ -1052,7 +1061,7 @@ impl Fs {
     /// is in memory (a tripwire page the prefetcher left out of the page cache, or a readahead
     /// of rows gathered ahead): on the FUSE thread, the reader followed after the reply
     /// ([`Fs::follow_all`]) with what this returns. `None` where it must wait.
-    pub fn read_all_at_hand(
+    pub(crate) fn read_all_at_hand(
         &self,
         ino: u64,
         offset: u64,
@@ -1074,7 +1083,7 @@ impl Fs {
     }
 
     /// Follows the reader of a one-open file by the events of its read ([`Fs::all_read`]).
-    pub fn follow_all(&self, events: Vec<Event>) {
+    pub(crate) fn follow_all(&self, events: Vec<Event>) {
         for event in events {
             self.follow(event);
         }

@@ -14,7 +14,7 @@
 //! and this module (open, read, release).
 
 pub mod fs;
-pub mod open_files;
+pub(crate) mod open_files;
 
 use crate::error::{Error, Result};
 use crate::read::ahead::Opening;
@@ -56,7 +56,7 @@ pub struct Opened<Id> {
 pub struct Then(Option<Box<dyn FnOnce() + Send>>);
 
 impl Then {
-    pub fn nothing() -> Then {
+    pub(crate) fn nothing() -> Then {
         Then(None)
     }
 
@@ -102,17 +102,17 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         &self.fs
     }
 
-    pub fn kernel_opens(&self) -> bool {
+    pub(crate) fn kernel_opens(&self) -> bool {
         self.kernel_opens
     }
 
     /// Whether passthrough is still to be tried.
-    pub fn passthrough(&self) -> bool {
+    pub(crate) fn passthrough(&self) -> bool {
         self.passthrough.load(Ordering::Relaxed)
     }
 
     /// The kernel does not offer passthrough (or refused it): the daemon serves every read.
-    pub fn without_passthrough(&self) {
+    pub(crate) fn without_passthrough(&self) {
         self.passthrough.store(false, Ordering::Relaxed);
     }
 

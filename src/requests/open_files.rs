@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex, Weak};
 /// was opened with (stats.json: one snapshot per open, so a read never mixes two); neither, for
 /// a file the daemon builds from memory.
 #[derive(Clone, Default)]
-pub struct ReadFrom {
-    pub file: Option<Arc<File>>,
-    pub snapshot: Option<Arc<Vec<u8>>>,
+pub(crate) struct ReadFrom {
+    pub(crate) file: Option<Arc<File>>,
+    pub(crate) snapshot: Option<Arc<Vec<u8>>>,
 }
 
 struct Open<B> {
@@ -36,14 +36,14 @@ struct State<B> {
 }
 
 /// How an open of a batch file is answered.
-pub enum Mode<B> {
+pub(crate) enum Mode<B> {
     /// Reads go to the backing file, by this id.
     Passthrough(Arc<B>),
     /// Reads come to the daemon; the kernel keeps the pages across opens.
     Cached,
 }
 
-pub struct OpenFiles<B> {
+pub(crate) struct OpenFiles<B> {
     state: Mutex<State<B>>,
     next_fh: AtomicU64,
 }
@@ -63,12 +63,12 @@ impl<B> Default for OpenFiles<B> {
 
 impl<B> OpenFiles<B> {
     /// A new file handle number.
-    pub fn next_fh(&self) -> u64 {
+    pub(crate) fn next_fh(&self) -> u64 {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Records an open whose reads come from `snapshot`.
-    pub fn open_snapshot(&self, fh: u64, snapshot: Vec<u8>) {
+    pub(crate) fn open_snapshot(&self, fh: u64, snapshot: Vec<u8>) {
         let from = ReadFrom {
             file: None,
             snapshot: Some(Arc::new(snapshot)),
@@ -85,7 +85,7 @@ impl<B> OpenFiles<B> {
     /// is open in no mode, `passthrough` is allowed and `register` gives `file` an id; else
     /// through the page cache. A failed `register` is returned beside the mode (the open is then
     /// served by the daemon).
-    pub fn open_batch<E>(
+    pub(crate) fn open_batch<E>(
         &self,
         ino: u64,
         fh: u64,
@@ -132,20 +132,20 @@ impl<B> OpenFiles<B> {
     }
 
     /// Whether inode `ino` is open by no one (so no read of it is under way).
-    pub fn unopened(&self, ino: u64) -> bool {
+    pub(crate) fn unopened(&self, ino: u64) -> bool {
         let s = self.state.lock().unwrap();
         s.cached.get(&ino).copied().unwrap_or(0) == 0
             && s.backing.get(&ino).and_then(Weak::upgrade).is_none()
     }
 
     /// What reads of `fh` come from (nothing recorded: the daemon builds them).
-    pub fn read_from(&self, fh: u64) -> ReadFrom {
+    pub(crate) fn read_from(&self, fh: u64) -> ReadFrom {
         let s = self.state.lock().unwrap();
         s.open.get(&fh).map(|o| o.from.clone()).unwrap_or_default()
     }
 
     /// `fh` of inode `ino` is closed: the inode leaves a mode with its last open.
-    pub fn release(&self, ino: u64, fh: u64) {
+    pub(crate) fn release(&self, ino: u64, fh: u64) {
         let mut s = self.state.lock().unwrap();
         if let Some(closed) = s.open.remove(&fh)
             && closed.backing.is_none()

@@ -18,40 +18,40 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Object {
     /// The key relative to the source's prefix (the file name for a single-file source).
-    pub name: String,
-    pub size: u64,
+    pub(crate) name: String,
+    pub(crate) size: u64,
     /// The version reads are pinned to (`if-match`), where the store gives one.
-    pub e_tag: Option<String>,
+    pub(crate) e_tag: Option<String>,
     /// The store's own version id (S3 version, GCS generation), where it gives one.
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
     /// The modification time as the store reported it.
-    pub modified: String,
+    pub(crate) modified: String,
     /// Bytes of the footer (metadata, length, magic), so that one GET fetches it exactly; 0
     /// where not known yet.
-    pub footer_len: u64,
+    pub(crate) footer_len: u64,
     /// Rows of each row group, as the file stores them.
-    pub rg_rows: Vec<u64>,
+    pub(crate) rg_rows: Vec<u64>,
     /// The rows the table deletes from the file (a Delta deletion vector), if it deletes any.
-    pub deletes: Option<crate::source::deletes::DeletionVector>,
+    pub(crate) deletes: Option<crate::source::deletes::DeletionVector>,
     /// How many of each row group's rows it deletes (empty: none), once known.
-    pub rg_deleted: Vec<u64>,
+    pub(crate) rg_deleted: Vec<u64>,
 }
 
 impl Object {
     /// Rows the file stores.
-    pub fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.rg_rows.iter().sum()
     }
 
     /// Rows of each row group the dataset holds: those the table did not delete.
-    pub fn live_rg_rows(&self) -> Vec<u64> {
+    pub(crate) fn live_rg_rows(&self) -> Vec<u64> {
         (self.rg_rows.iter().enumerate())
             .map(|(i, &n)| n - self.rg_deleted.get(i).copied().unwrap_or(0).min(n))
             .collect()
     }
 
     /// Rows the dataset holds of the file.
-    pub fn live_rows(&self) -> u64 {
+    pub(crate) fn live_rows(&self) -> u64 {
         self.live_rg_rows().iter().sum()
     }
 }
@@ -59,16 +59,16 @@ impl Object {
 /// The Parquet summary file (`_metadata`) a dataset is listed by, where it is one's: part of
 /// what the dataset is, so part of its fingerprint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Summary {
-    pub name: String,
-    pub size: u64,
-    pub e_tag: Option<String>,
+pub(crate) struct Summary {
+    pub(crate) name: String,
+    pub(crate) size: u64,
+    pub(crate) e_tag: Option<String>,
 }
 
 /// What a column's statistics say of its nulls.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NullFact {
+pub(crate) enum NullFact {
     None,
     /// Nulls, first in this file.
     In(String),
@@ -80,24 +80,24 @@ pub enum NullFact {
 /// What a mount knows of a dataset before it reads a footer.
 pub struct Catalog {
     pub objects: Vec<Object>,
-    pub summary: Option<Summary>,
+    pub(crate) summary: Option<Summary>,
     /// The files' columns, then the partition columns.
     pub schema: SchemaRef,
-    pub partitions: Partitions,
+    pub(crate) partitions: Partitions,
     /// The version of the Delta table the dataset is, if it is one.
-    pub table: Option<crate::source::lake::Version>,
+    pub(crate) table: Option<crate::source::lake::Version>,
     pub facts: Facts,
-    pub unischema: Option<Unischema>,
+    pub(crate) unischema: Option<Unischema>,
 }
 
 /// A dataset as a snapshot pinned it.
 pub struct Pinned {
     /// Where the snapshot was read from (its path or URL).
-    pub at: String,
+    pub(crate) at: String,
     /// The source's URL when it was pinned.
-    pub url: url::Url,
+    pub(crate) url: url::Url,
     /// The prefix (in the source's store) the objects' names are relative to.
-    pub root: String,
+    pub(crate) root: String,
     pub catalog: Catalog,
 }
 
@@ -105,11 +105,11 @@ pub struct Pinned {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Facts {
     /// Files whose schemas disagree, as the refusal says it.
-    pub schema_problem: Option<String>,
+    pub(crate) schema_problem: Option<String>,
     /// Columns compressed with a codec tensorfs cannot decode, each with why.
-    pub undecodable: BTreeMap<String, String>,
+    pub(crate) undecodable: BTreeMap<String, String>,
     /// For each root column of the schema.
-    pub nulls: Vec<NullFact>,
+    pub(crate) nulls: Vec<NullFact>,
     /// Memory the decoded footers take, all of them loaded.
     pub footer_memory: u64,
 }
@@ -117,7 +117,7 @@ pub struct Facts {
 impl Facts {
     /// The facts of the files' footers (`schema`: the dataset's, the first file's, whose
     /// columns every file has in the same places) and of the partition columns after them.
-    pub fn of(
+    pub(crate) fn of(
         schema: &Schema,
         files: &[(&str, &ArrowReaderMetadata)],
         partitions: &Partitions,
@@ -132,7 +132,7 @@ impl Facts {
     /// The facts of a table's files, whose columns are found by name and read as the table's
     /// `schema` says (a Delta table's files may store a column otherwise, or lack one added
     /// since: it is then null).
-    pub fn of_table(
+    pub(crate) fn of_table(
         schema: &Schema,
         files: &[(&str, &ArrowReaderMetadata)],
         partitions: &Partitions,
@@ -183,20 +183,20 @@ impl Facts {
 /// What an earlier snapshot pinned of a dataset, for a new one (`tensorfs snapshot --from`):
 /// its objects, unchanged since, need no footer read, and the facts of their footers are the
 /// earlier snapshot's.
-pub struct Earlier<'a> {
+pub(crate) struct Earlier<'a> {
     objects: std::collections::HashMap<&'a str, &'a Object>,
     /// Its objects in order, as its facts number them.
     names: Vec<&'a str>,
     facts: &'a Facts,
     /// The files' own columns (its schema less the partition columns).
-    pub file_schema: SchemaRef,
+    pub(crate) file_schema: SchemaRef,
 }
 
 impl<'a> Earlier<'a> {
     /// What `pinned` holds that a listing of the same dataset can take as it is: nothing for a
     /// summary file (read whole anyway), nor for a table whose schema changed since (its files
     /// must be checked against the new one).
-    pub fn of(pinned: &'a Pinned, table: Option<&SchemaRef>) -> Option<Earlier<'a>> {
+    pub(crate) fn of(pinned: &'a Pinned, table: Option<&SchemaRef>) -> Option<Earlier<'a>> {
         let c = &pinned.catalog;
         let files = c.schema.fields().len() - c.partitions.fields.len();
         let file_schema = Arc::new(c.schema.project(&(0..files).collect::<Vec<_>>()).ok()?);
@@ -215,7 +215,7 @@ impl<'a> Earlier<'a> {
     }
 
     /// The object as pinned, if `now` is it unchanged (the same size and version).
-    pub fn same(&self, now: &Object) -> Option<&'a Object> {
+    pub(crate) fn same(&self, now: &Object) -> Option<&'a Object> {
         let then = self.objects.get(now.name.as_str())?;
         let same = then.size == now.size
             && then.e_tag == now.e_tag
@@ -229,15 +229,15 @@ impl<'a> Earlier<'a> {
 /// A listing of which some objects were taken from an [`Earlier`] snapshot: the facts of the
 /// whole, from the footers read (`loaded`, at `positions` among all `names`) and the earlier
 /// snapshot's, equal to what reading every footer finds.
-pub struct Grown<'a> {
-    pub earlier: &'a Earlier<'a>,
-    pub positions: &'a [usize],
-    pub names: &'a [&'a str],
+pub(crate) struct Grown<'a> {
+    pub(crate) earlier: &'a Earlier<'a>,
+    pub(crate) positions: &'a [usize],
+    pub(crate) names: &'a [&'a str],
 }
 
 impl Grown<'_> {
     /// [`Facts::of`] of the whole listing. `schema`: its first file's.
-    pub fn facts(
+    pub(crate) fn facts(
         &self,
         schema: &Schema,
         loaded: &[(&str, &ArrowReaderMetadata)],
@@ -266,7 +266,7 @@ impl Grown<'_> {
     }
 
     /// [`Facts::of_table`] of the whole listing.
-    pub fn facts_of_table(
+    pub(crate) fn facts_of_table(
         &self,
         schema: &Schema,
         loaded: &[(&str, &ArrowReaderMetadata)],
@@ -402,7 +402,7 @@ fn check_schemas(files: &[(&str, &ArrowReaderMetadata)]) -> Option<String> {
 }
 
 /// How two schemas differ as far as their tensors are concerned, if they do.
-pub fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {
+pub(crate) fn schema_difference(a: &Schema, b: &Schema) -> Option<String> {
     let names = |s: &Schema| {
         s.fields()
             .iter()
@@ -452,7 +452,7 @@ fn as_served(dt: &DataType) -> DataType {
 
 /// Why file `name` (`md`) cannot be read as `table`'s columns, if it cannot: a column it stores
 /// as a type that is not the table's, nor one the table's widens without loss.
-pub fn table_schema_problem(
+pub(crate) fn table_schema_problem(
     table: &Schema,
     name: &str,
     md: &ArrowReaderMetadata,
@@ -505,7 +505,7 @@ fn widens(from: &DataType, to: &DataType) -> bool {
 /// Where each field of `table` is among `file`'s root columns: by field id where the table's
 /// field has one (an Iceberg table's, whose columns may be renamed) and the file stores ids,
 /// else by name (a file added to a table from elsewhere, written without ids).
-pub fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
+pub(crate) fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
     let id = |f: &arrow::datatypes::Field| f.metadata().get(FIELD_ID).cloned();
     let file_has_ids = file.fields().iter().any(|g| id(g).is_some());
     (table.fields().iter())
@@ -518,7 +518,7 @@ pub fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
 
 /// The key under which Parquet's field ids are in an Arrow field's metadata (the parquet
 /// crate puts them there).
-pub const FIELD_ID: &str = "PARQUET:field_id";
+pub(crate) const FIELD_ID: &str = "PARQUET:field_id";
 
 fn null_fact(
     files: &[(&str, &ArrowReaderMetadata)],
@@ -597,7 +597,7 @@ fn undecodable_columns(files: &[(&str, &ArrowReaderMetadata)]) -> BTreeMap<Strin
 /// it is listed by (if so), every object's
 /// key, size and ETag, in order, and the Petastorm fields they are read as (a
 /// `_common_metadata` edited or removed changes how the same cells decode).
-pub fn fingerprint(
+pub(crate) fn fingerprint(
     summary: Option<&Summary>,
     table: Option<crate::source::lake::Version>,
     objects: &[&Object],
@@ -646,7 +646,7 @@ pub fn fingerprint(
 
 /// How the objects of `now` differ from those of `then`: added, removed, changed (another
 /// size or version), each with its first few keys, in one phrase.
-pub fn differences(then: &[&Object], now: &[&Object]) -> String {
+pub(crate) fn differences(then: &[&Object], now: &[&Object]) -> String {
     let key = |o: &Object| (o.size, o.e_tag.clone());
     let before: BTreeMap<&str, _> = then.iter().map(|o| (o.name.as_str(), key(o))).collect();
     let after: BTreeMap<&str, _> = now.iter().map(|o| (o.name.as_str(), key(o))).collect();
@@ -690,7 +690,7 @@ pub fn differences(then: &[&Object], now: &[&Object]) -> String {
 }
 
 /// The Arrow schema as bytes (its IPC message) and back: how a snapshot carries it.
-pub fn schema_bytes(schema: &Schema) -> Vec<u8> {
+pub(crate) fn schema_bytes(schema: &Schema) -> Vec<u8> {
     use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
     let mut tracker = DictionaryTracker::new(false);
     IpcDataGenerator::default()
@@ -698,7 +698,7 @@ pub fn schema_bytes(schema: &Schema) -> Vec<u8> {
         .ipc_message
 }
 
-pub fn schema_from_bytes(bytes: &[u8]) -> anyhow::Result<SchemaRef> {
+pub(crate) fn schema_from_bytes(bytes: &[u8]) -> anyhow::Result<SchemaRef> {
     Ok(Arc::new(
         arrow::ipc::convert::try_schema_from_flatbuffer_bytes(bytes)?,
     ))

@@ -21,19 +21,19 @@ const NATIVE: u32 = 1681511376;
 /// A Delta deletion vector's descriptor, as the log's `add.deletionVector` gives it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DeletionVector {
+pub(crate) struct DeletionVector {
     /// `u` (a file named from a UUID, relative to the table), `i` (inline) or `p` (a path).
-    pub storage_type: String,
-    pub path_or_inline_dv: String,
+    pub(crate) storage_type: String,
+    pub(crate) path_or_inline_dv: String,
     #[serde(default)]
-    pub offset: Option<u64>,
-    pub size_in_bytes: u64,
-    pub cardinality: u64,
+    pub(crate) offset: Option<u64>,
+    pub(crate) size_in_bytes: u64,
+    pub(crate) cardinality: u64,
 }
 
 impl DeletionVector {
     /// The id the protocol gives it: what tells two versions of one file's deletes apart.
-    pub fn unique_id(&self) -> String {
+    pub(crate) fn unique_id(&self) -> String {
         match self.offset {
             Some(o) => format!("{}{}@{o}", self.storage_type, self.path_or_inline_dv),
             None => format!("{}{}", self.storage_type, self.path_or_inline_dv),
@@ -42,7 +42,7 @@ impl DeletionVector {
 
     /// Where its bytes are: inline, or a file (relative to the table's root for `u`, as
     /// given for `p`) at an offset.
-    pub fn location(&self) -> Result<Location> {
+    pub(crate) fn location(&self) -> Result<Location> {
         match self.storage_type.as_str() {
             "i" => Ok(Location::Inline(z85_decode(&self.path_or_inline_dv)?)),
             "u" => {
@@ -85,7 +85,7 @@ impl DeletionVector {
 
 /// Where a deletion vector's bytes are.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Location {
+pub(crate) enum Location {
     /// The bitmap's bytes (magic and bitmap).
     Inline(Vec<u8>),
     /// In a file, at `offset`: the bitmap's length, the bitmap, its checksum.
@@ -98,7 +98,7 @@ pub enum Location {
 }
 
 /// The row positions a deletion vector's bytes (magic and portable bitmap) hold.
-pub fn bitmap(bytes: &[u8]) -> Result<RoaringTreemap> {
+pub(crate) fn bitmap(bytes: &[u8]) -> Result<RoaringTreemap> {
     if bytes.len() < 4 {
         bail!("a deletion vector of {} bytes", bytes.len());
     }
@@ -136,7 +136,7 @@ pub fn bitmap(bytes: &[u8]) -> Result<RoaringTreemap> {
 /// The bitmap stored at the start of `stored` (a deletion vector file's bytes from the
 /// descriptor's offset on: length, bitmap, CRC-32), checked against its checksum and the
 /// descriptor's size.
-pub fn stored_bitmap(stored: &[u8], dv: &DeletionVector) -> Result<RoaringTreemap> {
+pub(crate) fn stored_bitmap(stored: &[u8], dv: &DeletionVector) -> Result<RoaringTreemap> {
     if stored.len() < 8 {
         bail!("its deletion vector file is cut short");
     }
@@ -160,7 +160,7 @@ pub fn stored_bitmap(stored: &[u8], dv: &DeletionVector) -> Result<RoaringTreema
 }
 
 /// The bytes a deletion vector stored in a file takes from its offset: length, data, checksum.
-pub fn stored_len(dv: &DeletionVector) -> u64 {
+pub(crate) fn stored_len(dv: &DeletionVector) -> u64 {
     4 + dv.size_in_bytes + 4
 }
 
@@ -180,7 +180,7 @@ const ALPHABET: &[u8; 85] =
     b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 
 /// Z85 of `bytes` (a multiple of 4 of them): 4 bytes, big-endian, to 5 characters.
-pub fn z85_encode(bytes: &[u8]) -> String {
+pub(crate) fn z85_encode(bytes: &[u8]) -> String {
     debug_assert!(bytes.len().is_multiple_of(4));
     let mut out = String::with_capacity(bytes.len() / 4 * 5);
     for chunk in bytes.chunks(4) {
@@ -222,7 +222,7 @@ fn z85_decode(text: &str) -> Result<Vec<u8>> {
 }
 
 /// How many of `bitmap`'s positions fall in `range`.
-pub fn count_in(bitmap: &RoaringTreemap, range: std::ops::Range<u64>) -> u64 {
+pub(crate) fn count_in(bitmap: &RoaringTreemap, range: std::ops::Range<u64>) -> u64 {
     if range.is_empty() {
         return 0;
     }
@@ -231,7 +231,7 @@ pub fn count_in(bitmap: &RoaringTreemap, range: std::ops::Range<u64>) -> u64 {
 }
 
 /// How many of `bitmap`'s positions fall in each of the row groups of `rg_rows` rows.
-pub fn per_row_group(bitmap: &RoaringTreemap, rg_rows: &[u64]) -> Vec<u64> {
+pub(crate) fn per_row_group(bitmap: &RoaringTreemap, rg_rows: &[u64]) -> Vec<u64> {
     let mut start = 0u64;
     rg_rows
         .iter()

@@ -15,13 +15,13 @@ use object_store::path::Path;
 use std::sync::Arc;
 
 /// The directory of a Delta table's log, at its root.
-pub const LOG: &str = "_delta_log";
+pub(crate) const LOG: &str = "_delta_log";
 
 /// Whether the names under a source's root (relative to it) make it a Delta table: its
 /// `_delta_log/` holds a commit (`NNNNNNNNNNNNNNNNNNNN.json`) or `_last_checkpoint`. A
 /// `_delta_log/` with neither (a leftover, a stray checkpoint) is no table any reader can open,
 /// and the directory is read as the Parquet files it holds, as pyarrow reads it.
-pub fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
+pub(crate) fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
     names.into_iter().any(|name| {
         let Some(entry) = name.strip_prefix(LOG).and_then(|n| n.strip_prefix('/')) else {
             return false;
@@ -34,23 +34,27 @@ pub fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
 }
 
 /// One version of a Delta table, as a mount reads it.
-pub struct Table {
-    pub version: u64,
+pub(crate) struct Table {
+    pub(crate) version: u64,
     /// The table's columns stored in its files (the partition columns left out), in the
     /// table's order, as Arrow types.
-    pub data_schema: SchemaRef,
+    pub(crate) data_schema: SchemaRef,
     /// The partition columns, typed as the table's schema says, and each file's values.
-    pub partitions: Partitions,
+    pub(crate) partitions: Partitions,
     /// The data files, in lexicographic path order (their paths relative to the table's root,
     /// percent-decoded).
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
     /// Each file's deletion vector, where the table deletes rows of it.
-    pub deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
+    pub(crate) deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
 }
 
 /// Reads version `version` (the latest when `None`) of the Delta table at `root` through
 /// `store`.
-pub async fn read(store: Arc<dyn ObjectStore>, root: &Path, version: Option<u64>) -> Result<Table> {
+pub(crate) async fn read(
+    store: Arc<dyn ObjectStore>,
+    root: &Path,
+    version: Option<u64>,
+) -> Result<Table> {
     let snapshot = delta_log::snapshot(&store, root, version)
         .await
         .map_err(|e| match e.downcast_ref::<delta_log::NoVersion>() {

@@ -42,7 +42,7 @@ const READER_FEATURES: [&str; 8] = [
 /// The log cannot give the version asked for: it never had it, or its commits up to it were
 /// cleaned up. Told apart from a log that cannot be read.
 #[derive(Debug)]
-pub struct NoVersion(pub String);
+pub(crate) struct NoVersion(pub String);
 
 impl std::fmt::Display for NoVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,29 +57,29 @@ const COMMITS_AT_ONCE: usize = 16;
 
 /// A live data file as the log adds it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Added {
+pub(crate) struct Added {
     /// Relative to the table's root, percent-decoded (the log writes it as a URI; adds and
     /// removes of one file are matched decoded, since writers have encoded them differently).
-    pub path: String,
+    pub(crate) path: String,
     /// Partition values as strings; a null value is absent.
-    pub partition_values: HashMap<String, String>,
+    pub(crate) partition_values: HashMap<String, String>,
     /// The rows the table deletes from the file, if it deletes any.
-    pub deletion_vector: Option<DeletionVector>,
+    pub(crate) deletion_vector: Option<DeletionVector>,
 }
 
 /// One version of the table, as its log says.
 #[derive(Debug)]
-pub struct Snapshot {
-    pub version: u64,
+pub(crate) struct Snapshot {
+    pub(crate) version: u64,
     /// `metaData.schemaString`, parsed.
-    pub schema: Value,
-    pub partition_columns: Vec<String>,
-    pub configuration: HashMap<String, String>,
+    pub(crate) schema: Value,
+    pub(crate) partition_columns: Vec<String>,
+    pub(crate) configuration: HashMap<String, String>,
     /// Whether the protocol lets the table map its columns (`delta.columnMapping.mode` counts
     /// only then): reader version 2, or 3 with the `columnMapping` feature.
-    pub column_mapping: bool,
+    pub(crate) column_mapping: bool,
     /// The live files, in no particular order.
-    pub files: Vec<Added>,
+    pub(crate) files: Vec<Added>,
 }
 
 /// What the log's actions have made so far.
@@ -410,7 +410,7 @@ fn newest_checkpoint(files: &BTreeSet<LogFile>, version: u64) -> Option<(u64, Ve
 }
 
 /// Reads version `version` (the latest when `None`) of the table whose root is `root`.
-pub async fn snapshot(
+pub(crate) async fn snapshot(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     version: Option<u64>,

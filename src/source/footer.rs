@@ -32,7 +32,7 @@ use parquet::file::metadata::{
 
 /// Decodes a footer's metadata (without its length and magic), working around the writer bugs
 /// above.
-pub fn decode(metadata: &[u8]) -> Result<ParquetMetaData> {
+pub(crate) fn decode(metadata: &[u8]) -> Result<ParquetMetaData> {
     let md = match ParquetMetaDataReader::decode_metadata(metadata) {
         Ok(md) => md,
         Err(strict) => {
@@ -83,7 +83,7 @@ fn normalise(md: ParquetMetaData) -> Result<ParquetMetaData> {
 /// The metadata with every column chunk extended up to the start of the next chunk of the file
 /// (or of the footer, `footer_start`), by at most 100 bytes: what a PARQUET-816 file needs.
 /// `None` when no chunk would change.
-pub fn padded(md: &ParquetMetaData, footer_start: u64) -> Option<ParquetMetaData> {
+pub(crate) fn padded(md: &ParquetMetaData, footer_start: u64) -> Option<ParquetMetaData> {
     const MAX_DICT_HEADER: u64 = 100;
     let mut starts: Vec<u64> = md
         .row_groups()
@@ -118,7 +118,7 @@ pub fn padded(md: &ParquetMetaData, footer_start: u64) -> Option<ParquetMetaData
 
 /// The value of `key` in a footer's key-value metadata, as bytes: the parquet crate wants them
 /// UTF-8, and Petastorm stores a pickle there. `metadata`: the footer without length and magic.
-pub fn key_value(metadata: &[u8], key: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn key_value(metadata: &[u8], key: &str) -> Result<Option<Vec<u8>>> {
     let mut r = Reader {
         b: metadata,
         pos: 0,

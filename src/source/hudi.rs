@@ -20,21 +20,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// The directory that makes a Hudi table.
-pub const HOODIE: &str = ".hoodie";
+pub(crate) const HOODIE: &str = ".hoodie";
 
 /// Whether a column is one of Hudi's own.
-pub fn is_meta_column(name: &str) -> bool {
+pub(crate) fn is_meta_column(name: &str) -> bool {
     name.starts_with("_hoodie_")
 }
 
 /// One instant of a Hudi table, as a mount reads it.
-pub struct Table {
+pub(crate) struct Table {
     /// The instant read (`yyyyMMddHHmmssSSS`, as a number).
-    pub version: u64,
+    pub(crate) version: u64,
     /// The base files of the table at that instant, relative to its root, in path order.
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
     /// The one written last: its schema is the table's.
-    pub newest: Option<String>,
+    pub(crate) newest: Option<String>,
 }
 
 /// An instant of the timeline.
@@ -48,7 +48,7 @@ struct Instant {
 
 /// Reads instant `version` (the latest completed when `None`) of the Hudi table at `root`;
 /// `names` are the objects under it (relative to it), as listed.
-pub async fn read(
+pub(crate) async fn read(
     store: Arc<dyn ObjectStore>,
     root: &Path,
     names: &[&str],

@@ -23,13 +23,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// One snapshot of an Iceberg table, as a mount reads it.
-pub struct Table {
-    pub snapshot_id: u64,
-    pub data_schema: SchemaRef,
+pub(crate) struct Table {
+    pub(crate) snapshot_id: u64,
+    pub(crate) data_schema: SchemaRef,
     /// The live data files, relative to the table's root, in path order.
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
     /// Each file's deleted rows, where position deletes apply to it.
-    pub deletes: Vec<Option<DeletionVector>>,
+    pub(crate) deletes: Vec<Option<DeletionVector>>,
 }
 
 /// A data or delete file a manifest holds live.
@@ -43,7 +43,7 @@ struct Entry {
 /// Reads snapshot `version` (the current one when `None`) of the Iceberg table at `root`;
 /// `names` are the objects under it (relative to it), `metadata` the metadata file the source
 /// named, if it named one.
-pub async fn read(
+pub(crate) async fn read(
     store: Arc<dyn ObjectStore>,
     root: &Path,
     names: &[&str],

@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// A version of a table: a Delta version, an Iceberg snapshot id, a Hudi instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Version {
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     pub number: u64,
 }
 
@@ -32,14 +32,14 @@ impl Version {
 /// A kind of table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub(crate) enum Kind {
     Delta,
     Iceberg,
     Hudi,
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Delta => "Delta Lake",
             Kind::Iceberg => "Apache Iceberg",
@@ -58,24 +58,24 @@ impl Kind {
 }
 
 /// One version of a table, as a mount reads it.
-pub struct Table {
-    pub version: Version,
+pub(crate) struct Table {
+    pub(crate) version: Version,
     /// The table's columns stored in its files (partition columns the files lack left out),
     /// in the table's order, as Arrow types: files are read by name as these types.
-    pub data_schema: arrow::datatypes::SchemaRef,
+    pub(crate) data_schema: arrow::datatypes::SchemaRef,
     /// Partition columns the files do not store, and each file's values.
-    pub partitions: crate::source::partition::Partitions,
+    pub(crate) partitions: crate::source::partition::Partitions,
     /// The data files, in lexicographic path order, relative to the table's root.
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
     /// Each file's deletion vector, where the table deletes rows of it.
-    pub deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
+    pub(crate) deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
 }
 
 /// The kind of table whose root holds the objects `names` (relative to it), if it is one. A
 /// Delta table's log must hold a commit or a checkpoint pointer ([`crate::source::delta`]);
 /// an Iceberg table's `metadata/` a `*.metadata.json` or `version-hint.text`; a Hudi table's
 /// `.hoodie/` its `hoodie.properties`.
-pub fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Kind> {
+pub(crate) fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Kind> {
     if crate::source::delta::is_table(names.clone()) {
         return Some(Kind::Delta);
     }
@@ -96,7 +96,7 @@ pub fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<K
 /// The table `prefix` lies inside, if any: the nearest directory above it whose marker
 /// directory holds what makes it a table, with its kind. One listing request (its first page)
 /// for each marker of each directory above, made at once.
-pub async fn enclosing(
+pub(crate) async fn enclosing(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
 ) -> Result<Option<(Kind, Path)>> {

@@ -10,15 +10,15 @@
 //! `view` (schema → tensors).
 
 pub mod catalog;
-pub mod deletes;
-pub mod delta;
-pub mod delta_log;
-pub mod footer;
-pub mod hudi;
-pub mod iceberg;
-pub mod lake;
-pub mod partition;
-pub mod petastorm;
+pub(crate) mod deletes;
+pub(crate) mod delta;
+pub(crate) mod delta_log;
+pub(crate) mod footer;
+pub(crate) mod hudi;
+pub(crate) mod iceberg;
+pub(crate) mod lake;
+pub(crate) mod partition;
+pub(crate) mod petastorm;
 pub mod snapshot;
 pub mod view;
 
@@ -92,10 +92,10 @@ impl Footer {
 }
 
 pub struct SourceFile {
-    pub object: Object,
+    pub(crate) object: Object,
     /// Names this version of the object: its URL, key, size and version.
-    pub id: [u8; 32],
-    pub location: Path,
+    pub(crate) id: [u8; 32],
+    pub(crate) location: Path,
     /// Loaded when a read first needs it (at start, for a listing).
     footer: tokio::sync::OnceCell<Footer>,
     /// The rows the table deletes from it, loaded when a read first needs them.
@@ -151,7 +151,7 @@ pub enum Origin {
 }
 
 impl Origin {
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Origin::Listing => "listing",
             Origin::Summary => "summary file",
@@ -242,20 +242,20 @@ pub struct Source {
     /// The source as the user named it, for messages.
     pub display: String,
     /// The source as a URL: what a snapshot pins.
-    pub url: Url,
+    pub(crate) url: Url,
     /// The prefix the objects' names are relative to.
-    pub root: Path,
+    pub(crate) root: Path,
     pub origin: Origin,
-    pub summary: Option<Summary>,
+    pub(crate) summary: Option<Summary>,
     /// The dataset's schema: its first file's columns, as read, then the partition columns.
-    pub schema: SchemaRef,
+    pub(crate) schema: SchemaRef,
     /// The partition columns (hive directories, a Delta table's): fields after the files'
     /// columns.
     pub partitions: Partitions,
     /// The Delta table version the dataset is, if it is one: its files' columns are then found
     /// by name and read as the table's schema says.
     pub table: Option<lake::Version>,
-    pub facts: Facts,
+    pub(crate) facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::source::petastorm::Unischema>,
     store: Arc<dyn ObjectStore>,
@@ -314,7 +314,7 @@ fn source_url(source: &str) -> Result<Url> {
 }
 
 /// The store and object path a URL names (a snapshot's), configured as a source's store is.
-pub fn store_of(
+pub(crate) fn store_of(
     url: &str,
     store_options: &[(String, String)],
 ) -> Result<(Arc<dyn ObjectStore>, Path)> {
@@ -490,7 +490,7 @@ impl Source {
     /// Lists the source and loads every file's footer (concurrently; from `footers`, a
     /// directory of footers kept by earlier mounts, when the object has not changed). A source
     /// naming a Parquet summary file (`…/_metadata`) is the dataset it lists.
-    pub async fn open(
+    pub(crate) async fn open(
         source: &str,
         store_options: &[(String, String)],
         footers: Option<&std::path::Path>,
@@ -509,7 +509,7 @@ impl Source {
     /// [`Source::open`] of a dataset pinned before as `from` (`tensorfs snapshot --from`): the
     /// objects `from` holds, unchanged, are taken as it pinned them, and only the footers of the
     /// others are read.
-    pub async fn open_from(
+    pub(crate) async fn open_from(
         source: &str,
         store_options: &[(String, String)],
         version: Option<u64>,
@@ -989,7 +989,7 @@ impl Source {
 
     /// The dataset a snapshot pinned, reached through `source` with these store options.
     /// Nothing is listed, no footer is read.
-    pub fn pinned(
+    pub(crate) fn pinned(
         source: &str,
         store_options: &[(String, String)],
         pinned: Pinned,
@@ -1029,7 +1029,7 @@ impl Source {
     }
 
     /// What this source's objects are, for a snapshot: the catalog a pinned mount starts from.
-    pub fn objects(&self) -> Vec<&Object> {
+    pub(crate) fn objects(&self) -> Vec<&Object> {
         self.files.iter().map(|f| &f.object).collect()
     }
 
@@ -1179,12 +1179,12 @@ impl Source {
 
     /// A fact about one file that an earlier mount found out and kept (such as whether a list
     /// column holds nulls, which only reading it tells).
-    pub fn kept_fact(&self, file: usize, what: &str) -> Option<Vec<u8>> {
+    pub(crate) fn kept_fact(&self, file: usize, what: &str) -> Option<Vec<u8>> {
         let (path, id) = self.fact_path(file, what)?;
         kept::read_blob(&path, &id)
     }
 
-    pub fn keep_fact(&self, file: usize, what: &str, value: &[u8]) {
+    pub(crate) fn keep_fact(&self, file: usize, what: &str, value: &[u8]) {
         if let Some((path, id)) = self.fact_path(file, what)
             && let Err(e) = kept::write_blob(&path, &id, value)
         {
@@ -1194,7 +1194,7 @@ impl Source {
 
     /// How many of the schema's fields are the files' own columns (the partition columns
     /// follow them).
-    pub fn file_columns(&self) -> usize {
+    pub(crate) fn file_columns(&self) -> usize {
         self.schema.fields().len() - self.partitions.fields.len()
     }
 
@@ -1216,7 +1216,7 @@ impl Source {
     /// reads its files' columns by name, and a Petastorm Unischema. The cache keys columns by it
     /// and by each object's version, not by the whole dataset, so a dataset that grows keeps
     /// them ([`crate::cache`]).
-    pub fn decode_identity(&self) -> String {
+    pub(crate) fn decode_identity(&self) -> String {
         let mut parts = vec![format!("table {}", self.table.is_some())];
         for f in self.schema.fields() {
             parts.push(field_key(f));
@@ -1288,7 +1288,7 @@ impl Source {
 
     /// Reads one row group of one file, only the given root columns (Arrow field indices), as
     /// one record batch.
-    pub async fn read_row_group(
+    pub(crate) async fn read_row_group(
         &self,
         file: usize,
         rg: usize,
@@ -1312,7 +1312,7 @@ impl Source {
     /// so that decoding ([`Source::decode_row_group`]) holds a worker without waiting on the
     /// network.
     #[tracing::instrument(name = "fetch", level = "debug", skip(self, roots))]
-    pub async fn fetch_row_group(
+    pub(crate) async fn fetch_row_group(
         &self,
         file: usize,
         rg: usize,
@@ -1373,7 +1373,7 @@ impl Source {
     /// Decodes a fetched row group (CPU only, unless the decoder asks for bytes that were not
     /// fetched, which are then read), as record batches of up to 8,192 rows, in order, with
     /// the partition columns asked for after the file's own.
-    pub async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
+    pub(crate) async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
         let (file, rg) = (fetched.file, fetched.rg);
         let partition_roots = fetched.partition_roots.clone();
         let (wanted, roots) = (fetched.wanted.clone(), fetched.roots.clone());
@@ -1851,7 +1851,7 @@ async fn load_metadata(
 
 /// Decodes a footer (metadata, length, magic) into the Arrow view of the file. Malformed input
 /// is an error, never a panic, even where the Parquet decoder would panic.
-pub fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
+pub(crate) fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
     if footer.len() < 8 {
         bail!("a {}-byte footer is too short", footer.len());
     }
@@ -2045,7 +2045,7 @@ impl ObjectReader {
 }
 
 /// One row group's column chunks, fetched and not yet decoded.
-pub struct Fetched {
+pub(crate) struct Fetched {
     file: usize,
     rg: usize,
     /// The dataset's columns asked for that files store, the file's root columns they are

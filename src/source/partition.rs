@@ -21,7 +21,7 @@ const HIVE_NULL: &str = "__HIVE_DEFAULT_PARTITION__";
 /// One partition value.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Value {
+pub(crate) enum Value {
     Null,
     /// Integers, and dates (days) and timestamps (microseconds) since the epoch.
     Int(i64),
@@ -35,7 +35,7 @@ pub enum Value {
 pub struct Partitions {
     pub fields: Vec<FieldRef>,
     /// For each file of the dataset (in order), a value for each field.
-    pub values: Vec<Vec<Value>>,
+    pub(crate) values: Vec<Vec<Value>>,
 }
 
 impl Partitions {
@@ -47,7 +47,7 @@ impl Partitions {
     /// `pyarrow.dataset.dataset(root, partitioning="hive")` reads it: keys in the order they
     /// first appear, values percent-decoded, each key int32 where all its values are 32-bit
     /// integers, else string.
-    pub fn hive(names: &[&str]) -> Partitions {
+    pub(crate) fn hive(names: &[&str]) -> Partitions {
         let parsed: Vec<Vec<(String, Option<String>)>> =
             names.iter().map(|n| segments(n)).collect();
         let mut keys: Vec<String> = Vec::new();
@@ -98,7 +98,7 @@ impl Partitions {
     }
 
     /// Partition field `k`'s value in file `file`, as an array of `rows` rows.
-    pub fn column(&self, file: usize, k: usize, rows: usize) -> Result<ArrayRef> {
+    pub(crate) fn column(&self, file: usize, k: usize, rows: usize) -> Result<ArrayRef> {
         let dt = self.fields[k].data_type();
         let int = |v: i64| -> Result<i32> { Ok(i32::try_from(v)?) };
         Ok(match (&self.values[file][k], dt) {
@@ -132,7 +132,7 @@ impl Partitions {
     }
 
     /// The first file (by index) where field `k` is null, if any.
-    pub fn first_null(&self, k: usize) -> Option<usize> {
+    pub(crate) fn first_null(&self, k: usize) -> Option<usize> {
         self.values.iter().position(|f| f[k] == Value::Null)
     }
 }

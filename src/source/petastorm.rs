@@ -18,9 +18,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::collections::HashMap;
 
 /// The key of `_common_metadata`'s key-value metadata that holds the pickled Unischema.
-pub const UNISCHEMA_KEY: &str = "dataset-toolkit.unischema.v1";
+pub(crate) const UNISCHEMA_KEY: &str = "dataset-toolkit.unischema.v1";
 /// The metadata file Petastorm writes beside the data.
-pub const COMMON_METADATA: &str = "_common_metadata";
+pub(crate) const COMMON_METADATA: &str = "_common_metadata";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Codec {
@@ -53,24 +53,24 @@ impl Codec {
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Field {
-    pub name: String,
+    pub(crate) name: String,
     /// NumPy's name of the dtype (`uint8`, `str_`, …).
-    pub numpy: String,
+    pub(crate) numpy: String,
     /// The dtype, where tensorfs serves it.
-    pub dtype: Option<DType>,
+    pub(crate) dtype: Option<DType>,
     /// `None` dimensions vary from row to row.
-    pub shape: Vec<Option<usize>>,
+    pub(crate) shape: Vec<Option<usize>>,
     pub codec: Codec,
-    pub nullable: bool,
+    pub(crate) nullable: bool,
 }
 
 impl Field {
     /// The fixed shape of one row, if the Unischema fixes it.
-    pub fn fixed_shape(&self) -> Option<Vec<usize>> {
+    pub(crate) fn fixed_shape(&self) -> Option<Vec<usize>> {
         self.shape.iter().copied().collect()
     }
 
-    pub fn shape_text(&self) -> String {
+    pub(crate) fn shape_text(&self) -> String {
         let dims: Vec<String> = self
             .shape
             .iter()
@@ -710,7 +710,7 @@ fn ordered_values(v: &Value) -> Option<Vec<&Value>> {
 }
 
 /// The Unischema a pickle holds.
-pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
+pub(crate) fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
     let root = Machine {
         b: pickle,
         pos: 0,
@@ -743,7 +743,7 @@ pub fn parse_unischema(pickle: &[u8]) -> Result<Unischema> {
 
 /// A field as its first cell shows it, where the cell is one a Petastorm codec writes (a
 /// `.npy`, a zip of one, a PNG or a JPEG): for datasets without a stored Unischema.
-pub fn infer_field(name: &str, nullable: bool, cell: &[u8]) -> Option<Field> {
+pub(crate) fn infer_field(name: &str, nullable: bool, cell: &[u8]) -> Option<Field> {
     let (codec, decoded) = if cell.starts_with(b"\x93NUMPY") {
         (Codec::Ndarray, decode_npy(cell))
     } else if cell.starts_with(b"PK\x03\x04") {
@@ -770,14 +770,14 @@ pub fn infer_field(name: &str, nullable: bool, cell: &[u8]) -> Option<Field> {
 
 /// A decoded cell: its dtype, shape and little-endian C-order bytes.
 #[derive(Debug)]
-pub struct Cell {
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    pub data: Vec<u8>,
+pub(crate) struct Cell {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) data: Vec<u8>,
 }
 
 /// A `.npy` file's array.
-pub fn decode_npy(b: &[u8]) -> Result<Cell> {
+pub(crate) fn decode_npy(b: &[u8]) -> Result<Cell> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         bail!("not a .npy cell");
     }
@@ -879,7 +879,7 @@ fn fortran_to_c(data: &[u8], shape: &[usize], size: usize) -> Vec<u8> {
 }
 
 /// An `.npz` cell's `arr` member (or its only member).
-pub fn decode_npz(b: &[u8]) -> Result<Cell> {
+pub(crate) fn decode_npz(b: &[u8]) -> Result<Cell> {
     use std::io::Read;
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(b)).context("not a zip cell")?;
     let index = zip.index_for_name("arr.npy").unwrap_or(0);
@@ -891,7 +891,7 @@ pub fn decode_npz(b: &[u8]) -> Result<Cell> {
 
 /// A PNG cell: 8-bit gray `[H, W]` or RGB `[H, W, 3]` (RGBA `[H, W, 4]`), as OpenCV's
 /// `IMREAD_UNCHANGED` and Petastorm's channel swap give it.
-pub fn decode_png(b: &[u8]) -> Result<Cell> {
+pub(crate) fn decode_png(b: &[u8]) -> Result<Cell> {
     let mut decoder = png::Decoder::new(std::io::Cursor::new(b));
     decoder.set_transformations(png::Transformations::EXPAND);
     let mut reader = decoder.read_info().context("not a PNG cell")?;
@@ -931,7 +931,7 @@ pub fn decode_png(b: &[u8]) -> Result<Cell> {
 /// by its crate): gray `[H, W]` or RGB `[H, W, 3]`, with libjpeg's defaults (the accurate
 /// integer IDCT, fancy upsampling), as OpenCV decodes for Petastorm. A malformed cell is an
 /// error: libjpeg's fatal errors unwind out of the decoder and are caught here.
-pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
+pub(crate) fn decode_jpeg(b: &[u8]) -> Result<Cell> {
     let decode = || -> std::io::Result<Cell> {
         let d = mozjpeg::Decompress::new_mem(b)?;
         let gray = d.color_space() == mozjpeg::ColorSpace::JCS_GRAYSCALE;
@@ -967,7 +967,7 @@ pub fn decode_jpeg(b: &[u8]) -> Result<Cell> {
 }
 
 /// Decodes a cell of `field` into its tensor's row bytes, checking it against the Unischema.
-pub fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Vec<u8>> {
+pub(crate) fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Vec<u8>> {
     let decoded = match codec {
         Codec::Ndarray => decode_npy(cell)?,
         Codec::CompressedNdarray => decode_npz(cell)?,

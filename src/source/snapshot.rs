@@ -383,7 +383,7 @@ fn is_url(at: &str) -> bool {
 }
 
 /// The snapshot at `at` (a local path or a URL the store options reach).
-pub async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned> {
+pub(crate) async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned> {
     let bytes = match is_url(at) {
         true => {
             let (store, path) = crate::source::store_of(at, store_options)
@@ -412,7 +412,11 @@ pub async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned
 
 /// Writes `bytes` to `at` whole or not at all: a local path through a synced temp file renamed
 /// into place, an object with one PUT.
-pub async fn write(at: &str, bytes: Vec<u8>, store_options: &[(String, String)]) -> Result<()> {
+pub(crate) async fn write(
+    at: &str,
+    bytes: Vec<u8>,
+    store_options: &[(String, String)],
+) -> Result<()> {
     match is_url(at) {
         true => {
             let (store, path) = crate::source::store_of(at, store_options)
@@ -476,7 +480,7 @@ fn record_path(cache_dir: &Path, fingerprint: &str) -> std::path::PathBuf {
 /// Keeps the catalog of a listed dataset in the cache directory (once per fingerprint), so
 /// that a later mount refused by `fingerprint=` can say what changed since. A failure only
 /// loses that detail.
-pub fn record(source: &Source, view: &View, cache_dir: &Path) {
+pub(crate) fn record(source: &Source, view: &View, cache_dir: &Path) {
     if matches!(source.origin, Origin::Snapshot(_)) {
         return;
     }
@@ -497,7 +501,7 @@ pub fn record(source: &Source, view: &View, cache_dir: &Path) {
 /// Refuses a dataset whose fingerprint is not `want`, in one line naming both and, where this
 /// host has seen the dataset `want` names (a snapshot mounted, or a listing kept in
 /// `cache_dir`), what differs.
-pub fn check_fingerprint(source: &Source, want: &str, cache_dir: &Path) -> Result<()> {
+pub(crate) fn check_fingerprint(source: &Source, want: &str, cache_dir: &Path) -> Result<()> {
     let have = source.fingerprint();
     if have == want {
         return Ok(());

@@ -35,14 +35,14 @@ pub struct Item {
     pub name: String,
     pub kind: ItemKind,
     /// The element type as decoded from Arrow (for a stack, its members' common type).
-    pub source_dtype: DType,
+    pub(crate) source_dtype: DType,
     /// The element type served, after `cast=`.
-    pub dtype: DType,
+    pub(crate) dtype: DType,
     /// The shape of one row.
-    pub inner: Vec<usize>,
+    pub(crate) inner: Vec<usize>,
     /// Whether nulls are zero-filled and a mask tensor is served.
-    pub mask: bool,
-    pub unit: Option<&'static str>,
+    pub(crate) mask: bool,
+    pub(crate) unit: Option<&'static str>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,14 +57,14 @@ pub struct Tensor {
     pub name: String,
     pub dtype: DType,
     /// The shape of one row; the batch file's shape is `[rows] + inner`.
-    pub inner: Vec<usize>,
+    pub(crate) inner: Vec<usize>,
     pub item: usize,
     pub part: Part,
     pub unit: Option<&'static str>,
 }
 
 impl Tensor {
-    pub fn row_bytes(&self) -> usize {
+    pub(crate) fn row_bytes(&self) -> usize {
         self.dtype.size() * self.inner.iter().product::<usize>()
     }
 
@@ -80,17 +80,17 @@ pub struct View {
     pub items: Vec<Item>,
     pub tensors: Vec<Tensor>,
     /// The Arrow field indices to read, ascending (the order of a projected batch's columns).
-    pub roots: Vec<usize>,
+    pub(crate) roots: Vec<usize>,
     /// Why a mount would be refused; empty when it would not.
     pub problems: Vec<String>,
     /// The selected columns whose nulls had to be found by reading them: the first file that
     /// holds some, if any (a snapshot records what was found).
-    pub nulls_read: Vec<(usize, Option<String>)>,
+    pub(crate) nulls_read: Vec<(usize, Option<String>)>,
 }
 
 impl View {
     /// Position of a field among the columns of a projected row group.
-    pub fn column_of(&self, field: usize) -> usize {
+    pub(crate) fn column_of(&self, field: usize) -> usize {
         self.roots
             .binary_search(&field)
             .expect("field is projected")
@@ -266,7 +266,7 @@ fn valid_file_name(name: &str) -> bool {
 
 /// Whether an array holds nulls that would be served: for a list, null elements (a null or
 /// empty list is just length 0).
-pub fn has_served_nulls(array: &dyn Array) -> bool {
+pub(crate) fn has_served_nulls(array: &dyn Array) -> bool {
     match array.data_type() {
         DataType::List(_) => array.as_list::<i32>().values().logical_null_count() > 0,
         DataType::LargeList(_) => array.as_list::<i64>().values().logical_null_count() > 0,
@@ -890,7 +890,7 @@ pub async fn build(source: &Source, opts: &Options) -> Result<View> {
 /// [`build`], over the output of a transform where there is one (`applied`): its columns are
 /// then the ones `columns=`, `cast=`, `pad=`, `stack=` and `nulls=` name, and their nulls are
 /// what the transform returned for the first row group.
-pub async fn build_with(
+pub(crate) async fn build_with(
     source: &Source,
     opts: &Options,
     applied: Option<&crate::udf::Applied>,
@@ -939,7 +939,7 @@ pub async fn build_with(
 
 /// Placeholder of the count of objects touched in `dataset.json`, replaced as it is served
 /// (`Fs`): a JSON number padded with spaces to the widest count, so the file's size is fixed.
-pub const TOUCHED_PLACEHOLDER: &str = "0                   ";
+pub(crate) const TOUCHED_PLACEHOLDER: &str = "0                   ";
 
 /// Where the dataset came from: a listing, a summary file, or a snapshot (with its path and,
 /// live, how many of its objects this host has touched).
@@ -969,7 +969,7 @@ fn origin_json(source: &Source) -> serde_json::Value {
 }
 
 /// The content of `dataset.json`.
-pub fn dataset_json(
+pub(crate) fn dataset_json(
     source: &Source,
     view: &View,
     plan: &Plan,

@@ -30,20 +30,20 @@ pub struct Spec {
     /// `FILE.py:NAME` or `MODULE:NAME`.
     pub target: String,
     /// `transform_path=`: where MODULE is imported from.
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     /// `transform_version=`: what the digest cannot see (a vocabulary file's version).
-    pub version: String,
+    pub(crate) version: String,
     /// `transform_workers=`.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// `python=`.
-    pub python: String,
+    pub(crate) python: String,
     /// `transform_columns=`: the source columns the function reads (all where empty).
-    pub columns: Vec<String>,
+    pub(crate) columns: Vec<String>,
 }
 
 /// Why a call gave no output.
 #[derive(Debug, thiserror::Error)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// The function raised: its exception in one line.
     #[error("the transform raised {0}")]
     Raised(String),
@@ -92,7 +92,7 @@ impl Udf {
     /// Starts the pool's first worker (the others start on first use) and checks what the
     /// function is: an import that fails, a name that is missing, or (as root) a source that
     /// other users may write refuses the mount, in one line.
-    pub fn start(spec: Spec) -> Result<Udf> {
+    pub(crate) fn start(spec: Spec) -> Result<Udf> {
         if let Some(dir) = &spec.path
             && !dir.is_dir()
         {
@@ -145,7 +145,7 @@ impl Udf {
     /// The function applied to `batch` (source rows) by one of the workers: its output, the same
     /// number of rows. Blocks until a worker is free; a worker that dies is replaced and the
     /// batch given to its replacement once.
-    pub fn call(&self, batch: &RecordBatch) -> Result<RecordBatch, CallError> {
+    pub(crate) fn call(&self, batch: &RecordBatch) -> Result<RecordBatch, CallError> {
         let request = encode(batch).map_err(|e| CallError::Worker(format!("{e:#}")))?;
         let slot = self.take();
         let answer = self.call_on(slot, &request);
@@ -365,20 +365,20 @@ fn digest(spec: &Spec, sources: &[PathBuf]) -> Result<String> {
 pub struct Applied {
     pub udf: Udf,
     /// Row groups between their decode and the end of their call, at most one a worker.
-    pub calls: Arc<tokio::sync::Semaphore>,
+    pub(crate) calls: Arc<tokio::sync::Semaphore>,
     /// The source's root columns given to the function, ascending.
-    pub input: Vec<usize>,
+    pub(crate) input: Vec<usize>,
     /// The output's schema on the first row group.
-    pub schema: SchemaRef,
+    pub(crate) schema: SchemaRef,
     /// For each output column, whether the first row group's output holds nulls in it.
-    pub nulls: Vec<bool>,
+    pub(crate) nulls: Vec<bool>,
 }
 
 impl Applied {
     /// Calls the function twice on the first row group (on two workers where there are two)
     /// and refuses, in one line, a function that raises, returns another number of rows or
     /// something that is no table, or returns two different outputs (it is not deterministic).
-    pub async fn trial(udf: Udf, source: &crate::source::Source) -> Result<Applied> {
+    pub(crate) async fn trial(udf: Udf, source: &crate::source::Source) -> Result<Applied> {
         let target = udf.spec.target.clone();
         let input: Vec<usize> = match udf.spec.columns.is_empty() {
             true => (0..source.schema.fields().len()).collect(),
@@ -449,7 +449,7 @@ impl Applied {
     /// The function's output for one row group (`pieces`: its source rows, decoded as
     /// `input`), projected to the output columns `roots`. An output of other columns than the
     /// first row group's is an error for that row group.
-    pub fn apply(&self, pieces: Vec<RecordBatch>, roots: &[usize]) -> Result<RecordBatch> {
+    pub(crate) fn apply(&self, pieces: Vec<RecordBatch>, roots: &[usize]) -> Result<RecordBatch> {
         let schema = match pieces.first() {
             Some(p) => p.schema(),
             None => bail!("no rows were decoded"),
