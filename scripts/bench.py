@@ -52,6 +52,11 @@ to NumPy arrays, in these ways:
                             next epoch (from the cached output) against the table without a
                             transform, and the daemon's and the workers' CPU per GB (transform.py)
 
+  the fast path's limits (own tables) time to first batch from the mount command against
+                            PyArrow's and Petastorm's, file:// and S3; the SSD bytes a cold epoch
+                            writes per GB it delivers, per shuffle mode and reader; warm all/ memory
+                            maps against local files at batch sizes 256 to 8192 (limits.py)
+
 and runs the stall experiment: a consumer that needs half of tensorfs's cold throughput, and how
 long it waits on reads. Page caches are dropped before every cold run when we are root.
 Prints a table and writes it as a PNG chart.
@@ -80,6 +85,9 @@ from benchlib.fairness import run_rows as fairness_rows
 from benchlib.streaming_side import streaming_row
 from benchlib.hosts import print_rows as print_hosts
 from benchlib.hosts import run_rows as hosts_rows
+from benchlib.limits import first_batch_s3
+from benchlib.limits import print_rows as print_limits
+from benchlib.limits import run_rows as limits_rows
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
                               read_pyarrow, read_safetensors_files, verify)
 from benchlib.mounts import Caches, Mount, S3Server
@@ -168,7 +176,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu", "streaming", "fairness", "transform"}
+             "hosts", "cpu", "streaming", "fairness", "transform", "limits"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -184,6 +192,7 @@ def run(a) -> int:
     cpu = None
     fair = None
     tr = None
+    lim = None
     B = a.batch_size
     try:
         # ---- data ----------------------------------------------------------------------
@@ -228,6 +237,7 @@ def run(a) -> int:
         # Petastorm's interpreter and its twin dataset, kept for its S3 row (step 5); or why
         # Petastorm cannot run.
         pet_py, pet_err = None, None
+        pet_first: dict = {}  # Petastorm's time to first batch, by store
         pdata = scratch / "data-petastorm"
         if "petastorm" not in skip:
             label = "petastorm make_batch_reader"
@@ -254,6 +264,7 @@ def run(a) -> int:
                     if not cached:
                         e = epochs[0]
                         res.add("petastorm", f"{label}, no cache", e["rows"], e["bytes"], e["seconds"])
+                        pet_first["file"] = e["first_s"]
                     else:
                         e1, e2 = epochs[0], epochs[1]
                         res.add("petastorm_fill", f"{label}, disk cache, 1st epoch", e1["rows"], e1["bytes"], e1["seconds"])
@@ -448,6 +459,12 @@ def run(a) -> int:
         if "small" not in skip and "tensorfs" not in skip and a.small_rows > 0:
             small_rows(res, a, binary, scratch, caches, mounts)
 
+        # ---- 6h. the fast path at its limits: first batch, SSD bytes per GB, warm all/ by batch size
+        if "limits" not in skip and "tensorfs" not in skip:
+            lim = limits_rows(binary, data, scratch, caches, mounts, B, a.rows,
+                              a.tensorfs_options.split(",") if a.tensorfs_options else [])
+            meta["limits"] = lim
+
         # ---- 6f. fair batches: KS of epoch 1's batches, tensorfs's modes against Streaming -----
         if "fairness" not in skip and "tensorfs" not in skip:
             try:
@@ -545,6 +562,7 @@ def run(a) -> int:
                             client.upload_file(str(p), s3.BUCKET, f"{prefix}/{p.name}")
                         e = petastorm_epochs(pet_py, f"s3://{s3.BUCKET}/{prefix}", a, endpoint=s3.url)[0]
                         res.add("petastorm_s3", label, e["rows"], e["bytes"], e["seconds"])
+                        pet_first["s3"] = e["first_s"]
                     except Exception as e:  # any failure: say so and go on
                         res.unavailable("petastorm_s3", label, str(e)[-300:])
                     # Off the server again, so the stall experiment finds it as before.
@@ -554,6 +572,12 @@ def run(a) -> int:
                                 client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
                     except Exception:
                         pass
+                if lim is not None and "tensorfs" not in skip:
+                    try:
+                        first_batch_s3(lim, binary, s3, scratch, caches, mounts, B,
+                                       a.tensorfs_options.split(",") if a.tensorfs_options else [])
+                    except Exception as e:  # any failure: say so and go on
+                        log(f"time to first batch, S3: unavailable: {str(e)[-300:]}")
                 # ---- 5b. many hosts: rank views of the S3 prefix, partitions=1 and =W ------------
                 if "hosts" not in skip:
                     try:
@@ -594,6 +618,10 @@ def run(a) -> int:
     report(res, stalls, meta, a)
     if cpu is not None:
         print("\n" + "\n".join(print_cpu(cpu)))
+    if lim is not None:
+        for store, t in pet_first.items():
+            lim["first"].setdefault(store, {})["petastorm"] = t
+        print("\n" + "\n".join(print_limits(lim)))
     if fair is not None:
         if "unavailable" in fair:
             print(f"\nFair batches: unavailable: {fair['unavailable']}")
@@ -631,7 +659,7 @@ def main() -> int:
     ap.add_argument("--png", default="bench.png", help="chart to write (default bench.png); '' for none")
     ap.add_argument("--json", help="also write every measurement as JSON here")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming,fairness,transform (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
+                    "small,stall,hosts,cpu,streaming,fairness,transform,limits (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
                     "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3; streaming also "
                     "leaves Streaming out of the fair-batches rows; petastorm also leaves Petastorm's rows out of the transform table)")
     ap.add_argument("--streaming-rows", type=int, default=20_000,

@@ -60,6 +60,8 @@ def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: 
         kw.update(cache_type="local-disk", cache_location=cache_dir,
                   cache_size_limit=4 * rows_total * ROW_BYTES + (1 << 30), cache_row_size_estimate=ROW_BYTES)
     out = []
+    first_s = None
+    opened = time.perf_counter()
     with make_batch_reader(url, num_epochs=epochs, **kw) as reader:
         rows = nbytes = 0
         t = time.perf_counter()
@@ -74,9 +76,11 @@ def petastorm_worker(url: str, rows_total: int, cache_dir: str | None, workers: 
                     raise RuntimeError(f"petastorm emb has shape {v.shape}")
                 nbytes += v.nbytes
             rows += n
+            if first_s is None:
+                first_s = time.perf_counter() - opened  # from make_batch_reader to a first batch
             if rows >= rows_total:
                 now = time.perf_counter()
-                out.append({"rows": rows, "bytes": nbytes, "seconds": now - t})
+                out.append({"rows": rows, "bytes": nbytes, "seconds": now - t, "first_s": first_s})
                 rows = nbytes = 0
                 t = now
     print(json.dumps(out), flush=True)

@@ -314,7 +314,7 @@ def run_rows(a, binary: Path, scratch: Path, caches, mounts: list, skip: set) ->
     import numpy as np
 
     from .dataset import parquet_files
-    from .methods import read_safetensors_files
+    from .methods import read_npy_slices, read_safetensors_files
     from .mounts import Mount
 
     rows, B, N = a.transform_rows, a.batch_size, a.transform_workers or os.cpu_count()
@@ -382,7 +382,7 @@ def run_rows(a, binary: Path, scratch: Path, caches, mounts: list, skip: set) ->
             if not np.array_equal(np.load(root / f"{k}.npy"), want[k][ids]):
                 raise RuntimeError(f"tensorfs {what}: {k} differs from the transform applied to the source rows")
 
-    def epochs(key, label, options, verify, remount=False):
+    def epochs(key, label, options, verify, remount=False, reader="files"):
         cache = scratch / f"cache-{key}"
         mnt = scratch / f"mnt-{key}"
         shutil.rmtree(cache, ignore_errors=True)
@@ -394,10 +394,14 @@ def run_rows(a, binary: Path, scratch: Path, caches, mounts: list, skip: set) ->
             m = Mount(binary, f"file://{data}", mnt, base)
             mounts.append(m)
             n = m.dataset()["batches_per_epoch"]
+            names = [t["name"] for t in m.dataset()["tensors"]]
             own, kids, stats = *cpu_ticks(m.pids), m.stats()
             got = {}
             for e, what in ((0, "cold"), (1, "epoch 1, right after")):
-                r = read_safetensors_files(m.mnt / f"epoch-{e}", n)
+                if reader == "all":
+                    r = read_npy_slices(m.mnt / f"epoch-{e}" / "all", rows, B, names)
+                else:
+                    r = read_safetensors_files(m.mnt / f"epoch-{e}", n)
                 own1, kids1 = cpu_ticks(m.pids)
                 stats1 = m.stats()
                 got[e] = add(f"{key}_e{e}", f"{label}, {what}", *r, daemon_cpu_s=ticks_delta(own, own1),
@@ -440,6 +444,15 @@ def run_rows(a, binary: Path, scratch: Path, caches, mounts: list, skip: set) ->
     epochs("tr_tfs_fn", "tensorfs, plain function", [f"transform={code / 'features.py'}:transform",
                                                      f"python={VENV_PY}", *common], True)
     epochs("tr_tfs_none", "tensorfs, no transform (columns= without city)", [f"columns={':'.join(PLAIN_COLUMNS)}"], False)
+    # The fast path (PRODUCT.md §6): the same epochs read through all/NAME.npy memory maps,
+    # batch by batch, one open per tensor and epoch instead of one per batch file.
+    if pet_py is not None:
+        epochs("tr_tfs_spec_all", "tensorfs, TransformSpec, all/*.npy slices",
+               [f"transform={code / 'features_spec.py'}:spec", f"python={pet_py}", *common], False, reader="all")
+    epochs("tr_tfs_fn_all", "tensorfs, plain function, all/*.npy slices",
+           [f"transform={code / 'features.py'}:transform", f"python={VENV_PY}", *common], False, reader="all")
+    epochs("tr_tfs_none_all", "tensorfs, no transform, all/*.npy slices", [f"columns={':'.join(PLAIN_COLUMNS)}"],
+           False, reader="all")
     shutil.rmtree(data, ignore_errors=True)
     return out
 
@@ -478,8 +491,11 @@ def print_rows(tr: dict) -> None:
     spec = get(tr, "tr_tfs_spec_e0")
     for pool in ("thread", "process"):
         p = get(tr, f"tr_petastorm_{pool}")
-        if spec and p:
-            lines.append(f"tensorfs cold with the TransformSpec / petastorm {pool} pool (MB/s): {spec['mb_s'] / p['mb_s']:.2f}")
+        for key, what in (("tr_tfs_spec_e0", "batch files"), ("tr_tfs_spec_all_e0", "all/*.npy slices")):
+            r = get(tr, key)
+            if r and p:
+                lines.append(f"tensorfs cold with the TransformSpec, {what} / petastorm {pool} pool (MB/s): "
+                             f"{r['mb_s'] / p['mb_s']:.2f}")
     fn = get(tr, "tr_tfs_fn_e0")
     if fn and spec:
         lines.append(f"plain function / TransformSpec, tensorfs cold (MB/s): {fn['mb_s'] / spec['mb_s']:.2f}")

@@ -18,6 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use std::io::{BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -214,6 +215,10 @@ impl Udf {
     }
 }
 
+/// The pipe buffer asked for each way between the daemon and a worker: the default most an
+/// unprivileged process may set (`/proc/sys/fs/pipe-max-size`).
+const PIPE_BYTES: libc::c_int = 1 << 20;
+
 /// Starts one worker and reads its hello.
 fn spawn(spec: &Spec) -> Result<(Worker, Hello)> {
     let mut cmd = Command::new(&spec.python);
@@ -233,7 +238,15 @@ fn spawn(spec: &Spec) -> Result<(Worker, Hello)> {
         )
     })?;
     let stdin = child.stdin.take().expect("piped");
-    let stdout = BufReader::new(child.stdout.take().expect("piped"));
+    let stdout = child.stdout.take().expect("piped");
+    // A row group is megabytes each way: in the default 64 KiB of a pipe, each of its pieces
+    // was a switch between the daemon and the worker. The most an unprivileged pipe may hold
+    // is asked for; where the system allows less, the default stays.
+    for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
+        // SAFETY: fcntl on a descriptor this process owns; no memory is passed.
+        unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES) };
+    }
+    let stdout = BufReader::new(stdout);
     let mut worker = Worker {
         child,
         stdin,
