@@ -10,8 +10,9 @@
 mod cache;
 pub mod client;
 pub mod error;
-mod fuse;
+mod kernel;
 mod metrics;
+pub mod model;
 pub mod mount;
 pub mod options;
 pub mod read;
@@ -81,6 +82,96 @@ pub(crate) fn describe(e: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// The folders and modules of `src/`, bottom up: each may use only those in layers below
+    /// its own (and the functions of this file). Modules of one layer stand beside each other
+    /// and use none of the others. docs/dev/architecture.md draws it.
+    const LAYERS: &[&[&str]] = &[
+        &["model", "stats", "error"],
+        &["udf"],
+        &["options"],
+        &["source", "cache"],
+        &["read"],
+        &["requests"],
+        &["kernel", "metrics", "client"],
+        &["mount"],
+    ];
+
+    /// The `crate::` modules each top-level module's code (its tests aside) names, by file.
+    fn uses() -> Vec<(String, String, String)> {
+        fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut all = Vec::new();
+        files(&src, &mut all);
+        let mut out = Vec::new();
+        for path in all {
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let top = rel
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            for line in code.lines() {
+                let line = line.split("//").next().unwrap();
+                for (at, _) in line.match_indices("crate::") {
+                    let name: String = line[at + 7..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if name != top {
+                        out.push((rel.clone(), top.clone(), name));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn no_module_uses_one_above_or_beside_it() {
+        let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+        let uses = uses();
+        // The scan finds what is there: the wiring uses the read path.
+        assert!(
+            uses.iter()
+                .any(|(_, top, used)| top == "mount" && used == "read")
+        );
+        let mut wrong = Vec::new();
+        for (file, top, used) in uses {
+            if top == "main" || top == "lib" {
+                continue;
+            }
+            let Some(own) = layer(&top) else {
+                wrong.push(format!("{file}: module `{top}` has no layer"));
+                continue;
+            };
+            // A name of no layer is a function of lib.rs (`describe`, `catch_panic`).
+            if let Some(theirs) = layer(&used)
+                && theirs >= own
+            {
+                wrong.push(format!("{file} ({top}) uses crate::{used}"));
+            }
+        }
+        wrong.sort();
+        wrong.dedup();
+        assert!(wrong.is_empty(), "layers broken:\n{}", wrong.join("\n"));
+    }
+
     #[test]
     fn causes_are_described_once() {
         let inner = anyhow::anyhow!("object 'a' changed");

@@ -2,17 +2,17 @@
 //! checks made before anything is mounted, daemonising, and the FUSE session's life.
 
 use crate::cache::DiskCache;
-use crate::cache::eviction::Eviction;
-use crate::fuse::FuseAdapter;
+use crate::kernel::fuse::FuseAdapter;
 use crate::metrics::Endpoint;
+use crate::model::partitions::PlanFile;
+use crate::model::plan::{Orders, Plan, Shuffle};
 use crate::options::Options;
 use crate::read::ahead::Ahead;
 use crate::read::builder::{Builder, Limits, Parts};
+use crate::read::eviction::Eviction;
 use crate::read::layout::Layout;
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::PageCache;
-use crate::read::partitions::PlanFile;
-use crate::read::plan::{Orders, Plan, Shuffle};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::Readers;
 use crate::requests::Requests;
@@ -74,7 +74,25 @@ impl Dataset {
         let udf = match opts.udf() {
             Some(spec) => {
                 let udf = tokio::task::block_in_place(|| crate::udf::Udf::start(spec))?;
-                Some(Arc::new(crate::udf::Applied::trial(udf, &source).await?))
+                let input = crate::udf::Applied::input_columns(&udf, &source.schema)?;
+                // The trial's row group: the first that holds rows.
+                let first = (source.files.iter().enumerate()).find_map(|(f, file)| {
+                    Some((f, file.live_rg_rows().iter().position(|&r| r > 0)?))
+                });
+                let (batch, at) = match first {
+                    Some((f, rg)) => (
+                        source.read_row_group(f, rg, &input).await?,
+                        format!("file '{}' row group {rg}", source.files[f].name),
+                    ),
+                    None => (
+                        arrow::array::RecordBatch::new_empty(Arc::new(
+                            source.schema.project(&input)?,
+                        )),
+                        "an empty dataset".to_string(),
+                    ),
+                };
+                let trial = || crate::udf::Applied::trial(udf, input, batch, &at);
+                Some(Arc::new(tokio::task::block_in_place(trial)?))
             }
             None => None,
         };
@@ -190,8 +208,8 @@ impl Dataset {
         // The transform's own identity: its sources' digest (the options name it only).
         let udf = self.udf.as_ref().map_or("", |a| a.udf.digest());
         let ckey =
-            crate::cache::kept::key_name(&[decode.as_bytes(), columns.as_bytes(), udf.as_bytes()]);
-        let bkey = crate::cache::kept::key_name(&[
+            crate::model::kept::key_name(&[decode.as_bytes(), columns.as_bytes(), udf.as_bytes()]);
+        let bkey = crate::model::kept::key_name(&[
             fingerprint.as_bytes(),
             columns.as_bytes(),
             order.as_bytes(),
@@ -403,7 +421,7 @@ pub fn check_mountpoint(mountpoint: &str, nonempty: bool) -> Result<PathBuf> {
 }
 
 fn create_cache_dir(dir: &Path) -> Result<()> {
-    crate::cache::kept::private_dir(dir).with_context(|| format!("cache_dir '{}'", dir.display()))
+    crate::model::kept::private_dir(dir).with_context(|| format!("cache_dir '{}'", dir.display()))
 }
 
 /// How the mounted daemon tells the `tensorfs mount` process it is ready, or why it failed.
@@ -928,7 +946,8 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         if let Some(w) = &mut watcher {
             w.watch(mountpoint);
         }
-        fs.store_in(PageCache::new(session.notifier(), mountpoint), kernel_opens);
+        let kernel = Arc::new(crate::kernel::Session::new(session.notifier()));
+        fs.store_in(PageCache::new(kernel, mountpoint), kernel_opens);
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }

@@ -4,8 +4,8 @@
 //! produced and served; object_store keys configure the source. Options that mount(8) and
 //! fstab pass to every filesystem are accepted and ignored.
 
-use crate::read::dtype::DType;
-use crate::read::plan::{OrderOptions, Shuffle};
+use crate::model::dtype::DType;
+use crate::model::plan::{OrderOptions, Shuffle};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -1158,7 +1158,7 @@ impl Options {
     /// Rows per block of `shuffle=block`: as given, else MosaicML Streaming's default block for
     /// as many canonical nodes as partitions.
     pub(crate) fn block(&self) -> u64 {
-        (self.shuffle_block).unwrap_or_else(|| crate::read::plan::default_block(self.partitions))
+        (self.shuffle_block).unwrap_or_else(|| crate::model::plan::default_block(self.partitions))
     }
 
     /// The content options, as two values the cache keys are derived from: what decides the

@@ -7,7 +7,9 @@
 //!
 //! The mount's test needs root and /dev/fuse (as CI has); elsewhere it says so and passes
 //! vacuously. The same model is checked against the filesystem core in process
-//! (`the_core_matches_the_model`), which needs neither.
+//! (`the_core_matches_the_model`), which needs neither: a fake kernel keeps the pages the
+//! daemon stores in its page cache (a shuffled epoch's batch files), and reads find them there
+//! first, as they would in the kernel.
 
 use arrow::array::{
     ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
@@ -16,16 +18,17 @@ use arrow::datatypes::{DataType, Field};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use proptest::prelude::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use tensorfs::model::dtype::DType;
+use tensorfs::model::partitions::PlanFile;
+use tensorfs::model::plan::{OrderOptions, Plan, Shuffle};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
-use tensorfs::read::dtype::DType;
 use tensorfs::read::format::{self, TensorLayout};
-use tensorfs::read::partitions::PlanFile;
-use tensorfs::read::plan::{OrderOptions, Plan, Shuffle};
+use tensorfs::read::page_cache::{Kernel, PageCache};
 use tensorfs::requests::fs::{Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 
@@ -449,11 +452,64 @@ impl Under for Mounted {
 
 /// The filesystem core in process: the requests of `tensorfs::requests` over the same
 /// dataset and options, a passthrough read served from the backing file the kernel would have
-/// been handed.
+/// been handed, and a read of a file whose pages the kernel keeps served from the pages the
+/// daemon stored first.
 struct Core {
     runtime: tokio::runtime::Runtime,
     requests: Arc<Requests<usize>>,
     backing: Arc<std::sync::Mutex<Vec<std::fs::File>>>,
+    kernel: Arc<PageStore>,
+}
+
+const PAGE: u64 = 4096;
+
+/// The kernel's page cache as far as the daemon's stores fill it: each inode's pages by offset.
+/// There is no mount to call into: names are never known ahead (the daemon then stores a file
+/// as it is opened, by the inode the open gave it).
+#[derive(Default)]
+struct PageStore {
+    pages: std::sync::Mutex<HashMap<u64, BTreeMap<u64, Vec<u8>>>>,
+}
+
+impl Kernel for PageStore {
+    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        // The kernel fills pages: a store starts at one (only whole pages, and a file's last,
+        // are marked filled).
+        assert_eq!(offset % PAGE, 0, "a store at {offset} starts inside a page");
+        let mut pages = self.pages.lock().unwrap();
+        let file = pages.entry(ino).or_default();
+        for (k, page) in bytes.chunks(PAGE as usize).enumerate() {
+            file.insert(offset + k as u64 * PAGE, page.to_vec());
+        }
+        Ok(())
+    }
+
+    fn cached_ino(&self, _: &Path) -> Option<u64> {
+        None
+    }
+
+    fn call_into_mount(&self, job: Box<dyn FnOnce() + Send>) -> std::io::Result<()> {
+        job();
+        Ok(())
+    }
+}
+
+impl PageStore {
+    /// The bytes from `at` on that inode `ino`'s stored page holding `at` has, if any.
+    fn cached(&self, ino: u64, at: u64, len: usize) -> Option<Vec<u8>> {
+        let pages = self.pages.lock().unwrap();
+        let page = pages.get(&ino)?.get(&(at - at % PAGE))?;
+        let from = (at % PAGE) as usize;
+        (from < page.len()).then(|| page[from..page.len().min(from + len)].to_vec())
+    }
+
+    fn stored(&self, ino: u64) -> usize {
+        self.pages
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .map_or(0, BTreeMap::len)
+    }
 }
 
 /// Registers backing files as the kernel would, keeping each to read it as the kernel does.
@@ -489,11 +545,17 @@ impl Core {
             (dataset.filesystem(&opts, tokio::runtime::Handle::current()))
                 .map_err(|e| e.to_string())
         })?;
+        let kernel = Arc::new(PageStore::default());
+        // No mount point: the daemon's calls into its mount (to make names known) fail, as
+        // they may in a real mount, and opens store their files themselves.
+        let mountpoint = Path::new("/nonexistent/tensorfs-in-process");
+        fs.store_in(PageCache::new(kernel.clone(), mountpoint), false);
         let requests = Arc::new(Requests::new(Arc::new(fs), true, false));
         Ok(Core {
             runtime,
             requests,
             backing: Arc::default(),
+            kernel,
         })
     }
 
@@ -560,6 +622,18 @@ impl Under for Core {
                     buf.truncate(n);
                     buf
                 }
+                Served::Cached if self.kernel.stored(ino) > 0 => {
+                    // A page the daemon stored, else a read of that page from the daemon.
+                    let left = want - got.len();
+                    match self.kernel.cached(ino, at, left) {
+                        Some(bytes) => bytes,
+                        None => {
+                            let size = (PAGE - at % PAGE).min(left as u64) as u32;
+                            let read = self.requests.read(ino, opened.fh, at, size);
+                            self.answered(read).map_err(errno)?
+                        }
+                    }
+                }
                 _ => {
                     let size = (want - got.len()).min(1 << 17) as u32;
                     let read = self.requests.read(ino, opened.fh, at, size);
@@ -614,7 +688,7 @@ impl Setup {
             drop_last: cfg.drop_last,
             shuffle: cfg.shuffle,
             window: 4,
-            block: tensorfs::read::plan::default_block(cfg.partitions),
+            block: tensorfs::model::plan::default_block(cfg.partitions),
             seed: cfg.seed,
             partitions: cfg.partitions,
         };
@@ -796,6 +870,77 @@ fn xattr_path(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 use std::os::unix::ffi::OsStringExt;
+
+/// The default shuffled epoch's open path, in process: a batch file's open is answered for the
+/// kernel to keep its pages, its bytes are stored in the page cache (not written to the cache
+/// directory), and what a reader then gets, stored pages first, is the model's file.
+#[test]
+fn a_shuffled_epoch_s_batch_files_are_stored_in_the_page_cache() {
+    let cfg = Config {
+        shuffle: Shuffle::Block,
+        batch_size: 16,
+        world: None,
+        drop_last: false,
+        cast_x: false,
+        seed: 7,
+        partitions: 1,
+    };
+    let setup = Setup::new(&cfg);
+    std::fs::create_dir_all(setup.cache()).unwrap();
+    let core = Core::new(&setup.data(), &cfg.options(&setup.cache())).unwrap();
+    for i in 0..3u64 {
+        let target = Target {
+            gds: false,
+            epoch: 1,
+            rank: None,
+            batch: i,
+            file: FileSel::Safetensors,
+        };
+        let rel = target.rel(&setup.model.names);
+        let ino = core.ino(&rel).unwrap();
+        let registrar = Keeping(core.backing.clone());
+        let (_, opened) = core.answered(core.requests.open(ino, libc::O_RDONLY, registrar));
+        let opened = opened.unwrap();
+        assert!(
+            matches!(opened.served, Served::Cached),
+            "batch {i}: not left to the kernel's pages"
+        );
+        core.requests.release(ino, opened.fh);
+        // The store follows the open's answer, on the daemon's threads.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while core.kernel.stored(ino) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            core.kernel.stored(ino) > 0,
+            "batch {i}: nothing stored in the page cache"
+        );
+        let want = setup.model.want(&target);
+        let got = core.read(&rel, 0, usize::MAX).unwrap();
+        assert_eq!(Want::File(got), want, "batch {i}");
+    }
+    let written: Vec<_> = walk(&setup.cache())
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "batch files written to the cache: {written:?}"
+    );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match path.is_dir() {
+            true => out.extend(walk(&path)),
+            false => out.push(path),
+        }
+    }
+    out
+}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]

@@ -41,14 +41,12 @@
 //! meta, and where the meta lives), `eviction` (what goes first), `kept` (small checked files
 //! kept between mounts).
 
-pub(crate) mod eviction;
 mod format;
-pub(crate) mod kept;
 mod one_open;
 
-use crate::cache::kept::private_dir;
-use crate::read::layout::{Item, Layout};
-use crate::read::plan::BatchRef;
+use crate::model::item::{Item, ItemNames};
+use crate::model::kept::private_dir;
+use crate::model::plan::BatchRef;
 use crate::stats::Stats;
 use anyhow::{Result, bail};
 use format::{
@@ -196,7 +194,7 @@ pub(crate) struct DiskCache {
     ckey: String,
     bkey: String,
     /// Batch files are named as the mount shows them.
-    layout: std::sync::Arc<Layout>,
+    layout: std::sync::Arc<dyn ItemNames>,
     capacity: u64,
     entries: Mutex<HashMap<Item, Entry>>,
     /// How many files of each (epoch, batch) the cache holds.
@@ -240,7 +238,7 @@ impl DiskCache {
         ckey: String,
         bkey: String,
         capacity: u64,
-        layout: std::sync::Arc<Layout>,
+        layout: std::sync::Arc<dyn ItemNames>,
         columns: Vec<String>,
         stats: &Stats,
     ) -> Result<DiskCache> {
@@ -356,7 +354,7 @@ impl DiskCache {
             let Some(epoch) = ep
                 .file_name()
                 .to_str()
-                .and_then(crate::read::layout::parse_epoch)
+                .and_then(|name| self.layout.parse_epoch(name))
             else {
                 continue;
             };
@@ -424,7 +422,7 @@ impl DiskCache {
             Item::Columns { .. } => &self.ckey,
             _ => &self.bkey,
         };
-        crate::cache::kept::hash32(&[
+        crate::model::kept::hash32(&[
             key.as_bytes(),
             self.path(item).as_os_str().as_encoded_bytes(),
         ])
@@ -1034,11 +1032,11 @@ mod tests {
             "c".into(),
             "b".into(),
             capacity,
-            std::sync::Arc::new(Layout::new(
+            std::sync::Arc::new(crate::read::layout::Layout::new(
                 ["x", "y.len"]
                     .map(|name| crate::source::view::Tensor {
                         name: name.into(),
-                        dtype: crate::read::dtype::DType::I32,
+                        dtype: crate::model::dtype::DType::I32,
                         inner: vec![],
                         item: 0,
                         part: crate::source::view::Part::Data,
@@ -1087,8 +1085,8 @@ mod tests {
 
     #[test]
     fn a_kept_one_open_file_is_found_by_a_later_mount_and_checked() {
-        use crate::read::layout::FileKind;
-        use crate::read::plan::Batches;
+        use crate::model::item::FileKind;
+        use crate::model::plan::Batches;
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);

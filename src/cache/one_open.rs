@@ -5,7 +5,7 @@
 
 use super::format::{meta_bytes, meta_len, meta_path};
 use super::{DiskCache, Entry, Stamp};
-use crate::read::layout::Item;
+use crate::model::item::Item;
 use crate::stats::Stats;
 use anyhow::Result;
 use std::collections::HashMap;
@@ -18,7 +18,7 @@ impl DiskCache {
     /// Those without their meta are removed; the others are checked on first use.
     pub(super) fn scan_kept(&self, entries: &mut HashMap<Item, Entry>) -> u64 {
         let mut used = 0;
-        let dir = self.batches.join(crate::read::layout::KEPT_ALL);
+        let dir = self.batches.join(self.layout.kept_all());
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {

@@ -31,10 +31,11 @@
 //! ctime), the rule of batch files.
 
 use crate::cache::{DiskCache, Stamp};
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::{Batches, Chain, Plan};
 use crate::read::builder::Builder;
-use crate::read::layout::{FileKind, Item, Layout};
+use crate::read::layout::Layout;
 use crate::read::materialize::Materializer;
-use crate::read::plan::{Batches, Chain, Plan};
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use std::collections::{BTreeSet, HashMap};

@@ -4,10 +4,11 @@
 //! `memory_limit`, and the memory they hold is accounted here.
 
 use crate::cache::DiskCache;
-use crate::cache::eviction::Eviction;
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
 use crate::read::budget::Budget;
-use crate::read::layout::{FileKind, Item, Layout};
-use crate::read::plan::{BatchRef, Orders, Plan, Shuffle};
+use crate::read::eviction::Eviction;
+use crate::read::layout::Layout;
 use crate::read::pool::{Background, Pool, ReaderWaits};
 use crate::read::transform::{self, Columns};
 use crate::source::Source;

@@ -5,7 +5,7 @@
 //! [`DATA_ALIGN`] (4096): `O_DIRECT` and `cuFileRead` readers can read the data at aligned
 //! offsets. Data is little-endian, C order.
 
-use crate::read::dtype::DType;
+use crate::model::dtype::DType;
 
 /// Where tensor data starts in every batch file.
 pub(crate) const DATA_ALIGN: usize = 4096;

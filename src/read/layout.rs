@@ -3,8 +3,9 @@
 //! data). The local cache stores batch files under the same names, byte for byte, so that the
 //! kernel can pass reads through to them.
 
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::Batches;
 use crate::read::format::{self, TensorLayout};
-use crate::read::plan::{BatchRef, Batches};
 use crate::source::view::Tensor;
 use std::path::PathBuf;
 
@@ -12,73 +13,6 @@ use std::path::PathBuf;
 pub(crate) const ALL_SAFETENSORS: &str = "all.safetensors";
 /// The name of a directory's folder of one-open `.npy` files.
 pub(crate) const ALL: &str = "all";
-
-/// Which file of a batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum FileKind {
-    /// `NNNNNN.safetensors`: every tensor.
-    Safetensors,
-    /// `NNNNNN/NAME.npy`: tensor `t`.
-    Npy(usize),
-}
-
-/// A file the local cache may hold: a row group's decoded columns, a batch file, or a
-/// directory's one-open file built ahead ([`crate::read::ahead`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Item {
-    Columns {
-        rg: usize,
-    },
-    Safetensors {
-        epoch: u64,
-        batch: u64,
-    },
-    Npy {
-        epoch: u64,
-        batch: u64,
-        tensor: usize,
-    },
-    /// `all.safetensors` or `all/NAME.npy` of a directory (with its epoch as the plan repeats
-    /// it).
-    All {
-        dir: Batches,
-        kind: FileKind,
-    },
-}
-
-impl Item {
-    /// The item of file `kind` of batch `b`.
-    pub(crate) fn of(kind: FileKind, b: BatchRef) -> Item {
-        let (epoch, batch) = (b.epoch(), b.index());
-        match kind {
-            FileKind::Safetensors => Item::Safetensors { epoch, batch },
-            FileKind::Npy(tensor) => Item::Npy {
-                epoch,
-                batch,
-                tensor,
-            },
-        }
-    }
-
-    /// The batch of a batch file.
-    pub(crate) fn batch(&self) -> Option<BatchRef> {
-        match *self {
-            Item::Columns { .. } | Item::All { .. } => None,
-            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
-                Some(BatchRef::of_item(epoch, batch))
-            }
-        }
-    }
-
-    /// The file of its batch it is.
-    pub(crate) fn kind(&self) -> Option<FileKind> {
-        match *self {
-            Item::Columns { .. } | Item::All { .. } => None,
-            Item::Safetensors { .. } => Some(FileKind::Safetensors),
-            Item::Npy { tensor, .. } => Some(FileKind::Npy(tensor)),
-        }
-    }
-}
 
 /// Batch `i`'s name, `{i:06d}`: its directory's, and its safetensors file's stem. Six digits, and
 /// as many as it has past batch 999999, so that one name never depends on the epoch's length.
@@ -190,6 +124,28 @@ pub(crate) fn parse_rank(name: &str) -> Option<(u64, u64)> {
         .and_then(|s| s.split_once("-of-"))
         .and_then(|(r, w)| Some((number(r)?, number(w)?)))
         .filter(|&(r, w)| r < w)
+}
+
+impl crate::model::item::ItemNames for Layout {
+    fn item_path(&self, item: Item) -> PathBuf {
+        Layout::item_path(self, item)
+    }
+
+    fn parse_batch_file(&self, epoch: u64, batch_dir: Option<&str>, name: &str) -> Option<Item> {
+        Layout::parse_batch_file(self, epoch, batch_dir, name)
+    }
+
+    fn parse_all_name(&self, name: &str) -> Option<Item> {
+        Layout::parse_all_name(self, name)
+    }
+
+    fn parse_epoch(&self, name: &str) -> Option<u64> {
+        parse_epoch(name)
+    }
+
+    fn kept_all(&self) -> &'static str {
+        KEPT_ALL
+    }
 }
 
 /// The files of a mount: names and sizes from the tensor view alone.
@@ -493,8 +449,8 @@ mod tests {
             unit: None,
         };
         let layout = Layout::new(vec![
-            tensor("a", crate::read::dtype::DType::I64, vec![]),
-            tensor("b", crate::read::dtype::DType::F32, vec![2]),
+            tensor("a", crate::model::dtype::DType::I64, vec![]),
+            tensor("b", crate::model::dtype::DType::F32, vec![2]),
         ]);
         // 10 rows in batches of 4 (the last of 2): a is 8 B a row, b 8 B a row.
         let kind = FileKind::Safetensors;

@@ -3,10 +3,11 @@
 //! prefetches want it.
 
 use crate::cache::DiskCache;
-use crate::cache::eviction::Eviction;
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::{BatchRef, Plan};
 use crate::read::builder::{Builder, Memo, Weighted};
-use crate::read::layout::{FileKind, Item, Layout};
-use crate::read::plan::{BatchRef, Plan};
+use crate::read::eviction::Eviction;
+use crate::read::layout::Layout;
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;

@@ -5,20 +5,17 @@
 //! tensor columns and gathers batches; `builder` builds row groups and batches on the worker
 //! `pool`, within the memory `budget`; `materialize` writes batch files into the cache; `readers` records where readers
 //! are; `prefetch` follows them, `ahead` builds the next epoch's one-open files, and
-//! `page_cache` stores built files in the kernel's page cache, making them known to it through
-//! `own_mount`, the daemon's own calls into its mount.
+//! `page_cache` stores built files in the kernel's page cache, making them known to it, through
+//! the `Kernel` it owns (the FUSE session's, in `kernel/`).
 
 pub(crate) mod ahead;
 pub(crate) mod budget;
 pub(crate) mod builder;
-pub mod dtype;
+pub(crate) mod eviction;
 pub mod format;
 pub mod layout;
 pub(crate) mod materialize;
-pub(crate) mod own_mount;
-pub(crate) mod page_cache;
-pub mod partitions;
-pub mod plan;
+pub mod page_cache;
 pub(crate) mod pool;
 pub(crate) mod prefetch;
 pub(crate) mod readers;

@@ -25,15 +25,14 @@
 //! (the header's, the data starts at 4096) is left out: the reader's read of it is a round trip
 //! that says where it is, paid once for those few files.
 
+use crate::model::item::FileKind;
+use crate::model::plan::Batches;
 use crate::read::builder::{Batch, Builder};
 use crate::read::layout::{
-    DOT_ENTRIES, FileKind, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
+    DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
-use crate::read::own_mount::{OwnMount, cached_ino};
-use crate::read::plan::Batches;
 use crate::stats::Stats;
 use anyhow::Result;
-use fuser::{INodeNo, Notifier};
 use lru::LruCache;
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -53,25 +52,52 @@ const LISTED_DIRS: usize = 64;
 /// The names one listing of a directory gave.
 type Listing = Arc<HashSet<OsString>>;
 
+/// What the page cache asks of the kernel. The FUSE session answers it (`kernel::Session`);
+/// tests supply a fake that keeps the stored pages, so that the open path of a shuffled epoch
+/// runs in-process.
+pub trait Kernel: Send + Sync {
+    /// Stores `bytes` at `offset` in the page cache of inode `ino` (`FUSE_NOTIFY_STORE`). The
+    /// kernel drops a store to an inode it does not hold, without an error.
+    fn store(&self, ino: u64, offset: u64, bytes: &[u8]) -> std::io::Result<()>;
+    /// The inode of `path` (under the mount point) where the kernel knows it without asking
+    /// the daemon; `None` where it would have to ask.
+    fn cached_ino(&self, path: &Path) -> Option<u64>;
+    /// Runs `job`, which calls into the mount (listings, looks at names), where such calls are
+    /// made safely, without waiting for it: the daemon's own requests must never be waited on
+    /// by a thread that holds its descriptors.
+    fn call_into_mount(&self, job: Box<dyn FnOnce() + Send>) -> std::io::Result<()>;
+}
+
+/// Runs `f` through [`Kernel::call_into_mount`] and waits for its result. Blocking.
+fn call_into_mount<T: Send + 'static>(
+    kernel: &dyn Kernel,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<T> {
+    let (done, result) = std::sync::mpsc::sync_channel(1);
+    kernel.call_into_mount(Box::new(move || {
+        let _ = done.send(f());
+    }))?;
+    result
+        .recv()
+        .map_err(|_| std::io::Error::other("a call into the mount ended without an answer"))
+}
+
 #[derive(Clone)]
-pub(crate) struct PageCache {
-    notifier: Notifier,
+pub struct PageCache {
+    kernel: Arc<dyn Kernel>,
     mountpoint: PathBuf,
     /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
-    /// Where the calls into the mount that the kernel cannot answer alone are made.
-    own: Arc<OwnMount>,
 }
 
 impl PageCache {
-    pub(crate) fn new(notifier: Notifier, mountpoint: &Path) -> PageCache {
+    pub fn new(kernel: Arc<dyn Kernel>, mountpoint: &Path) -> PageCache {
         PageCache {
-            notifier,
+            kernel,
             mountpoint: mountpoint.to_path_buf(),
             listed: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
-            own: Arc::new(OwnMount::start()),
         }
     }
 
@@ -124,19 +150,21 @@ impl PageCache {
     /// whose lookup makes the kernel's listing from an offset a READDIRPLUS.
     ///
     /// A name a listing gave is looked at without asking the daemon where the kernel still
-    /// holds it; everything else goes through the mount on [`OwnMount`]'s thread.
+    /// holds it; everything else goes through the mount ([`Kernel::call_into_mount`]).
     fn make_known(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
         if self.was_listed(dir, name)
-            && let Some(ino) = cached_ino(&self.mountpoint.join(dir).join(name))
+            && let Some(ino) = (self.kernel).cached_ino(&self.mountpoint.join(dir).join(name))
         {
             return Ok(ino);
         }
         let (me, dir, name) = (self.clone(), dir.to_string(), name.to_string());
-        self.own
-            .call(move || me.make_known_through_mount(&dir, at, &name))?
+        call_into_mount(&*self.kernel, move || {
+            me.make_known_through_mount(&dir, at, &name)
+        })?
     }
 
-    /// [`PageCache::make_known`] by calls into the mount. Only on [`OwnMount`]'s thread.
+    /// [`PageCache::make_known`] by calls into the mount. Only through
+    /// [`Kernel::call_into_mount`].
     fn make_known_through_mount(&self, dir: &str, at: u64, name: &str) -> std::io::Result<u64> {
         let listed = self.was_listed(dir, name);
         if !listed && at == 0 {
@@ -151,9 +179,9 @@ impl PageCache {
 
     /// Lists mount directory `dir` from its entry `at` on, its names remembered in place of its
     /// last listing's, and looks at each other name of `like`'s kind (its extension; `like`
-    /// itself is looked at by the caller). Only on [`OwnMount`]'s thread.
+    /// itself is looked at by the caller). Only through [`Kernel::call_into_mount`].
     ///
-    /// The look is what lets [`cached_ino`] find the name later on any thread: the kernel marks
+    /// The look is what lets [`Kernel::cached_ino`] find the name later on any thread: the kernel marks
     /// an inode a READDIRPLUS made for a first look outside its cached-only walk
     /// (`FUSE_I_INIT_RDPLUS`), which fails that walk until then; without it every store went
     /// through this thread (a hand-off of 45 µs of CPU and 80 µs here). A name the listing made
@@ -187,14 +215,14 @@ impl PageCache {
             return Ok(false);
         }
         let path = self.mountpoint.join(&job.file);
-        let ino = match cached_ino(&path) {
+        let ino = match self.kernel.cached_ino(&path) {
             Some(ino) => ino,
-            None => {
-                (self.own).call(move || std::fs::symlink_metadata(&path).map(|m| m.ino()))??
-            }
+            None => call_into_mount(&*self.kernel, move || {
+                std::fs::symlink_metadata(&path).map(|m| m.ino())
+            })??,
         };
         let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
-        self.notifier.store(INodeNo(ino), from, piece)?;
+        self.kernel.store(ino, from, piece)?;
         Ok(true)
     }
 
@@ -204,7 +232,7 @@ impl PageCache {
     /// hold.
     pub(crate) fn store_ino(&self, ino: u64, from: u64, parts: &[&[u8]]) -> std::io::Result<()> {
         for (at, bytes) in pieces(parts, from) {
-            self.notifier.store(INodeNo(ino), at, &bytes)?;
+            self.kernel.store(ino, at, &bytes)?;
         }
         Ok(())
     }

@@ -16,11 +16,12 @@
 //! that comes to it faster than it can be built (a trainer's data loader at the start of an
 //! epoch, or after a pause for a checkpoint) reads it as a warm epoch.
 
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::{BatchRef, Batches, Chain, Plan, Shuffle};
 use crate::read::builder::Builder;
-use crate::read::layout::{ALL, ALL_SAFETENSORS, FileKind, Item, Layout, dir_name};
+use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::{Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore};
-use crate::read::plan::{BatchRef, Batches, Chain, Plan, Shuffle};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -888,7 +889,7 @@ impl NextEpoch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::plan::OrderOptions;
+    use crate::model::plan::OrderOptions;
 
     /// 10 batches of one row.
     fn plan(rows: u64) -> Plan {

@@ -8,8 +8,8 @@
 //! ([`Readers::reading`]), so that with two readers its distances do not depend on which asked
 //! last.
 
-use crate::read::layout::FileKind;
-use crate::read::plan::{Batches, Chain};
+use crate::model::item::FileKind;
+use crate::model::plan::{Batches, Chain};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

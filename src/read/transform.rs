@@ -3,7 +3,7 @@
 //! with their masks), and the gather of rows from those columns into a batch.
 
 use crate::cache::{ColumnBuf, LoadedColumns};
-use crate::read::dtype::DType;
+use crate::model::dtype::DType;
 use crate::source::view::{ItemKind, Part, View};
 use anyhow::{Context, Result, bail};
 use arrow::array::{Array, AsArray, OffsetSizeTrait};

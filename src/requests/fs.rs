@@ -1,5 +1,5 @@
 //! The filesystem core: the tree a mount shows, as plain functions over inode numbers that
-//! return plain values or an [`Error`] carrying its errno. The FUSE adapter (`fuse.rs`) only
+//! return plain values or an [`Error`] carrying its errno. The FUSE adapter (`kernel/fuse.rs`) only
 //! translates, and logs the errors it replies with.
 //!
 //! Inode numbers are computed, not stored, for everything below an epoch or rank directory:
@@ -8,12 +8,13 @@
 //! epoch with a million batches therefore costs no memory.
 
 use crate::error::{Error, Result, enoent};
+use crate::model::item::{FileKind, Item};
+use crate::model::plan::{BatchRef, Batches, Plan};
 use crate::read::ahead::{Ahead, Opening, Progress, Warming};
 use crate::read::builder::{Batch, Builder, TensorOf, TensorRows};
-use crate::read::layout::{self, ALL, ALL_SAFETENSORS, FileKind, Item, Layout, Span};
+use crate::read::layout::{self, ALL, ALL_SAFETENSORS, Layout, Span};
 use crate::read::materialize::Materializer;
 use crate::read::page_cache::PageCache;
-use crate::read::plan::{BatchRef, Batches, Plan};
 use crate::read::prefetch::Prefetcher;
 use crate::read::readers::{Event, What};
 use crate::stats::Stats;
@@ -647,7 +648,7 @@ impl Fs {
     /// stored in the kernel's page cache of the files readers open, not written to the local
     /// cache: each is read once ([`crate::read::page_cache`]). Where epochs share their files
     /// (`shuffle=none`) they are read every epoch, and written.
-    pub(crate) fn store_in(&self, page_cache: PageCache, kernel_opens: bool) {
+    pub fn store_in(&self, page_cache: PageCache, kernel_opens: bool) {
         self.prefetcher.use_page_cache(page_cache.clone());
         if kernel_opens || !self.plan().epochs_repeat() {
             self.prefetcher.store_in(page_cache, kernel_opens);

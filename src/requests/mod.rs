@@ -17,9 +17,9 @@ pub mod fs;
 pub(crate) mod open_files;
 
 use crate::error::{Error, Result};
+use crate::model::item::FileKind;
+use crate::model::plan::Batches;
 use crate::read::ahead::Opening;
-use crate::read::layout::FileKind;
-use crate::read::plan::Batches;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use futures::FutureExt;

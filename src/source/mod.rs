@@ -22,7 +22,7 @@ pub(crate) mod petastorm;
 pub mod snapshot;
 pub mod view;
 
-use crate::cache::kept;
+use crate::model::kept;
 use crate::source::partition::Partitions;
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};

@@ -13,7 +13,7 @@
 //! standard decoder's RGB output is what `make_reader` returns. JPEG goes through the system
 //! libjpeg-turbo, the decoder OpenCV uses, so pixels are equal, not merely close.
 
-use crate::read::dtype::DType;
+use crate::model::dtype::DType;
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::HashMap;
 

@@ -489,7 +489,7 @@ pub(crate) fn record(source: &Source, view: &View, cache_dir: &Path) {
         return;
     }
     let kept = (|| -> Result<()> {
-        crate::cache::kept::private_dir(path.parent().expect("a parent"))?;
+        crate::model::kept::private_dir(path.parent().expect("a parent"))?;
         // Private, as everything in the cache directory is.
         write_local(&path, &encode(source, view)?, 0o600)
     })();

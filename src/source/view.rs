@@ -4,9 +4,9 @@
 //! one tensor, plus `NAME.len` for a padded list and `NAME.mask` when nulls are zero-filled.
 //! Everything a mount would refuse is found here, before anything is mounted.
 
+use crate::model::dtype::DType;
+use crate::model::plan::Plan;
 use crate::options::{Nulls, Options};
-use crate::read::dtype::DType;
-use crate::read::plan::Plan;
 use crate::source::Source;
 use crate::source::catalog::NullFact;
 use anyhow::Result;
@@ -1012,7 +1012,7 @@ pub(crate) fn dataset_json(
         "epochs": opts.epochs,
         "shuffle": opts.shuffle.name(),
         // Rows each batch is mixed from under shuffle=block (the first partition's blocks).
-        "shuffle_block_rows": (opts.shuffle == crate::read::plan::Shuffle::Block).then(|| plan.block_rows(0)),
+        "shuffle_block_rows": (opts.shuffle == crate::model::plan::Shuffle::Block).then(|| plan.block_rows(0)),
         "seed": opts.seed,
         "world_size": world,
         "rank_batches_per_epoch": world.map(|w| plan.rank_batches(w)),

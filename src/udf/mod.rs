@@ -388,42 +388,44 @@ pub struct Applied {
 }
 
 impl Applied {
-    /// Calls the function twice on the first row group (on two workers where there are two)
-    /// and refuses, in one line, a function that raises, returns another number of rows or
-    /// something that is no table, or returns two different outputs (it is not deterministic).
-    pub(crate) async fn trial(udf: Udf, source: &crate::source::Source) -> Result<Applied> {
+    /// The source columns the function reads (`transform_columns=`, else all of `schema`'s).
+    pub(crate) fn input_columns(
+        udf: &Udf,
+        schema: &arrow::datatypes::Schema,
+    ) -> Result<Vec<usize>> {
+        if udf.spec.columns.is_empty() {
+            return Ok((0..schema.fields().len()).collect());
+        }
+        let mut roots = Vec::new();
+        for c in &udf.spec.columns {
+            let Ok(i) = schema.index_of(c) else {
+                bail!("transform_columns={c}: the dataset has no column '{c}'");
+            };
+            roots.push(i);
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        Ok(roots)
+    }
+
+    /// Calls the function twice on `batch`, the first row group's `input` columns (found at
+    /// `at`), on two workers where there are two, and refuses, in one line, a function that
+    /// raises, returns another number of rows or something that is no table, or returns two
+    /// different outputs (it is not deterministic).
+    pub(crate) fn trial(
+        udf: Udf,
+        input: Vec<usize>,
+        batch: RecordBatch,
+        at: &str,
+    ) -> Result<Applied> {
         let target = udf.spec.target.clone();
-        let input: Vec<usize> = match udf.spec.columns.is_empty() {
-            true => (0..source.schema.fields().len()).collect(),
-            false => {
-                let mut roots = Vec::new();
-                for c in &udf.spec.columns {
-                    let Ok(i) = source.schema.index_of(c) else {
-                        bail!("transform_columns={c}: the dataset has no column '{c}'");
-                    };
-                    roots.push(i);
-                }
-                roots.sort_unstable();
-                roots.dedup();
-                roots
-            }
-        };
-        let first = (source.files.iter().enumerate())
-            .find_map(|(f, file)| Some((f, file.live_rg_rows().iter().position(|&r| r > 0)?)));
-        let batch = match first {
-            Some((f, rg)) => source.read_row_group(f, rg, &input).await?,
-            None => RecordBatch::new_empty(Arc::new(source.schema.project(&input)?)),
-        };
-        let at = match first {
-            Some((f, rg)) => format!("file '{}' row group {rg}", source.files[f].name),
-            None => "an empty dataset".to_string(),
-        };
         let slots = [0, 1.min(udf.slots.len() - 1)];
         let request = encode(&batch)?;
         let mut outputs = Vec::new();
         for slot in slots {
-            // A blocking exchange with a worker process, on this runtime thread.
-            let out = tokio::task::block_in_place(|| udf.call_on(slot, &request))
+            // A blocking exchange with a worker process (the caller's thread may block).
+            let out = udf
+                .call_on(slot, &request)
                 .map_err(|e| anyhow!("transform={target} on the first row group ({at}): {e}"))?;
             outputs.push(out);
         }

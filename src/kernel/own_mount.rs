@@ -1,5 +1,5 @@
 //! The daemon's own calls into its mount: the listings and looks at names that make files known
-//! to the kernel before their pages are stored ([`crate::read::page_cache`]).
+//! to the kernel before their pages are stored (`read::page_cache`).
 //!
 //! Such a call is a FUSE request the daemon answers itself, and the kernel waits out a request
 //! its daemon has read even for a thread being killed. A daemon killed (SIGKILL, the OOM killer)
@@ -60,21 +60,14 @@ impl OwnMount {
         }
     }
 
-    /// Runs `f`, which calls into the mount, on the thread that holds none of the daemon's
-    /// descriptors, and waits for it. Blocking.
-    pub(crate) fn call<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> std::io::Result<T> {
+    /// Runs `job`, which calls into the mount, on the thread that holds none of the daemon's
+    /// descriptors (or here, where that thread could not be made); does not wait for it.
+    pub(crate) fn run(&self, job: Job) -> std::io::Result<()> {
         let Some(jobs) = &self.jobs else {
-            return Ok(f());
+            job();
+            return Ok(());
         };
-        let (done, result) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move || {
-            let _ = done.send(f());
-        });
-        jobs.send(job).map_err(|_| gone())?;
-        result.recv().map_err(|_| gone())
+        jobs.send(job).map_err(|_| gone())
     }
 }
 
@@ -156,12 +149,13 @@ mod tests {
         let file = std::fs::File::create(dir.path().join("f")).unwrap();
         let fd = file.as_raw_fd();
         let own = OwnMount::start();
-        let (stdin_held, file_held) = own
-            .call(move || {
-                let held = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
-                (held(0), held(fd))
-            })
-            .unwrap();
+        let (done, result) = mpsc::sync_channel(1);
+        own.run(Box::new(move || {
+            let held = |fd: i32| unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+            let _ = done.send((held(0), held(fd)));
+        }))
+        .unwrap();
+        let (stdin_held, file_held) = result.recv().unwrap();
         assert!(stdin_held, "stdin is kept");
         assert!(
             !file_held,

@@ -10,7 +10,7 @@
 //! in file order.
 //!
 //! **Partitions.** The rows are split into `partitions` fixed partitions, spread samples of the
-//! whole dataset ([`crate::read::partitions`]): the same in every epoch, so a host's cache keeps
+//! whole dataset ([`crate::model::partitions`]): the same in every epoch, so a host's cache keeps
 //! its share, and stable under appends. Each epoch orders every partition's rows by the shuffle
 //! mode inside the partition. Each partition then serves the same number `n` of full batches:
 //! batch `i < n × P` is local batch `i / P` of partition `i mod P`. The rows left over (each
@@ -23,7 +23,7 @@
 //! block is shuffled whole. `window` shuffles rows inside windows of `window` row groups (cheap,
 //! a few thousand rows: thin slices of the table); `global` permutes each partition whole.
 
-use crate::read::partitions::{self, PlanFile};
+use crate::model::partitions::{self, PlanFile};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use std::ops::Range;

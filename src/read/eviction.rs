@@ -3,8 +3,8 @@
 //! batch needs), not merely the one used longest ago.
 
 use crate::cache::DiskCache;
-use crate::read::layout::Item;
-use crate::read::plan::{BatchRef, Orders, Stride};
+use crate::model::item::Item;
+use crate::model::plan::{BatchRef, Orders, Stride};
 use crate::read::readers::Readers;
 use std::sync::Arc;
 
@@ -122,8 +122,8 @@ fn from_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::layout::FileKind;
-    use crate::read::plan::{OrderOptions, Plan, Shuffle};
+    use crate::model::item::FileKind;
+    use crate::model::plan::{OrderOptions, Plan, Shuffle};
 
     #[test]
     fn with_two_readers_each_item_is_as_near_as_the_nearer_reader_needs_it() {
