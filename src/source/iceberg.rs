@@ -2,15 +2,17 @@
 //! `table.scan(snapshot_id=…).to_arrow()` reads them: the table's metadata file
 //! (`metadata/*.metadata.json`: the newest, the one `version-hint.text` names, or the one the
 //! source names), the snapshot's manifest list and manifests (Avro), the data files they hold
-//! live, and the position deletes that apply to them.
+//! live, and the position and equality deletes that apply to them.
 //!
 //! Columns are matched by field id (the table's schema carries each column's id; files store
 //! theirs in the Parquet schema), so renamed and reordered columns read right and a column
 //! added later is null in older files. Identity partitions are columns of the data files, as
 //! Iceberg writers store them. Position deletes become each data file's deleted rows, kept as
 //! an inline deletion vector ([`crate::source::deletes`]), so snapshots pin them and reads
-//! drop them as a Delta table's. Equality deletes and the deletion vectors of format 3
-//! (Puffin files) are refused in one line naming them.
+//! drop them as a Delta table's. Equality deletes become deleted rows the same way: the
+//! columns they name are read from the data files they apply to when the table is read (at
+//! the mount, or once by `tensorfs snapshot`, whose snapshot then pins the rows). The deletion
+//! vectors of format 3 (Puffin files) are refused in one line naming them.
 
 use crate::source::deletes::DeletionVector;
 use anyhow::{Context, Result, anyhow, bail};
@@ -19,7 +21,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use roaring::RoaringTreemap;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// One snapshot of an Iceberg table, as a mount reads it.
@@ -28,7 +30,7 @@ pub(crate) struct Table {
     pub(crate) data_schema: SchemaRef,
     /// The live data files, relative to the table's root, in path order.
     pub(crate) files: Vec<String>,
-    /// Each file's deleted rows, where position deletes apply to it.
+    /// Each file's deleted rows, where position or equality deletes apply to it.
     pub(crate) deletes: Vec<Option<DeletionVector>>,
 }
 
@@ -38,6 +40,12 @@ struct Entry {
     path: String,
     format: String,
     sequence: i64,
+    /// An equality delete file's columns, by field id.
+    equality_ids: Vec<i64>,
+    /// The partition spec and the partition's values it was written under: an equality delete
+    /// applies to the data files of its partition (of every partition where its spec has none).
+    spec_id: i64,
+    partition: Value,
 }
 
 /// Reads snapshot `version` (the current one when `None`) of the Iceberg table at `root`;
@@ -116,6 +124,10 @@ pub(crate) async fn read(
             .get("sequence_number")
             .and_then(Value::as_i64)
             .unwrap_or(0);
+        let spec_id = m
+            .get("partition_spec_id")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         let records = avro_records(&get(&store, root, &relative(path)?).await?)
             .with_context(|| format!("its manifest '{path}'"))?;
         for r in records {
@@ -130,18 +142,31 @@ pub(crate) async fn read(
                 Some(s) => s,
                 None => inherited,
             };
+            let equality_ids = (file.get("equality_ids").and_then(Value::as_array))
+                .map(|ids| ids.iter().filter_map(Value::as_i64).collect())
+                .unwrap_or_default();
             entries.push(Entry {
                 content: file.get("content").and_then(Value::as_i64).unwrap_or(0),
                 path: relative(str_of(file, "file_path")?)?,
                 format: str_of(file, "file_format")?.to_ascii_lowercase(),
                 sequence,
+                equality_ids,
+                spec_id,
+                partition: file.get("partition").cloned().unwrap_or(Value::Null),
             });
         }
     }
-    if let Some(e) = entries.iter().find(|e| e.content == 2) {
+    if let Some(e) = entries
+        .iter()
+        .find(|e| e.content == 2 && (e.format != "parquet" || e.equality_ids.is_empty()))
+    {
         bail!(
-            "snapshot {id} has equality deletes ('{}' and maybe others), which tensorfs does not apply yet",
-            e.path
+            "snapshot {id} has an equality delete file '{}' {}, which tensorfs does not read",
+            e.path,
+            match e.format.as_str() {
+                "parquet" => "naming no columns".to_string(),
+                other => format!("in {other}"),
+            }
         );
     }
     if let Some(e) = entries
@@ -182,6 +207,32 @@ pub(crate) async fn read(
             {
                 positions.entry(path).or_default().insert(pos);
             }
+        }
+    }
+    // Equality deletes: each applies to the data files of its partition (every data file where
+    // it was written unpartitioned) whose data sequence number is lower than its own; a row
+    // whose values of its columns equal a deleted row's (null equal to null) is deleted.
+    for d in entries.iter().filter(|e| e.content == 2) {
+        let bytes = get(&store, root, &d.path).await?;
+        let keys = EqualityKeys::of(bytes, &d.equality_ids, &data_schema)
+            .with_context(|| format!("its equality delete file '{}'", d.path))?;
+        if keys.deleted.is_empty() {
+            continue;
+        }
+        let everywhere = d.partition.as_object().is_none_or(|p| p.is_empty());
+        let applies = |e: &&&Entry| {
+            e.sequence < d.sequence
+                && (everywhere || (e.spec_id == d.spec_id && e.partition == d.partition))
+        };
+        for e in data.iter().filter(applies) {
+            let bytes = get(&store, root, &e.path).await?;
+            let rows = (keys.rows_in(bytes)).with_context(|| {
+                format!(
+                    "data file '{}', for the equality deletes of '{}'",
+                    e.path, d.path
+                )
+            })?;
+            positions.entry(e.path.clone()).or_default().extend(rows);
         }
     }
     let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
@@ -285,6 +336,105 @@ fn position_deletes(bytes: bytes::Bytes) -> Result<Vec<(String, u64)>> {
         }
     }
     Ok(out)
+}
+
+/// The rows of an equality delete file, as the keys its columns make.
+struct EqualityKeys {
+    ids: Vec<i64>,
+    /// The table's type of each column, which both sides are cast to.
+    types: Vec<DataType>,
+    /// The table's name of each column: a file written without field ids is matched by it.
+    names: Vec<String>,
+    converter: arrow::row::RowConverter,
+    deleted: HashSet<Vec<u8>>,
+}
+
+impl EqualityKeys {
+    fn of(bytes: bytes::Bytes, ids: &[i64], schema: &Schema) -> Result<EqualityKeys> {
+        let mut types = Vec::new();
+        let mut names = Vec::new();
+        for id in ids {
+            let f = (schema.fields().iter())
+                .find(|f| field_id(f) == Some(*id))
+                .ok_or_else(|| {
+                    anyhow!("its column of field id {id} is not in the table's schema")
+                })?;
+            types.push(f.data_type().clone());
+            names.push(f.name().clone());
+        }
+        let fields = types.iter().map(|t| arrow::row::SortField::new(t.clone()));
+        let converter = arrow::row::RowConverter::new(fields.collect())?;
+        let mut keys = EqualityKeys {
+            ids: ids.to_vec(),
+            types,
+            names,
+            converter,
+            deleted: HashSet::new(),
+        };
+        let columns = keys.columns(bytes)?;
+        let rows = keys.converter.convert_columns(&columns)?;
+        keys.deleted = rows.iter().map(|r| r.as_ref().to_vec()).collect();
+        Ok(keys)
+    }
+
+    /// The rows of data file `bytes` whose key is deleted.
+    fn rows_in(&self, bytes: bytes::Bytes) -> Result<Vec<u64>> {
+        let columns = self.columns(bytes)?;
+        let rows = self.converter.convert_columns(&columns)?;
+        Ok((rows.iter().enumerate())
+            .filter(|(_, r)| self.deleted.contains(r.as_ref()))
+            .map(|(i, _)| i as u64)
+            .collect())
+    }
+
+    /// The key columns of Parquet file `bytes`, in the table's types, every row in file order:
+    /// each found by field id (by the table's name in a file without field ids), null where
+    /// the file has no such column (added to the table after it was written).
+    fn columns(&self, bytes: bytes::Bytes) -> Result<Vec<arrow::array::ArrayRef>> {
+        use parquet::arrow::ProjectionMask;
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+        let file = builder.schema().clone();
+        let rows = builder.metadata().file_metadata().num_rows().max(0) as usize;
+        let has_ids = file.fields().iter().any(|f| field_id(f).is_some());
+        let at: Vec<Option<usize>> = (self.ids.iter().zip(&self.names))
+            .map(|(id, name)| match has_ids {
+                true => file.fields().iter().position(|f| field_id(f) == Some(*id)),
+                false => file.index_of(name).ok(),
+            })
+            .collect();
+        let mut roots: Vec<usize> = at.iter().flatten().copied().collect();
+        roots.sort_unstable();
+        roots.dedup();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.clone());
+        let batches = builder
+            .with_projection(mask)
+            .build()?
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut out = Vec::new();
+        for (at, dt) in at.iter().zip(&self.types) {
+            let column = match at {
+                None => arrow::array::new_null_array(dt, rows),
+                Some(root) => {
+                    let k = roots.binary_search(root).expect("a projected root");
+                    let pieces: Vec<&dyn arrow::array::Array> =
+                        batches.iter().map(|b| b.column(k).as_ref()).collect();
+                    let whole = match pieces.is_empty() {
+                        true => arrow::array::new_empty_array(dt),
+                        false => arrow::compute::concat(&pieces)?,
+                    };
+                    arrow::compute::cast(&whole, dt)?
+                }
+            };
+            out.push(column);
+        }
+        Ok(out)
+    }
+}
+
+/// A field's Iceberg field id, as Parquet stores it.
+fn field_id(f: &Field) -> Option<i64> {
+    (f.metadata().get(crate::source::catalog::FIELD_ID)).and_then(|v| v.parse().ok())
 }
 
 /// Deleted positions as an inline deletion vector: the form a snapshot pins and a read applies.

@@ -667,10 +667,13 @@ def test_an_iceberg_table_named_by_its_metadata_file_is_read_by_it(mounter, iceb
     assert served_rows(m, ["id", "x", "part"]) == iceberg_rows(table, sid, ["id", "x", "part"])
 
 
-def add_position_deletes(root: Path, deletes: dict[str, list[int]]) -> int:
-    """Commits a snapshot of position deletes (data file URI -> row positions) to the table at
-    ROOT, as a merge-on-read delete would: a delete file, its manifest, a manifest list and a
-    metadata file, written with pyiceberg's own writers. Returns the snapshot's id."""
+def commit_delete_file(root: Path, delete_path: Path, content: str, record_count: int, partition=(),
+                       equality_ids=None) -> int:
+    """Commits a snapshot adding the delete file DELETE_PATH (under ROOT/data) to the table at
+    ROOT, as a merge-on-read engine commits one: its manifest, a manifest list and a metadata
+    file, written with pyiceberg's own writers. CONTENT: "position" or "equality"; PARTITION:
+    the partition's values under the current spec (none: unpartitioned). Returns the snapshot's
+    id."""
     import json
     import time
     import uuid
@@ -692,13 +695,12 @@ def add_position_deletes(root: Path, deletes: dict[str, list[int]]) -> int:
     md, snap, io = t.metadata, t.current_snapshot(), PyArrowFileIO()
     sid, seq = snap.snapshot_id + 1, md.last_sequence_number + 1
     location = md.location
-    paths = [p for p, pos in deletes.items() for _ in pos]
-    positions = [x for pos in deletes.values() for x in pos]
-    delete_path = root / "data" / f"pos-deletes-{uuid.uuid4()}.parquet"
-    pq.write_table(pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())}), delete_path)
-    df = DataFile.from_args(content=DataFileContent.POSITION_DELETES, file_path=f"{location}/data/{delete_path.name}",
-                            file_format=FileFormat.PARQUET, partition=Record(), record_count=len(positions),
-                            file_size_in_bytes=delete_path.stat().st_size)
+    kind = {"position": DataFileContent.POSITION_DELETES, "equality": DataFileContent.EQUALITY_DELETES}[content]
+    extra = {"equality_ids": equality_ids} if equality_ids else {}
+    df = DataFile.from_args(content=kind, file_path=f"{location}/data/{delete_path.name}",
+                            file_format=FileFormat.PARQUET, partition=Record(*partition), record_count=record_count,
+                            file_size_in_bytes=delete_path.stat().st_size, **extra)
+    df.spec_id = t.spec().spec_id
     mpath = f"{location}/metadata/{uuid.uuid4()}-m0.avro"
     with DeleteManifestWriter(t.spec(), t.schema(), io.new_output(mpath), sid, "deflate") as w:
         w.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, snapshot_id=sid, sequence_number=seq,
@@ -717,6 +719,33 @@ def add_position_deletes(root: Path, deletes: dict[str, list[int]]) -> int:
     number = int(metadata.name.split("-")[0]) + 1
     (root / "metadata" / f"{number:05d}-{uuid.uuid4()}.metadata.json").write_text(json.dumps(j))
     return sid
+
+
+def add_position_deletes(root: Path, deletes: dict[str, list[int]]) -> int:
+    """Commits a snapshot of position deletes (data file URI -> row positions) to the table at
+    ROOT. Returns the snapshot's id."""
+    import uuid
+
+    paths = [p for p, pos in deletes.items() for _ in pos]
+    positions = [x for pos in deletes.values() for x in pos]
+    delete_path = root / "data" / f"pos-deletes-{uuid.uuid4()}.parquet"
+    pq.write_table(pa.table({"file_path": paths, "pos": pa.array(positions, pa.int64())}), delete_path)
+    return commit_delete_file(root, delete_path, "position", len(positions))
+
+
+def add_equality_deletes(root: Path, rows: dict[str, tuple[int, pa.Array]], partition=()) -> int:
+    """Commits a snapshot of equality deletes to the table at ROOT: ROWS maps each column to
+    (its field id, the deleted rows' values); PARTITION the partition they apply to. Returns
+    the snapshot's id."""
+    import uuid
+
+    fields = [pa.field(name, values.type, metadata={b"PARQUET:field_id": str(fid).encode()})
+              for name, (fid, values) in rows.items()]
+    table = pa.Table.from_arrays([values for _, values in rows.values()], schema=pa.schema(fields))
+    delete_path = root / "data" / f"eq-deletes-{uuid.uuid4()}.parquet"
+    pq.write_table(table, delete_path)
+    ids = [fid for fid, _ in rows.values()]
+    return commit_delete_file(root, delete_path, "equality", table.num_rows, partition, equality_ids=ids)
 
 
 def test_position_deletes_of_an_iceberg_table_are_applied(mounter, tmp_path):
@@ -745,6 +774,77 @@ def test_position_deletes_of_an_iceberg_table_are_applied(mounter, tmp_path):
     assert tfs.run(["snapshot", root, pin]).returncode == 0
     pinned = mounter(root, "batch_size=50", "shuffle=none", f"snapshot={pin}")
     assert served_rows(pinned, ["id", "x"]) == want
+
+
+def test_equality_deletes_of_an_iceberg_table_are_applied(mounter, tmp_path):
+    """Equality deletes as a merge-on-read engine commits them: by key (an id deleted, one
+    written again after the delete and so kept), by a column with nulls (null equal to null,
+    a column the mount does not serve), and scoped to a partition. pyiceberg refuses to read
+    equality deletes, so the reference is the rows appended less those the deletes match in
+    older data files."""
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("default", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("db")
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("g", pa.int32())])
+
+    def rows(ids, g):
+        ids = np.asarray(ids, dtype=np.int64)
+        return pa.table({"id": ids, "x": ids.astype(np.float32) / 2, "g": pa.array(g, pa.int32())}, schema=schema)
+
+    t = catalog.create_table("db.e", schema=schema)
+    appended = [rows(range(600), [None if i % 7 == 0 else i % 5 for i in range(600)]),
+                rows(range(600, 1000), [i % 5 for i in range(600, 1000)])]
+    for a in appended:
+        t.append(a)
+    root = Path(t.metadata.location.removeprefix("file://"))
+    field = {f.name: f.field_id for f in t.schema().fields}
+    live = {(r["id"], r["x"], r["g"]) for a in appended for r in a.to_pylist()}
+
+    # Ids deleted (5000 matches nothing); then 3 and 10 appended again, after the delete.
+    sid1 = add_equality_deletes(root, {"id": (field["id"], pa.array([3, 10, 700, 999, 5000], pa.int64()))})
+    live = {r for r in live if r[0] not in {3, 10, 700, 999}}
+    want1 = sorted((i, x) for i, x, _ in live)
+    again = rows([3, 10], [None, 1])
+    # The catalog knows the table as it was before the delete: it is registered again at its
+    # newest metadata file, and appended to from there.
+    latest = sorted((root / "metadata").glob("*.metadata.json"))[-1]
+    t = catalog.register_table("db.e_after", f"file://{latest}")
+    t.append(again)
+    live |= {(r["id"], r["x"], r["g"]) for r in again.to_pylist()}
+    sid_again = t.current_snapshot().snapshot_id
+    want_again = sorted((i, x) for i, x, _ in live)
+    # Every row whose g is null, in every data file older than this delete: id 3, appended
+    # again with a null g, too.
+    sid2 = add_equality_deletes(root, {"g": (field["g"], pa.array([None], pa.int32()))})
+    live = {r for r in live if r[2] is not None}
+    want2 = sorted((i, x) for i, x, _ in live)
+    assert len(want1) == 996 and {(3, 1.5), (10, 5.0)} <= set(want_again)
+    assert (3, 1.5) not in want2 and (10, 5.0) in want2 and (0, 0.0) not in want2
+
+    for sid, want in ((sid1, want1), (sid_again, want_again), (sid2, want2)):
+        m = mounter(root, f"version={sid}", "columns=id:x", "batch_size=50", "shuffle=none")
+        assert m.dataset()["rows"] == len(want), sid
+        assert served_rows(m, ["id", "x"]) == want, sid
+        m.unmount()
+    # Pinned by a snapshot: the rows the deletes leave, without reading them again.
+    pin = tmp_path / "e.snapshot"
+    assert tfs.run(["snapshot", root, pin, "-o", "columns=id:x"]).returncode == 0
+    pinned = mounter(root, "columns=id:x", "batch_size=50", "shuffle=none", f"snapshot={pin}")
+    assert served_rows(pinned, ["id", "x"]) == want2
+
+    # Scoped to a partition: ids 1, 2, 4, 7 deleted in partition part=1 only (2 is in part=2).
+    p = catalog.create_table("db.p", schema=pa.schema([("id", pa.int64()), ("part", pa.int32())]))
+    with p.update_spec() as spec:
+        spec.add_identity("part")
+    ids = np.arange(30, dtype=np.int64)
+    p.append(pa.table({"id": ids, "part": (ids % 3).astype(np.int32)}))
+    proot = Path(p.metadata.location.removeprefix("file://"))
+    pfield = {f.name: f.field_id for f in p.schema().fields}
+    sid = add_equality_deletes(proot, {"id": (pfield["id"], pa.array([1, 2, 4, 7], pa.int64()))}, partition=(1,))
+    m = mounter(proot, f"version={sid}", "batch_size=8", "shuffle=none")
+    assert served_rows(m, ["id"]) == sorted((i,) for i in range(30) if i not in {1, 4, 7})
 
 
 def test_iceberg_tables_that_cannot_be_read_are_refused_in_one_line(mounter, iceberg_table):
