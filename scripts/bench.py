@@ -24,11 +24,11 @@ to NumPy arrays, in these ways:
                             47's before and after, side by side) and global, epochs 0 (cold) and 1
                             (reshuffled, gathered from the columns cached during epoch 0) back to back, and
                             epoch 2 once its batch files are built ahead in idle time (the walk
-                            through the next epoch, src/read/prefetch.rs), each checked to be a
+                            through the next epoch, src/read/follow/prefetch.rs), each checked to be a
                             permutation of the rows; then, remounted, epoch 3 read as its
                             all.safetensors with 1 MiB reads (one open; gathered into memory, no
                             batch files), and epoch 4's all.safetensors, which that reader had
-                            built whole on the cache ahead of it (src/read/ahead.rs), once built
+                            built whole on the cache ahead of it (src/read/build/ahead.rs), once built
   a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
                             a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
                             make_reader and through tensorfs cold and warm (petastorm_dataset.py)
@@ -323,7 +323,7 @@ def run(a) -> int:
                     res.add("st_local_disk", "local .safetensors, page cache dropped", *read_st_disk)
                     if "all" not in skip:
                         # The first mount's reader of all.safetensors had it built whole and kept
-                        # (src/read/ahead.rs): the remount checks it on its first open, then passes reads
+                        # (src/read/build/ahead.rs): the remount checks it on its first open, then passes reads
                         # through to it.
                         caches.drop()
                         res.add("all_local_disk", "local all.safetensors, 1 MiB reads, page cache dropped",
@@ -366,7 +366,7 @@ def run(a) -> int:
                         * (e == 1))
                     check_permutation(m.mnt / f"epoch-{e}", n, a.rows, f"shuffle={mode} epoch {e}")
                 # Epoch 2's batch files, built in idle time from epoch 1's first read on (the
-                # walk through the next epoch, src/read/prefetch.rs); a trainer busy with epoch 1, or
+                # walk through the next epoch, src/read/follow/prefetch.rs); a trainer busy with epoch 1, or
                 # saving a checkpoint, would not wait for them. The wait is logged.
                 waited, built = time.monotonic(), m.settled("next_epoch_files_built")
                 log(f"shuffle={mode}: {built} batch files built ahead of their epoch, the last "
@@ -405,7 +405,7 @@ def run(a) -> int:
                 res.add(f"tfs_{mode}_e3_all", f"tensorfs shuffle={mode}, epoch 3, all.safetensors",
                         *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
                 # That reader has epoch 4's all.safetensors built whole on the cache meanwhile
-                # (src/read/ahead.rs); a trainer busy with epoch 3 would not wait for it. The wait
+                # (src/read/build/ahead.rs); a trainer busy with epoch 3 would not wait for it. The wait
                 # here is logged beside epoch 3's read time.
                 waited = time.monotonic()
                 while m.stats()["ahead_files_built"] < 1 and time.monotonic() - waited < 300:

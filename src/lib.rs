@@ -98,21 +98,9 @@ mod tests {
 
     /// The `crate::` modules each top-level module's code (its tests aside) names, by file.
     fn uses() -> Vec<(String, String, String)> {
-        fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    files(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut all = Vec::new();
-        files(&src, &mut all);
         let mut out = Vec::new();
-        for path in all {
+        for path in walk(&src) {
             let rel = path
                 .strip_prefix(&src)
                 .unwrap()
@@ -170,6 +158,54 @@ mod tests {
         wrong.sort();
         wrong.dedup();
         assert!(wrong.is_empty(), "layers broken:\n{}", wrong.join("\n"));
+    }
+
+    /// Inside `read/`: `build` uses nothing of `follow`, and the folder's own modules (layout,
+    /// format, readers) neither.
+    #[test]
+    fn the_read_path_builds_below_what_follows_readers() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/read");
+        let mut wrong = Vec::new();
+        for entry in walk(&src) {
+            let rel = entry
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let text = std::fs::read_to_string(&entry).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            let uses = |what: &str| {
+                code.lines()
+                    .any(|l| l.split("//").next().unwrap().contains(what))
+            };
+            let below = match rel.split('/').next().unwrap() {
+                "follow" => continue,
+                "build" => ["crate::read::follow"].as_slice(),
+                _ => ["crate::read::follow", "crate::read::build"].as_slice(),
+            };
+            for what in below.iter().filter(|w| uses(w)) {
+                wrong.push(format!("read/{rel} uses {what}"));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "read/ layers broken:\n{}",
+            wrong.join("\n")
+        );
+    }
+
+    /// Every `.rs` file under `dir`.
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+        out
     }
 
     #[test]

@@ -7,13 +7,13 @@ use crate::metrics::Endpoint;
 use crate::model::partitions::PlanFile;
 use crate::model::plan::{Orders, Plan, Shuffle};
 use crate::options::Options;
-use crate::read::ahead::Ahead;
-use crate::read::builder::{Builder, Limits, Parts};
-use crate::read::eviction::Eviction;
+use crate::read::build::ahead::Ahead;
+use crate::read::build::builder::{Builder, Limits, Parts};
+use crate::read::build::eviction::Eviction;
+use crate::read::build::materialize::Materializer;
+use crate::read::follow::page_cache::PageCache;
+use crate::read::follow::prefetch::Prefetcher;
 use crate::read::layout::Layout;
-use crate::read::materialize::Materializer;
-use crate::read::page_cache::PageCache;
-use crate::read::prefetch::Prefetcher;
 use crate::read::readers::Readers;
 use crate::requests::Requests;
 use crate::requests::fs::{Fs, Tree};
@@ -309,7 +309,7 @@ impl Dataset {
     /// `dataset.json`. Refused where that takes more than half the limit.
     pub(crate) fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
         let held = self.source.facts.footer_memory + dataset_json;
-        let Some(buffers) = crate::read::budget::buffers(opts.memory_limit, held) else {
+        let Some(buffers) = crate::read::build::budget::buffers(opts.memory_limit, held) else {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             bail!(
                 "the footers of the dataset's {} files and dataset.json take {} of memory_limit={}: raise memory_limit to at least {}",

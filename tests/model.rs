@@ -27,8 +27,8 @@ use tensorfs::model::partitions::PlanFile;
 use tensorfs::model::plan::{OrderOptions, Plan, Shuffle};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
+use tensorfs::read::follow::page_cache::{Kernel, PageCache};
 use tensorfs::read::format::{self, TensorLayout};
-use tensorfs::read::page_cache::{Kernel, PageCache};
 use tensorfs::requests::fs::{Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 

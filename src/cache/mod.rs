@@ -615,7 +615,7 @@ impl DiskCache {
 
     /// Whether `bytes` more fit once the items that `distance` says are never needed again are
     /// evicted (they are): room for work done well ahead of its readers, which must not push
-    /// out anything they need ([`crate::read::prefetch`]'s next epoch).
+    /// out anything they need ([`crate::read::follow::prefetch`]'s next epoch).
     pub(crate) fn has_spare_room(
         &self,
         bytes: u64,

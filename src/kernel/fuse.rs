@@ -169,7 +169,7 @@ impl FuseAdapter {
 }
 
 /// Whether a request comes from the daemon itself: its own listings of the mount, which make
-/// the files it stores in the page cache known to the kernel ([`crate::read::page_cache`]) and
+/// the files it stores in the page cache known to the kernel ([`crate::read::follow::page_cache`]) and
 /// need only a directory's batches. The kernel names the thread that asked.
 fn from_daemon(req: &Request) -> bool {
     let pid = req.pid();

@@ -5,7 +5,7 @@
 pub(crate) mod fuse;
 mod own_mount;
 
-use crate::read::page_cache::Kernel;
+use crate::read::follow::page_cache::Kernel;
 use own_mount::OwnMount;
 use std::path::Path;
 

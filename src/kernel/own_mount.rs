@@ -1,5 +1,5 @@
 //! The daemon's own calls into its mount: the listings and looks at names that make files known
-//! to the kernel before their pages are stored (`read::page_cache`).
+//! to the kernel before their pages are stored (`read::follow::page_cache`).
 //!
 //! Such a call is a FUSE request the daemon answers itself, and the kernel waits out a request
 //! its daemon has read even for a thread being killed. A daemon killed (SIGKILL, the OOM killer)

@@ -10,8 +10,8 @@
 //! comes after it.
 //!
 //! The request core, this folder: `fs` (the tree: lookups, attributes, listings, links,
-//! extended attributes, and the reads behind open files), `open_files` (the open-file table),
-//! and this module (open, read, release).
+//! extended attributes) with `fs::serve` (the reads behind open files), `open_files` (the
+//! open-file table), and this module (open, read, release).
 
 pub mod fs;
 pub(crate) mod open_files;
@@ -19,7 +19,7 @@ pub(crate) mod open_files;
 use crate::error::{Error, Result};
 use crate::model::item::FileKind;
 use crate::model::plan::Batches;
-use crate::read::ahead::Opening;
+use crate::read::build::ahead::Opening;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use futures::FutureExt;
@@ -83,7 +83,7 @@ pub struct Requests<Id> {
     open_files: OpenFiles<Id>,
     /// Whether to try passthrough: asked for, offered by the kernel, and not refused since.
     passthrough: AtomicBool,
-    /// `opens=kernel`: the kernel answers opens alone ([`crate::read::page_cache`]).
+    /// `opens=kernel`: the kernel answers opens alone ([`crate::read::follow::page_cache`]).
     kernel_opens: bool,
 }
 

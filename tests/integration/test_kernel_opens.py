@@ -1,4 +1,4 @@
-"""opens=kernel (src/read/page_cache.rs): the kernel answers every open alone (the daemon never
+"""opens=kernel (src/read/follow/page_cache.rs): the kernel answers every open alone (the daemon never
 sees one), reads come from the mount's own page cache, and the prefetcher stores the files it
 builds for a reader there ahead of it. Every file reads the same bytes as with the daemon
 answering opens; stats.json stays live; the next epoch's batch files, built in idle time, are

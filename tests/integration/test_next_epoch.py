@@ -1,8 +1,8 @@
-"""The batch files of a reader's next epoch built in idle time (src/read/prefetch.rs, NextEpoch): a
+"""The batch files of a reader's next epoch built in idle time (src/read/follow/prefetch.rs, NextEpoch): a
 reader of a shuffled epoch's batch files has the same directory's next epoch stored in the
 kernel's page cache while it reads, so that it reads the next epoch as a warm one, however fast
 it comes. A shuffled epoch's batch files are read once: none is written to the local cache
-(src/read/page_cache.rs), unless `tensorfs warm` asks for it. The bytes are those any mount
+(src/read/follow/page_cache.rs), unless `tensorfs warm` asks for it. The bytes are those any mount
 builds; nothing is built past the listed epochs, with shuffle=none (whose epochs share their
 files) or with prefetch=0."""
 

@@ -6,11 +6,11 @@
 use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
-use crate::read::budget::Budget;
-use crate::read::eviction::Eviction;
+use crate::read::build::budget::Budget;
+use crate::read::build::eviction::Eviction;
+use crate::read::build::pool::{Background, Pool, ReaderWaits};
+use crate::read::build::transform::{self, Columns};
 use crate::read::layout::Layout;
-use crate::read::pool::{Background, Pool, ReaderWaits};
-use crate::read::transform::{self, Columns};
 use crate::source::Source;
 use crate::source::view::View;
 use crate::stats::Stats;
@@ -170,7 +170,7 @@ impl Picks {
         outs: &mut [Vec<u8>],
         stats: &Stats,
     ) {
-        let cpu_started = crate::read::pool::thread_cpu_ns();
+        let cpu_started = crate::read::build::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
         for (&t, out) in wanted.iter().zip(outs) {
             let rb = view.tensors[t].row_bytes();
@@ -179,7 +179,7 @@ impl Picks {
                 None => transform::gather_tensor(t, rb, &from, &self.rows, out),
             }
         }
-        let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
+        let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
     }
 }
@@ -1008,7 +1008,7 @@ impl Builder {
         self.pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
-                let cpu_started = crate::read::pool::thread_cpu_ns();
+                let cpu_started = crate::read::build::pool::thread_cpu_ns();
                 let pieces = match (fetched, transformed) {
                     (_, Some(out)) => vec![out],
                     (Some(fetched), None) => runtime.block_on(source.decode_row_group(fetched))?,
@@ -1021,7 +1021,7 @@ impl Builder {
                 Stats::add(&stats.c.rows_decoded, t.rows as u64);
                 Stats::add(&stats.c.pad_truncated, t.truncated);
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
-                let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
                 Stats::add(&stats.c.decode_cpu_ns, cpu);
                 let bytes: u64 = t.tensors.iter().map(|t| t.len() as u64).sum();
                 let map = crate::cache::mapped(bytes, map_from);

@@ -5,8 +5,8 @@
 use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Plan};
-use crate::read::builder::{Builder, Memo, Weighted};
-use crate::read::eviction::Eviction;
+use crate::read::build::builder::{Builder, Memo, Weighted};
+use crate::read::build::eviction::Eviction;
 use crate::read::layout::Layout;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -199,7 +199,7 @@ impl Materializer {
     }
 
     /// Builds the batch file `item` far ahead of its reader (the next epoch's, in idle time,
-    /// [`crate::read::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
+    /// [`crate::read::follow::prefetch`]): as [`Materializer::prefetch`], but not kept open, since its open
     /// is far off. Whether the cache took it.
     pub(crate) async fn build_ahead(&self, item: Item) -> Result<bool> {
         Ok(self.build(item).await?.is_some())
@@ -241,7 +241,7 @@ impl Materializer {
                     .builder
                     .pool()
                     .run(move || {
-                        let cpu_started = crate::read::pool::thread_cpu_ns();
+                        let cpu_started = crate::read::build::pool::thread_cpu_ns();
                         let kind = item.kind().expect("a batch file");
                         let header = batch.header(&layout, kind);
                         let parts = layout.parts(kind, header.as_ref(), &batch.tensors);
@@ -253,7 +253,8 @@ impl Materializer {
                                 None
                             }
                         };
-                        let cpu = crate::read::pool::thread_cpu_ns().saturating_sub(cpu_started);
+                        let cpu =
+                            crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
                         Stats::add(&stats.c.batch_write_cpu_ns, cpu);
                         placed
                     })

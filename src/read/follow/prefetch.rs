@@ -2,7 +2,7 @@
 //! batches ready ahead of it (a shuffled epoch's files stored in the kernel's page cache, files
 //! the cache keeps materialised, or, for a reader of the one-open files, the tensor it reads of
 //! them gathered in memory), across epoch boundaries, within the memory budget (the builder's
-//! memos, [`crate::read::budget`]).
+//! memos, [`crate::read::build::budget`]).
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -18,10 +18,12 @@
 
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Batches, Chain, Plan, Shuffle};
-use crate::read::builder::Builder;
+use crate::read::build::builder::Builder;
+use crate::read::build::materialize::Materializer;
+use crate::read::follow::page_cache::{
+    Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore,
+};
 use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
-use crate::read::materialize::Materializer;
-use crate::read::page_cache::{Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore};
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -505,7 +507,7 @@ fn store_rows(
 
 /// Where the bytes of batch `j`'s file stored in the page cache start: past the first page
 /// every `every` batches (a tripwire), else at 0. The page left out is read from the daemon,
-/// so the prefetcher sees where the reader is ([`crate::read::page_cache`]). The prefetcher's files
+/// so the prefetcher sees where the reader is ([`crate::read::follow::page_cache`]). The prefetcher's files
 /// have one every half its depth: each sighting schedules the files from half the depth ahead
 /// on, while the reader still has the other half stored before it (with one every `prefetch`
 /// files, a reader at half the cold rate came to the file after each sighting before it was
@@ -552,7 +554,7 @@ const GIVE_UP: Duration = Duration::from_secs(30);
 /// A walk builds, in reading order, the files the reader opens of each batch of the next
 /// epoch (the same rank's view, for a rank view), a few batches at a time on the workers, only
 /// while the reader is idle ([`Pace`]) and its next `prefetch` files are all ready, and stores
-/// them in the page cache ([`crate::read::page_cache`]; files the cache keeps are written to
+/// them in the page cache ([`crate::read::follow::page_cache`]; files the cache keeps are written to
 /// it). It starts from the reader's first step in an epoch from epoch 1 on, from the middle of
 /// epoch 0 (whose row groups are decoded as it is read); and never with `shuffle=none`, whose
 /// epochs share their files, past the listed epochs, or with `prefetch=0`. It builds only a

@@ -3,7 +3,7 @@
 //! keeps the decoded columns they are gathered from). A file read again comes from the page
 //! cache, kept across opens; pages the kernel drops under memory pressure are read from the
 //! daemon again, from the same bytes. The prefetcher stores the files a reader opens next, and
-//! the walk through its next epoch those of that epoch ([`crate::read::prefetch`]); an open of
+//! the walk through its next epoch those of that epoch ([`crate::read::follow::prefetch`]); an open of
 //! a file not stored yet waits for its store, or stores it itself (by inode, which the kernel
 //! knows then) and answers after. Measured (issue 31): a
 //! batch file written to the SSD cost about 1.1 ms of CPU, against the copy a store is.
@@ -27,7 +27,7 @@
 
 use crate::model::item::FileKind;
 use crate::model::plan::Batches;
-use crate::read::builder::{Batch, Builder};
+use crate::read::build::builder::{Batch, Builder};
 use crate::read::layout::{
     DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
@@ -358,7 +358,7 @@ pub(crate) struct RowsToStore {
     pub(crate) file: String,
     pub(crate) file_size: u64,
     pub(crate) at: u64,
-    pub(crate) rows: crate::read::builder::TensorOf,
+    pub(crate) rows: crate::read::build::builder::TensorOf,
     pub(crate) left_out: u64,
 }
 
