@@ -98,24 +98,15 @@ mod tests {
 
     /// The `crate::` modules each top-level module's code (its tests aside) names, by file.
     fn uses() -> Vec<(String, String, String)> {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut out = Vec::new();
-        for path in walk(&src) {
-            let rel = path
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .to_string();
+        for (rel, code) in code_under("src") {
             let top = rel
                 .split('/')
                 .next()
                 .unwrap()
                 .trim_end_matches(".rs")
                 .to_string();
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
-            for line in code.lines() {
-                let line = line.split("//").next().unwrap();
+            for line in code {
                 for (at, _) in line.match_indices("crate::") {
                     let name: String = line[at + 7..]
                         .chars()
@@ -164,20 +155,9 @@ mod tests {
     /// format, readers) neither.
     #[test]
     fn the_read_path_builds_below_what_follows_readers() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/read");
         let mut wrong = Vec::new();
-        for entry in walk(&src) {
-            let rel = entry
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .to_string();
-            let text = std::fs::read_to_string(&entry).unwrap();
-            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
-            let uses = |what: &str| {
-                code.lines()
-                    .any(|l| l.split("//").next().unwrap().contains(what))
-            };
+        for (rel, code) in code_under("src/read") {
+            let uses = |what: &str| code.iter().any(|l| l.contains(what));
             let below = match rel.split('/').next().unwrap() {
                 "follow" => continue,
                 "build" => ["crate::read::follow"].as_slice(),
@@ -192,6 +172,27 @@ mod tests {
             "read/ layers broken:\n{}",
             wrong.join("\n")
         );
+    }
+
+    /// Each `.rs` file under `dir` (of the crate), relative to it, with its lines of code: those
+    /// before its `tests` module, comments cut off.
+    fn code_under(dir: &str) -> Vec<(String, Vec<String>)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let mut out = Vec::new();
+        for path in walk(&root) {
+            let rel = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+            let lines = code
+                .lines()
+                .map(|l| l.split("//").next().unwrap().to_string());
+            out.push((rel, lines.collect()));
+        }
+        out
     }
 
     /// Every `.rs` file under `dir`.
