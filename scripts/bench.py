@@ -615,12 +615,13 @@ def run(a) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
 
     meta["page_cache_dropped"] = bool(caches.works)
+    if lim is not None:
+        for store, t in pet_first.items():
+            lim["first"].setdefault(store, {})["petastorm"] = t
     report(res, stalls, meta, a)
     if cpu is not None:
         print("\n" + "\n".join(print_cpu(cpu)))
     if lim is not None:
-        for store, t in pet_first.items():
-            lim["first"].setdefault(store, {})["petastorm"] = t
         print("\n" + "\n".join(print_limits(lim)))
     if fair is not None:
         if "unavailable" in fair:

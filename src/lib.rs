@@ -1,11 +1,13 @@
 //! tensorfs: a Parquet dataset shown as per-epoch, deterministic tensor batch files.
 //!
-//! The folders follow the layers, bottom up: `source` reads Parquet through object_store (its
-//! objects and footer facts in a catalog, which a snapshot pins for every host) and maps its
-//! schema to tensors; `read` orders rows into batches, lays out the files and builds them ahead
-//! of the readers; `cache` keeps columns and files on the local SSD; `requests` is the
-//! filesystem core the kernel's requests reach (the tree, open files); `fuse` is the adapter to
-//! the kernel, and `mount` ties them together. docs/dev/architecture.md draws it.
+//! The folders follow the layers, bottom up: `model` holds what every layer shares (the plan
+//! that orders rows into batches, element types, the items the cache keeps); `source` reads
+//! Parquet through object_store (its objects and footer facts in a catalog, which a snapshot
+//! pins for every host) and maps its schema to tensors, beside `cache`, which keeps columns and
+//! files on the local SSD; `read` lays out the files, builds them and follows the readers;
+//! `requests` is the filesystem core the kernel's requests reach (the tree, open files);
+//! `kernel` is the adapter to the kernel, and `mount` ties them together. The tests below hold
+//! the layers; docs/dev/architecture.md draws them.
 
 mod cache;
 pub mod client;

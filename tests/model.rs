@@ -906,7 +906,8 @@ fn a_shuffled_epoch_s_batch_files_are_stored_in_the_page_cache() {
             "batch {i}: not left to the kernel's pages"
         );
         core.requests.release(ino, opened.fh);
-        // The store follows the open's answer, on the daemon's threads.
+        // The open stores the file before it answers; a moment is allowed for a store that a
+        // build ends just after.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while core.kernel.stored(ino) == 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));

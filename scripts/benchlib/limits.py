@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .common import MB, ROW_BYTES, TENSORS, log
+from .common import MB, TENSORS, log
 from .methods import column_arrays, read_npy_slices, read_safetensors_files
 from .mounts import Mount
 
@@ -44,11 +44,12 @@ def first_batch_tensorfs(binary: Path, source: str, mnt: Path, options: list[str
     mounts.append(m)
     try:
         if kind == "safetensors":
-            arrays = load_file(m.mnt / "epoch-0" / "000000.safetensors")
-            assert set(arrays) == set(TENSORS), sorted(arrays)
+            first = load_file(m.mnt / "epoch-0" / "000000.safetensors")
+            assert set(first) == set(TENSORS), sorted(first)
         else:
             maps = [np.load(m.mnt / "epoch-0" / "all" / f"{t}.npy", mmap_mode="r") for t in TENSORS]
-            arrays = [np.array(a[:batch_size]) for a in maps]
+            first = [np.array(a[:batch_size]) for a in maps]
+            assert all(len(a) == min(batch_size, len(maps[0])) for a in first)
         return time.perf_counter() - started
     finally:
         m.unmount()

@@ -40,6 +40,8 @@ struct Entry {
     path: String,
     format: String,
     sequence: i64,
+    /// Its size in bytes, as the manifest gives it (what a ranged read of its footer needs).
+    size: u64,
     /// An equality delete file's columns, by field id.
     equality_ids: Vec<i64>,
     /// The partition spec and the partition's values it was written under: an equality delete
@@ -150,6 +152,11 @@ pub(crate) async fn read(
                 path: relative(str_of(file, "file_path")?)?,
                 format: str_of(file, "file_format")?.to_ascii_lowercase(),
                 sequence,
+                size: file
+                    .get("file_size_in_bytes")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+                    .max(0) as u64,
                 equality_ids,
                 spec_id,
                 partition: file.get("partition").cloned().unwrap_or(Value::Null),
@@ -211,29 +218,36 @@ pub(crate) async fn read(
     }
     // Equality deletes: each applies to the data files of its partition (every data file where
     // it was written unpartitioned) whose data sequence number is lower than its own; a row
-    // whose values of its columns equal a deleted row's (null equal to null) is deleted.
+    // whose values of its columns equal a deleted row's (null equal to null) is deleted. Each
+    // data file they apply to is read once, its key columns only, by ranged reads.
+    let mut equality: Vec<(&Entry, EqualityKeys)> = Vec::new();
     for d in entries.iter().filter(|e| e.content == 2) {
-        let bytes = get(&store, root, &d.path).await?;
-        let keys = EqualityKeys::of(bytes, &d.equality_ids, &data_schema)
+        let keys = EqualityKeys::of(ranged(&store, root, d)?, &d.equality_ids, &data_schema)
+            .await
             .with_context(|| format!("its equality delete file '{}'", d.path))?;
-        if keys.deleted.is_empty() {
+        if !keys.deleted.is_empty() {
+            equality.push((d, keys));
+        }
+    }
+    for e in &data {
+        let applying: Vec<&EqualityKeys> = (equality.iter())
+            .filter(|(d, _)| {
+                let everywhere = d.partition.as_object().is_some_and(|p| p.is_empty());
+                e.sequence < d.sequence
+                    && (everywhere || (e.spec_id == d.spec_id && e.partition == d.partition))
+            })
+            .map(|(_, keys)| keys)
+            .collect();
+        if applying.is_empty() {
             continue;
         }
-        let everywhere = d.partition.as_object().is_none_or(|p| p.is_empty());
-        let applies = |e: &&&Entry| {
-            e.sequence < d.sequence
-                && (everywhere || (e.spec_id == d.spec_id && e.partition == d.partition))
-        };
-        for e in data.iter().filter(applies) {
-            let bytes = get(&store, root, &e.path).await?;
-            let rows = (keys.rows_in(bytes)).with_context(|| {
-                format!(
-                    "data file '{}', for the equality deletes of '{}'",
-                    e.path, d.path
-                )
-            })?;
-            positions.entry(e.path.clone()).or_default().extend(rows);
-        }
+        let mut ids: Vec<i64> = applying.iter().flat_map(|k| k.ids.clone()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rows = deleted_rows(ranged(&store, root, e)?, &ids, &data_schema, &applying)
+            .await
+            .with_context(|| format!("data file '{}', for its equality deletes", e.path))?;
+        positions.entry(e.path.clone()).or_default().extend(rows);
     }
     let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
     files.sort();
@@ -340,95 +354,160 @@ fn position_deletes(bytes: bytes::Bytes) -> Result<Vec<(String, u64)>> {
 
 /// The rows of an equality delete file, as the keys its columns make.
 struct EqualityKeys {
+    /// Its columns, by field id.
     ids: Vec<i64>,
-    /// The table's type of each column, which both sides are cast to.
-    types: Vec<DataType>,
-    /// The table's name of each column: a file written without field ids is matched by it.
-    names: Vec<String>,
     converter: arrow::row::RowConverter,
     deleted: HashSet<Vec<u8>>,
 }
 
 impl EqualityKeys {
-    fn of(bytes: bytes::Bytes, ids: &[i64], schema: &Schema) -> Result<EqualityKeys> {
-        let mut types = Vec::new();
-        let mut names = Vec::new();
-        for id in ids {
-            let f = (schema.fields().iter())
-                .find(|f| field_id(f) == Some(*id))
-                .ok_or_else(|| {
-                    anyhow!("its column of field id {id} is not in the table's schema")
-                })?;
-            types.push(f.data_type().clone());
-            names.push(f.name().clone());
-        }
-        let fields = types.iter().map(|t| arrow::row::SortField::new(t.clone()));
+    async fn of(file: Ranged, ids: &[i64], schema: &Schema) -> Result<EqualityKeys> {
+        let types = (ids.iter())
+            .map(|&id| Ok(table_field(schema, id)?.data_type().clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let fields = types.into_iter().map(arrow::row::SortField::new);
         let converter = arrow::row::RowConverter::new(fields.collect())?;
-        let mut keys = EqualityKeys {
+        let mut deleted = HashSet::new();
+        for columns in key_columns(file, ids, schema).await? {
+            let rows = converter.convert_columns(&columns)?;
+            deleted.extend(rows.iter().map(|r| r.as_ref().to_vec()));
+        }
+        Ok(EqualityKeys {
             ids: ids.to_vec(),
-            types,
-            names,
             converter,
-            deleted: HashSet::new(),
-        };
-        let columns = keys.columns(bytes)?;
-        let rows = keys.converter.convert_columns(&columns)?;
-        keys.deleted = rows.iter().map(|r| r.as_ref().to_vec()).collect();
-        Ok(keys)
+            deleted,
+        })
     }
+}
 
-    /// The rows of data file `bytes` whose key is deleted.
-    fn rows_in(&self, bytes: bytes::Bytes) -> Result<Vec<u64>> {
-        let columns = self.columns(bytes)?;
-        let rows = self.converter.convert_columns(&columns)?;
-        Ok((rows.iter().enumerate())
-            .filter(|(_, r)| self.deleted.contains(r.as_ref()))
-            .map(|(i, _)| i as u64)
-            .collect())
+/// The rows of a data file that equality deletes `applying` delete: its columns `ids` (every
+/// column any of them names) read batch by batch, each delete's keys made of its own.
+async fn deleted_rows(
+    file: Ranged,
+    ids: &[i64],
+    schema: &Schema,
+    applying: &[&EqualityKeys],
+) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let mut first = 0u64;
+    for columns in key_columns(file, ids, schema).await? {
+        let len = columns.first().map_or(0, |c| c.len());
+        for keys in applying {
+            let own: Vec<arrow::array::ArrayRef> = (keys.ids.iter())
+                .map(|id| columns[ids.binary_search(id).expect("a column read")].clone())
+                .collect();
+            let rows = keys.converter.convert_columns(&own)?;
+            let hits = (rows.iter().enumerate()).filter(|(_, r)| keys.deleted.contains(r.as_ref()));
+            out.extend(hits.map(|(i, _)| first + i as u64));
+        }
+        first += len as u64;
     }
+    Ok(out)
+}
 
-    /// The key columns of Parquet file `bytes`, in the table's types, every row in file order:
-    /// each found by field id (by the table's name in a file without field ids), null where
-    /// the file has no such column (added to the table after it was written).
-    fn columns(&self, bytes: bytes::Bytes) -> Result<Vec<arrow::array::ArrayRef>> {
-        use parquet::arrow::ProjectionMask;
-        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-        let file = builder.schema().clone();
-        let rows = builder.metadata().file_metadata().num_rows().max(0) as usize;
-        let has_ids = file.fields().iter().any(|f| field_id(f).is_some());
-        let at: Vec<Option<usize>> = (self.ids.iter().zip(&self.names))
-            .map(|(id, name)| match has_ids {
-                true => file.fields().iter().position(|f| field_id(f) == Some(*id)),
-                false => file.index_of(name).ok(),
-            })
-            .collect();
-        let mut roots: Vec<usize> = at.iter().flatten().copied().collect();
-        roots.sort_unstable();
-        roots.dedup();
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.clone());
-        let batches = builder
-            .with_projection(mask)
-            .build()?
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut out = Vec::new();
-        for (at, dt) in at.iter().zip(&self.types) {
+/// The table's field of id `id`.
+fn table_field(schema: &Schema, id: i64) -> Result<&Field> {
+    (schema.fields().iter().map(|f| f.as_ref()))
+        .find(|f| field_id(f) == Some(id))
+        .ok_or_else(|| {
+            anyhow!("its column of field id {id} is not a top-level column of the table")
+        })
+}
+
+/// Columns `ids` of Parquet file `file`, batch by batch in file order, each in the table's type:
+/// found by field id (by the table's name in a file written without field ids), null where the
+/// file has no such column (one added to the table after the file was written).
+async fn key_columns(
+    file: Ranged,
+    ids: &[i64],
+    schema: &Schema,
+) -> Result<Vec<Vec<arrow::array::ArrayRef>>> {
+    use futures::TryStreamExt;
+    use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+    let wanted = (ids.iter())
+        .map(|&id| table_field(schema, id))
+        .collect::<Result<Vec<_>>>()?;
+    let builder = ParquetRecordBatchStreamBuilder::new(file).await?;
+    let found = builder.schema().clone();
+    let has_ids = found.fields().iter().any(|f| field_id(f).is_some());
+    let at: Vec<Option<usize>> = (ids.iter().zip(&wanted))
+        .map(|(&id, f)| match has_ids {
+            true => found.fields().iter().position(|g| field_id(g) == Some(id)),
+            false => found.index_of(f.name()).ok(),
+        })
+        .collect();
+    let mut roots: Vec<usize> = at.iter().flatten().copied().collect();
+    roots.sort_unstable();
+    roots.dedup();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.clone());
+    let batches: Vec<arrow::array::RecordBatch> =
+        builder.with_projection(mask).build()?.try_collect().await?;
+    let mut out = Vec::new();
+    for batch in batches {
+        let mut columns = Vec::new();
+        for (at, f) in at.iter().zip(&wanted) {
             let column = match at {
-                None => arrow::array::new_null_array(dt, rows),
+                None => arrow::array::new_null_array(f.data_type(), batch.num_rows()),
                 Some(root) => {
                     let k = roots.binary_search(root).expect("a projected root");
-                    let pieces: Vec<&dyn arrow::array::Array> =
-                        batches.iter().map(|b| b.column(k).as_ref()).collect();
-                    let whole = match pieces.is_empty() {
-                        true => arrow::array::new_empty_array(dt),
-                        false => arrow::compute::concat(&pieces)?,
-                    };
-                    arrow::compute::cast(&whole, dt)?
+                    arrow::compute::cast(batch.column(k), f.data_type())?
                 }
             };
-            out.push(column);
+            columns.push(column);
         }
-        Ok(out)
+        out.push(columns);
+    }
+    Ok(out)
+}
+
+/// Ranged reads of one object of the table, for the columns equality deletes need.
+struct Ranged {
+    store: Arc<dyn ObjectStore>,
+    location: Path,
+    size: u64,
+}
+
+fn ranged(store: &Arc<dyn ObjectStore>, root: &Path, e: &Entry) -> Result<Ranged> {
+    if e.size == 0 {
+        bail!("the manifest gives '{}' no size", e.path);
+    }
+    Ok(Ranged {
+        store: store.clone(),
+        location: crate::source::child(root, &e.path)?,
+        size: e.size,
+    })
+}
+
+impl parquet::arrow::async_reader::AsyncFileReader for Ranged {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        use futures::FutureExt;
+        async move {
+            (self.store.get_range(&self.location, range).await)
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>,
+    > {
+        use futures::FutureExt;
+        async move {
+            let size = self.size;
+            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
     }
 }
 
