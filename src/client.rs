@@ -378,14 +378,15 @@ fn render(v: &Value, prev: Option<(&Value, f64)>) -> String {
             n(v, "ahead_late")
         ),
         format!(
-            "cache       {:.1} of {:.1} MB, {:.1} MB written; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped",
+            "cache       {:.1} of {:.1} MB, {:.1} MB written; batch files {} hit, columns {} hit; {:.0} evicted, {:.0} corrupt dropped, {:.0} writes failed",
             mb("cache_bytes"),
             mb("cache_capacity"),
             mb("cache_written_bytes"),
             ratio(n(v, "batch_file_hits"), n(v, "batch_file_misses")),
             ratio(n(v, "column_hits"), n(v, "column_misses")),
             n(v, "cache_evictions"),
-            n(v, "cache_corrupt_dropped")
+            n(v, "cache_corrupt_dropped"),
+            n(v, "cache_write_failures")
         ),
         format!(
             "serving     {:.0} lookups, {:.0} opens, {:.0} by passthrough, {:.0} daemon reads, {:.0} files stored in the page cache; memory {:.1} MB",

@@ -212,3 +212,26 @@ def test_a_relative_cache_dir_gives_absolute_paths(tmp_path, shuf_ds):
         assert dj["options"]["cache_dir"] == str(tmp_path / "rel" / "c")
     finally:
         tfs.unmount(mnt)
+
+
+def test_stats_command_prints_every_line_docs_stats_md_lists(mounter, shuf_ds):
+    """`tensorfs stats MOUNTPOINT` prints one line for each row of docs/stats.md's table, under
+    the name the docs give, with the counts of what was read."""
+    import re
+
+    m = mounter(shuf_ds.path, "batch_size=10")
+    for i in range(3):
+        tfs.read_exact(m.p("epoch-0", f"{batch_name(i)}.safetensors"))
+    proc = tfs.run(["stats", m.path])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    doc = (tfs.REPO / "docs" / "stats.md").read_text()
+    table = doc.split("| line | fields of stats.json |", 1)[1].split("\n\n", 1)[0]
+    names = re.findall(r"^\| `([a-z ]+)` \|", table, flags=re.M)
+    assert {"served", "cache", "serving", "reader"} <= set(names), names
+    for name in names:
+        assert any(line.startswith(name + " ") for line in lines), (name, proc.stdout)
+    served = next(line for line in lines if line.startswith("served "))
+    assert re.match(r"served\s+3 batches", served), served
+    cache = next(line for line in lines if line.startswith("cache "))
+    assert "MB written" in cache and "writes failed" in cache, cache
