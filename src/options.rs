@@ -142,14 +142,7 @@ const GENERIC: &[&str] = &[
 ];
 
 /// Prefixes of object_store configuration keys.
-const STORE_PREFIXES: &[&str] = &[
-    "aws_",
-    "google_",
-    "azure_",
-    "http_",
-    "client_",
-    "object_store_",
-];
+const STORE_PREFIXES: &[&str] = &["aws_", "google_", "azure_", "http_", "client_"];
 
 fn is_generic(key: &str) -> bool {
     GENERIC.contains(&key) || key.starts_with("x-") || key == "comment"
@@ -1211,6 +1204,14 @@ mod tests {
 
     fn err(args: &[&str]) -> String {
         Options::parse(args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn store_keys_are_those_of_a_store_and_no_other_prefix() {
+        let o = Options::parse(&["aws_region=us-east-1,client_timeout=60s"]).unwrap();
+        assert_eq!(o.store.len(), 2);
+        let e = Options::parse(&["object_store_timeout=60s"]).unwrap_err();
+        assert!(e.to_string().contains("unknown mount option"), "{e}");
     }
 
     #[test]
