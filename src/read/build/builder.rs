@@ -975,7 +975,7 @@ impl Builder {
             }
             false => source.fetch_row_group(file, rg, &roots).await?,
         };
-        let _ahead = match ahead {
+        let mut ahead_turn = match ahead {
             true => Some(self.decodes_ahead.acquire().await?),
             false => None,
         };
@@ -994,18 +994,26 @@ impl Builder {
                 };
                 // Fetched and decoded: the next row group's fetch may start.
                 drop(fetching);
+                // The call waits on a Python worker, not on the daemon's CPU: a decode ahead
+                // lets go of its turn meanwhile, so that a call per worker runs at once (with
+                // one decode ahead at a time, two workers ran no faster than one).
+                let was_ahead = ahead_turn.take().is_some();
                 let roots = view.roots.clone();
                 let at = format!("file '{name}' row group {rg}");
                 let out = (self.runtime)
                     .spawn_blocking(move || a.apply(pieces, &roots))
                     .await?
                     .context(at)?;
+                if was_ahead {
+                    ahead_turn = Some(self.decodes_ahead.acquire().await?);
+                }
                 (None, Some(out))
             }
         };
         let runtime = self.runtime.clone();
         let _permit = self.workers.acquire().await?;
-        self.pool
+        let columns = self
+            .pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
                 let cpu_started = crate::read::build::pool::thread_cpu_ns();
@@ -1040,7 +1048,10 @@ impl Builder {
                 Ok(Columns::owned(t.tensors))
             })
             .await
-            .with_context(|| format!("file '{name}' row group {rg}"))?
+            .with_context(|| format!("file '{name}' row group {rg}"));
+        // A decode ahead holds its turn to its end.
+        drop(ahead_turn);
+        columns?
     }
 
     /// Bytes the memos hold in the daemon's memory: decoded row groups, built batches, single
