@@ -47,7 +47,7 @@ pub(crate) fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     text.replace('\n', " ")
 }
 
-/// Installs the panic hook: a panic inside [`catch_panic`] is the caller's to report; any other
+/// Installs the panic hook: a panic inside `catch_panic` is the caller's to report; any other
 /// (a worker thread's, which becomes EIO) is logged as one line, and printed as one line where
 /// no log is set up yet.
 pub fn quiet_panics() {

@@ -4,7 +4,7 @@
 //! **Homes.** Every object has a home partition drawn from its key and the seed alone, so an
 //! object keeps its home whatever objects are added or where their keys sort, and added objects
 //! spread over the partitions as the others did. Homes hold whole objects where the dataset has
-//! at least [`OBJECTS_PER_PARTITION`] objects a partition, so that a host reads the footers of its
+//! at least `OBJECTS_PER_PARTITION` objects a partition, so that a host reads the footers of its
 //! own objects only. With fewer objects than that, whole objects would fill the partitions too
 //! unevenly: each row group then has a home, its object's and the partitions after it in turn.
 //!

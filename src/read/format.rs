@@ -2,7 +2,7 @@
 //!
 //! Headers are computed from dtypes and shapes alone, so a file's exact size is known before
 //! its data exists, and they are padded so that the data starts at a multiple of
-//! [`DATA_ALIGN`] (4096): `O_DIRECT` and `cuFileRead` readers can read the data at aligned
+//! `DATA_ALIGN` (4096): `O_DIRECT` and `cuFileRead` readers can read the data at aligned
 //! offsets. Data is little-endian, C order.
 
 use crate::model::dtype::DType;

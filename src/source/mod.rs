@@ -1000,7 +1000,7 @@ impl Source {
         Self::pinned_over(store, &url, source, pinned, footers, stats)
     }
 
-    /// [`Source::pinned`] over any object store (`url`: the source's).
+    /// `Source::pinned` over any object store (`url`: the source's).
     pub fn pinned_over(
         store: Arc<dyn ObjectStore>,
         url: &Url,
@@ -1198,7 +1198,7 @@ impl Source {
         self.schema.fields().len() - self.partitions.fields.len()
     }
 
-    /// Identifies the dataset's content (see [`catalog::fingerprint`]).
+    /// Identifies the dataset's content (see `catalog::fingerprint`).
     pub fn fingerprint(&self) -> &str {
         self.fingerprint.get_or_init(|| {
             let objects = self.objects();

@@ -3,7 +3,7 @@
 //! keeps the decoded columns they are gathered from). A file read again comes from the page
 //! cache, kept across opens; pages the kernel drops under memory pressure are read from the
 //! daemon again, from the same bytes. The prefetcher stores the files a reader opens next, and
-//! the walk through its next epoch those of that epoch ([`crate::read::follow::prefetch`]); an open of
+//! the walk through its next epoch those of that epoch (`read::follow::prefetch`); an open of
 //! a file not stored yet waits for its store, or stores it itself (by inode, which the kernel
 //! knows then) and answers after. Measured (issue 31): a
 //! batch file written to the SSD cost about 1.1 ms of CPU, against the copy a store is.
