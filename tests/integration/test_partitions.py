@@ -412,12 +412,7 @@ def test_global_shuffle_needs_only_a_ranks_share_in_the_cache(mounter, hosts_ds)
     assert decoded / 4 < 4 * 2**20 < decoded and 1536 * 1024 < decoded / 4
 
     def refused(*opts) -> str:
-        mnt = mounter.mountpoint()
-        o = ",".join([*content, *opts, f"cache_dir={mnt.parent / (mnt.name + '-cache')}"])
-        proc = tfs.run(["mount", hosts_ds.path, mnt, "-o", o])
-        line = tfs.error_line(proc)
-        assert not tfs.is_mounted(mnt)
-        return line
+        return tfs.refused_mount(mounter, hosts_ds.path, *content, *opts)
 
     line = refused("world_size=4", f"cache_size={short}")
     assert "shuffle=global" in line and "one rank's share" in line and "partitions=" in line, line

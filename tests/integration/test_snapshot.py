@@ -44,16 +44,6 @@ def snapshot(source, dest, *options, timeout=120):
     return tfs.run(args, timeout=timeout)
 
 
-def refused_mount(mounter, source, *options) -> str:
-    """Mount SOURCE expecting a refusal: its one error line; nothing mounted."""
-    mnt = mounter.mountpoint()
-    opts = ",".join([*options, f"cache_dir={mnt.parent / (mnt.name + '-cache')}"])
-    proc = tfs.run(["mount", source, mnt, "-o", opts])
-    line = tfs.error_line(proc)
-    assert not tfs.is_mounted(mnt), line
-    return line
-
-
 def hashes(m: tfs.Mount, dirs=("epoch-0",)) -> dict[str, str]:
     n = m.dataset()["batches_per_epoch"]
     return tfs.batch_hashes(m, dirs, n)
@@ -168,9 +158,9 @@ def test_fingerprint_refuses_another_dataset_naming_what_changed(mounter, tmp_pa
     assert not (tmp_path / "x.snapshot").exists()
 
     # Where this host never saw the dataset, it says so rather than guess.
-    line = refused_mount(mounter, data, f"fingerprint={fp}")
+    line = tfs.refused_mount(mounter, data, f"fingerprint={fp}")
     assert fp in line and "no record" in line, line
-    line = refused_mount(mounter, data, "fingerprint=abc")
+    line = tfs.refused_mount(mounter, data, "fingerprint=abc")
     assert "fingerprint=abc" in line and "64 hex digits" in line, line
 
 
@@ -189,14 +179,14 @@ def test_damaged_snapshots_are_refused_in_one_line(mounter, tmp_path):
     for name, (content, said) in cases.items():
         bad = tmp_path / f"{name}.snapshot"
         bad.write_bytes(content)
-        line = refused_mount(mounter, data, f"snapshot={bad}")
+        line = tfs.refused_mount(mounter, data, f"snapshot={bad}")
         assert f"snapshot '{bad}' {said}" in line, line
-    line = refused_mount(mounter, data, f"snapshot={tmp_path / 'missing.snapshot'}")
+    line = tfs.refused_mount(mounter, data, f"snapshot={tmp_path / 'missing.snapshot'}")
     assert "cannot be read" in line and "no such file" in line, line
     # A snapshot of another source is not mounted on this one.
     other = tmp_path / "other"
     write_parts(other, 2)
-    line = refused_mount(mounter, other, f"snapshot={pin}")
+    line = tfs.refused_mount(mounter, other, f"snapshot={pin}")
     assert "pins the dataset at" in line, line
 
 
@@ -204,7 +194,7 @@ def test_the_snapshot_command_refuses_what_mount_refuses(mounter, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     pq.write_table(pa.table({"id": np.arange(10), "name": [f"n{i}" for i in range(10)]}), data / "a.parquet")
-    mount_line = refused_mount(mounter, data)
+    mount_line = tfs.refused_mount(mounter, data)
     pin = tmp_path / "x.snapshot"
     proc = snapshot(data, pin)
     assert tfs.error_line(proc) == mount_line
@@ -289,7 +279,7 @@ def test_a_summary_file_that_disagrees_with_its_files_never_serves_wrong_bytes(m
             assert first == (0 if i < 5 else 2000) + (i % 5) * 50
     assert "b.parquet" in log_text(m) and "since the summary file listed it" in log_text(m)
     (data / "c.parquet").unlink()
-    line = refused_mount(mounter, data / "_metadata")
+    line = tfs.refused_mount(mounter, data / "_metadata")
     assert "lists 'c.parquet', which does not exist" in line, line
 
 

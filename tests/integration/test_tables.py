@@ -227,23 +227,19 @@ def test_versions_of_a_delta_table_on_one_cache_are_each_their_own(mounter, delt
 
 
 def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_table, tmp_path):
-    def refusal(src, *options):
-        mnt = mounter.mountpoint()
-        return tfs.error_line(tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])]))
-
-    line = refusal(delta_table, "version=9", "pad=emb:4")
+    line = tfs.refused_mount(mounter, delta_table, "version=9", "pad=emb:4")
     assert "no version 9" in line, line
     # A list column the table's schema has (Delta has no fixed-size arrays) needs pad=.
-    line = refusal(delta_table)
+    line = tfs.refused_mount(mounter, delta_table)
     assert "emb" in line and "pad=emb" in line, line
-    line = refusal(FIXTURES / "table_with_column_mapping")
+    line = tfs.refused_mount(mounter, FIXTURES / "table_with_column_mapping")
     assert "column mapping" in line, line
-    line = refusal(FIXTURES / "delta-0.8.0-partitioned")
+    line = tfs.refused_mount(mounter, FIXTURES / "delta-0.8.0-partitioned")
     assert "'month' (string)" in line and "no tensor mapping" in line, line
     data = tmp_path / "plain"
     data.mkdir()
     pq.write_table(pa.table({"id": np.arange(4)}), data / "a.parquet")
-    line = refusal(data, "version=1")
+    line = tfs.refused_mount(mounter, data, "version=1")
     assert "version=1 is for Delta tables" in line, line
 
 
@@ -348,25 +344,19 @@ def test_an_inline_deletion_vector_is_applied(mounter, tmp_path):
 def test_files_inside_a_table_are_never_served_as_loose_files(mounter, tmp_path):
     """A data file of a table, or a directory inside one, holds rows the table deleted or
     replaced: mounted alone it is refused in one line naming the table's root."""
-    def refusal(src, *options):
-        mnt = mounter.mountpoint()
-        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
-        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
-        return tfs.error_line(proc)
-
     table = FIXTURES / "table-with-dv-small"
     data = next(table.glob("*.parquet"))
-    line = refusal(data)
+    line = tfs.refused_mount(mounter, data)
     assert "inside the Delta Lake table at" in line and str(table) in line, line
     part = next((FIXTURES / "delta-0.8.0-partitioned").glob("year=*"))
-    line = refusal(part)
+    line = tfs.refused_mount(mounter, part)
     assert "inside the Delta Lake table" in line, line
     hudi = tmp_path / "hudi"
     (hudi / ".hoodie").mkdir(parents=True)
     (hudi / ".hoodie" / "hoodie.properties").write_text("hoodie.table.name=t\n")
     (hudi / "p=1").mkdir()
     pq.write_table(pa.table({"id": np.arange(4)}), hudi / "p=1" / "a.parquet")
-    line = refusal(hudi / "p=1")
+    line = tfs.refused_mount(mounter, hudi / "p=1")
     assert "inside the Apache Hudi table" in line, line
     # A directory named metadata that holds no Iceberg metadata makes no table.
     plain = tmp_path / "plain"
@@ -551,20 +541,14 @@ def test_hudi_copy_on_write_tables_are_read_as_hudi_reads_them(mounter, tmp_path
 
 
 def test_hudi_tables_that_cannot_be_read_are_refused_in_one_line(mounter, tmp_path):
-    def refusal(src, *options):
-        mnt = mounter.mountpoint()
-        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
-        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
-        return tfs.error_line(proc)
-
     mor = hudi_table(tmp_path, "mor_avro_v9_txns_simple_nometa")
-    line = refusal(mor, "columns=txn_ts")
+    line = tfs.refused_mount(mounter, mor, "columns=txn_ts")
     assert "merge-on-read" in line, line
     cow = hudi_table(tmp_path, "cow_v6_nonpartitioned")
-    line = refusal(cow, "version=20200101000000000", "columns=id")
+    line = tfs.refused_mount(mounter, cow, "version=20200101000000000", "columns=id")
     assert "no completed commit at instant 20200101000000000" in line, line
     # A data file of the table alone is no dataset: it holds superseded rows.
-    line = refusal(next(cow.glob("*.parquet")))
+    line = tfs.refused_mount(mounter, next(cow.glob("*.parquet")))
     assert "inside the Apache Hudi table" in line, line
 
 
@@ -859,15 +843,9 @@ def test_equality_deletes_of_an_iceberg_table_are_applied(mounter, tmp_path, s3,
 def test_iceberg_tables_that_cannot_be_read_are_refused_in_one_line(mounter, iceberg_table):
     root, table = iceberg_table
 
-    def refusal(src, *options):
-        mnt = mounter.mountpoint()
-        proc = tfs.run(["mount", src, mnt, "-o", ",".join([*options, f"cache_dir={mnt}-c"])])
-        assert proc.returncode != 0 and not tfs.is_mounted(mnt)
-        return tfs.error_line(proc)
-
-    line = refusal(root, "version=12345")
+    line = tfs.refused_mount(mounter, root, "version=12345")
     assert "no snapshot 12345" in line, line
-    line = refusal(next((root / "data").rglob("*.parquet")))
+    line = tfs.refused_mount(mounter, next((root / "data").rglob("*.parquet")))
     assert "inside the Apache Iceberg table" in line, line
 
 

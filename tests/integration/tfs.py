@@ -187,6 +187,17 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def refused_mount(mounter, source, *options) -> str:
+    """Mounts SOURCE with OPTIONS (and a cache beside the mount point of its own), expecting a
+    refusal: its one error line; nothing left mounted."""
+    mnt = mounter.mountpoint()
+    opts = ",".join([*options, f"cache_dir={mnt.parent / (mnt.name + '-cache')}"])
+    proc = run(["mount", source, mnt, "-o", opts])
+    line = error_line(proc)
+    assert not is_mounted(mnt), line
+    return line
+
+
 @dataclass
 class Mount:
     path: Path
