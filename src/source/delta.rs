@@ -7,9 +7,10 @@
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
 use crate::source::delta_log::{self, Added};
+use crate::source::lake::{Kind, Table, Version};
 use crate::source::partition::{Partitions, Value};
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, TimeUnit};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::sync::Arc;
@@ -31,21 +32,6 @@ pub(crate) fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
                 .strip_suffix(".json")
                 .is_some_and(|v| v.len() == 20 && v.bytes().all(|b| b.is_ascii_digit()))
     })
-}
-
-/// One version of a Delta table, as a mount reads it.
-pub(crate) struct Table {
-    pub(crate) version: u64,
-    /// The table's columns stored in its files (the partition columns left out), in the
-    /// table's order, as Arrow types.
-    pub(crate) data_schema: SchemaRef,
-    /// The partition columns, typed as the table's schema says, and each file's values.
-    pub(crate) partitions: Partitions,
-    /// The data files, in lexicographic path order (their paths relative to the table's root,
-    /// percent-decoded).
-    pub(crate) files: Vec<String>,
-    /// Each file's deletion vector, where the table deletes rows of it.
-    pub(crate) deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
 }
 
 /// Reads version `version` (the latest when `None`) of the Delta table at `root` through
@@ -101,7 +87,10 @@ pub(crate) async fn read(
         })
         .collect::<Result<_>>()?;
     Ok(Table {
-        version,
+        version: Version {
+            kind: Kind::Delta,
+            number: version,
+        },
         data_schema: Arc::new(Schema::new(data)),
         partitions: Partitions { fields, values },
         deletes: found.iter().map(|f| f.deletion_vector.clone()).collect(),

@@ -15,24 +15,16 @@
 //! vectors of format 3 (Puffin files) are refused in one line naming them.
 
 use crate::source::deletes::DeletionVector;
+use crate::source::lake::{Kind, Table, Version};
+use crate::source::partition::Partitions;
 use anyhow::{Context, Result, anyhow, bail};
-use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use roaring::RoaringTreemap;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-/// One snapshot of an Iceberg table, as a mount reads it.
-pub(crate) struct Table {
-    pub(crate) snapshot_id: u64,
-    pub(crate) data_schema: SchemaRef,
-    /// The live data files, relative to the table's root, in path order.
-    pub(crate) files: Vec<String>,
-    /// Each file's deleted rows, where position or equality deletes apply to it.
-    pub(crate) deletes: Vec<Option<DeletionVector>>,
-}
 
 /// A data or delete file a manifest holds live.
 struct Entry {
@@ -256,8 +248,12 @@ pub(crate) async fn read(
         .map(|f| positions.get(f).map(inline_vector).transpose())
         .collect::<Result<_>>()?;
     Ok(Table {
-        snapshot_id: id as u64,
+        version: Version {
+            kind: Kind::Iceberg,
+            number: id as u64,
+        },
         data_schema,
+        partitions: Partitions::default(),
         files,
         deletes,
     })

@@ -596,21 +596,11 @@ impl Source {
         }
         let in_source = |e: anyhow::Error| anyhow!("source '{source}': {}", crate::describe(&e));
         let table: Option<lake::Table> = match (listed.table, version) {
-            (Some(lake::Kind::Delta), version) => {
-                let t = delta::read(store.clone(), &prefix, version)
+            (Some(lake::Kind::Delta), version) => Some(
+                delta::read(store.clone(), &prefix, version)
                     .await
-                    .map_err(in_source)?;
-                Some(lake::Table {
-                    version: lake::Version {
-                        kind: lake::Kind::Delta,
-                        number: t.version,
-                    },
-                    data_schema: t.data_schema,
-                    partitions: t.partitions,
-                    files: t.files,
-                    deletes: t.deletes,
-                })
-            }
+                    .map_err(in_source)?,
+            ),
             (Some(lake::Kind::Hudi), version) => {
                 let names: Vec<&str> = listed.names.iter().map(String::as_str).collect();
                 let t = hudi::read(store.clone(), &prefix, &names, version)
@@ -634,19 +624,8 @@ impl Source {
             }
             (Some(lake::Kind::Iceberg), version) => {
                 let names: Vec<&str> = listed.names.iter().map(String::as_str).collect();
-                let t = iceberg::read(store.clone(), &prefix, &names, metadata.as_deref(), version)
-                    .await
-                    .map_err(in_source)?;
-                Some(lake::Table {
-                    version: lake::Version {
-                        kind: lake::Kind::Iceberg,
-                        number: t.snapshot_id,
-                    },
-                    data_schema: t.data_schema,
-                    partitions: Partitions::default(),
-                    files: t.files,
-                    deletes: t.deletes,
-                })
+                let t = iceberg::read(store.clone(), &prefix, &names, metadata.as_deref(), version);
+                Some(t.await.map_err(in_source)?)
             }
             (None, Some(v)) => bail!(
                 "mount option version={v} is for Delta tables (and Iceberg and Hudi tables), and source '{source}' is no table: it has no {}/, metadata/ or {}/",
