@@ -517,16 +517,9 @@ def run(a) -> int:
             if s3 is not None:
                 if "pyarrow" not in skip:
                     try:
-                        import pyarrow.fs as pafs
-
-                        fs = pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
-                                               endpoint_override=s3.url, scheme="http")
-                        keys = sorted(
-                            i.path for i in fs.get_file_info(pafs.FileSelector(f"{s3.BUCKET}/{s3.PREFIX}"))
-                            if i.path.endswith(".parquet")
-                        )
+                        fs = s3.pyarrow_fs()
                         res.add("pyarrow_s3", "pyarrow iter_batches+to_numpy, S3",
-                                *read_pyarrow(keys, B, open_file=fs.open_input_file))
+                                *read_pyarrow(s3.parquet_keys(fs), B, open_file=fs.open_input_file))
                     except Exception as e:
                         res.unavailable("pyarrow_s3", "pyarrow iter_batches+to_numpy, S3", str(e)[-300:])
                 if "tensorfs" not in skip:

@@ -149,18 +149,10 @@ def run_rows(binary: Path, data: Path, scratch: Path, caches, mounts: list, batc
 def first_batch_s3(out: dict, binary: Path, s3, scratch: Path, caches, mounts: list, batch_size: int,
                    extra: list[str]) -> None:
     """Time to first batch from the loopback S3 server, into OUT's `first` table."""
-    import pyarrow.fs as pafs
-
     first = out["first"].setdefault("s3", {})
-    fs = pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1", endpoint_override=s3.url,
-                           scheme="http")
-
-    def keys():
-        return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{s3.BUCKET}/{s3.PREFIX}"))
-                      if i.path.endswith(".parquet"))
-
+    fs = s3.pyarrow_fs()
     caches.drop()
-    first["pyarrow"] = first_batch_pyarrow(keys, batch_size, open_file=fs.open_input_file)
+    first["pyarrow"] = first_batch_pyarrow(lambda: s3.parquet_keys(fs), batch_size, open_file=fs.open_input_file)
     cache = scratch / "cache-limits-s3"
     for shuffle in ("block", "none"):
         shutil.rmtree(cache, ignore_errors=True)

@@ -209,6 +209,20 @@ class S3Server:
             region_name="us-east-1", config=Config(s3={"addressing_style": "path"}),
         )
 
+    def pyarrow_fs(self):
+        """PyArrow's S3 filesystem on this server."""
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
+                                 endpoint_override=self.url, scheme="http")
+
+    def parquet_keys(self, fs) -> list[str]:
+        """The dataset's objects as FS (`pyarrow_fs`) names them, listed now, in key order."""
+        import pyarrow.fs as pafs
+
+        return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{self.BUCKET}/{self.PREFIX}"))
+                      if i.path.endswith(".parquet"))
+
     @property
     def source(self) -> str:
         return f"s3://{self.BUCKET}/{self.PREFIX}/"
