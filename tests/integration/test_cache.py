@@ -602,18 +602,6 @@ def test_a_shuffled_file_read_again_comes_from_the_page_cache(mounter, shuf_ds):
     assert s2["batch_files_written"] == 0 and not cache_paths(m.cache, "batches-*/**/*.safetensors"), s2
 
 
-def settled(m: tfs.Mount, key: str) -> dict:
-    """The mount's stats once KEY has not moved for half a second (writes behind the reads)."""
-    last, since, deadline = None, time.monotonic(), time.monotonic() + 30
-    while True:
-        s = tfs.stats(m)
-        if s[key] != last:
-            last, since = s[key], time.monotonic()
-        elif time.monotonic() - since > 0.5 or time.monotonic() > deadline:
-            return s
-        time.sleep(0.05)
-
-
 def on_disk(tops: list[Path]) -> int:
     """Bytes of the files under TOPS, with their extended attributes (a batch file's meta, where
     the filesystem keeps it; a sidecar file where it does not)."""
@@ -631,7 +619,7 @@ def test_a_cold_epoch_writes_what_later_epochs_read_once(mounter, shuf_ds, shuff
     n = m.dataset()["batches_per_epoch"]
     for i in range(n):
         tfs.read_exact(m.p("epoch-0", f"{i:06d}.safetensors"))
-    s0 = settled(m, "cache_written_bytes")
+    s0 = tfs.settled(m, "cache_written_bytes")
     cols = on_disk(cache_paths(m.cache, "cols-*"))
     batches = on_disk(cache_paths(m.cache, "batches-*"))
     if shuffle == "none":
@@ -641,7 +629,7 @@ def test_a_cold_epoch_writes_what_later_epochs_read_once(mounter, shuf_ds, shuff
     assert s0["cache_written_bytes"] == cols + batches, (s0, cols, batches)
     for i in range(n):
         tfs.read_exact(m.p("epoch-1", f"{i:06d}.safetensors"))
-    s1 = settled(m, "cache_written_bytes")
+    s1 = tfs.settled(m, "cache_written_bytes")
     assert s1["cache_written_bytes"] == s0["cache_written_bytes"], (s0, s1)
 
 

@@ -67,21 +67,6 @@ def test_every_file_reads_as_it_does_with_the_daemon_answering_opens(mounter, ma
     assert after["opens"] == 0, after
 
 
-def settled_stores(m: tfs.Mount) -> dict:
-    """The counters once nothing has been stored in the page cache for a second (or after a
-    minute)."""
-    deadline = time.monotonic() + 60
-    last, since = None, time.monotonic()
-    while time.monotonic() < deadline:
-        s = tfs.stats(m)
-        if s["page_cache_stores"] != last:
-            last, since = s["page_cache_stores"], time.monotonic()
-        elif time.monotonic() - since >= 1:
-            return s
-        time.sleep(0.05)
-    return tfs.stats(m)
-
-
 @pytest.mark.parametrize("mode", ["window", "global"])
 def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_ds, mode):
     n = 11  # shuf_ds: 2600 rows -> 10 full batches and one of 40
@@ -92,7 +77,7 @@ def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_
     got = {**digests(k, rels(0)), **digests(k, rels(1))}
     # Reading epoch 1 had epoch 2's files built and stored in the page cache, from memory: no
     # batch file is written to the cache.
-    s = settled_stores(k)
+    s = tfs.settled(k, "page_cache_stores", quiet=1, limit=60)
     assert s["page_cache_stores"] >= 2 * n, s
     assert s["batch_files_written"] == 0, s
     assert not list((k.cache / "v1").glob("batches-*/epoch-*/*.safetensors"))
@@ -122,10 +107,10 @@ def test_batch_files_stored_ahead_are_made_known_by_listings_not_a_lookup_each(m
     ref = mounter(shuf_ds.path, *opts, "prefetch=0")
     rels = lambda e: [f"epoch-{e}/{tfs.batch_name(i)}.safetensors" for i in range(n)]  # noqa: E731
     got = digests(m, rels(0))
-    before = settled_stores(m)
+    before = tfs.settled(m, "page_cache_stores", quiet=1, limit=60)
     for e in (1, 2):
         got.update(digests(m, rels(e)))
-        settled_stores(m)
+        tfs.settled(m, "page_cache_stores", quiet=1, limit=60)
     after = tfs.stats(m)
     lookups = after["lookups"] - before["lookups"]
     print(f"epochs 1-2 ({2 * n} files, epochs 2-3 stored ahead): {lookups} lookups")
@@ -183,7 +168,7 @@ def test_per_tensor_files_are_stored_with_a_lookup_per_batch_not_per_file(mounte
     rels = [f"{d}/{name}.npy" for d in dirs for name in names]
     before = tfs.stats(k)["lookups"]
     got = digests(k, rels)
-    lookups = settled_stores(k)["lookups"] - before
+    lookups = tfs.settled(k, "page_cache_stores", quiet=1, limit=60)["lookups"] - before
     print(f"{len(rels)} files in {len(dirs)} directories: {lookups} lookups")
     assert lookups < len(rels) // 4, lookups
     assert got == digests(ref, rels)

@@ -106,18 +106,6 @@ def test_only_the_files_a_reader_opens_are_built_ahead(mounter, shuf_ds):
     assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
 
 
-def settled(m: tfs.Mount) -> None:
-    """Waits (up to 10 s) until no file has been built ahead for half a second."""
-    last, since, deadline = None, time.monotonic(), time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = tfs.stats(m)["next_epoch_files_built"]
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since > 0.5:
-            return
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("option", ["shuffle=none", "prefetch=0"])
 def test_nothing_is_built_ahead_where_epochs_share_their_files_or_prefetch_is_off(mounter, shuf_ds, option):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=3", option)
@@ -145,7 +133,7 @@ def test_shuffled_epochs_write_no_batch_file_unless_warm_asks(mounter, shuf_ds):
         for name in ("{}.safetensors", "{}/x.npy", "{}/id.npy"):
             got = read_batches(m, f"epoch-{e}", N, name)
             assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
-        settled(m)
+        tfs.settled(m, "next_epoch_files_built", limit=10)
     s = tfs.stats(m)
     assert s["batch_files_written"] == 0 and not any(cached(m, e, "*") for e in range(3)), s
     assert s["row_groups_decoded"] == 13, s

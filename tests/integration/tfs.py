@@ -550,6 +550,21 @@ def stats(m: "Mount") -> dict:
     raise AssertionError("stats.json never parsed")
 
 
+def settled(m: "Mount", key: str, quiet: float = 0.5, limit: float = 30) -> dict:
+    """The mount's counters once KEY has not moved for QUIET seconds (work behind the reads
+    done), or as they are after LIMIT seconds."""
+    last, since, deadline = None, time.monotonic(), time.monotonic() + limit
+    while True:
+        s, now = stats(m), time.monotonic()
+        if s[key] != last:
+            last, since = s[key], now
+        elif now - since >= quiet:
+            return s
+        if now > deadline:
+            return s
+        time.sleep(0.05)
+
+
 def file_name(entry: dict) -> str:
     """The file name of a dataset.json `files` entry."""
     return entry["path"].rstrip("/").rsplit("/", 1)[-1]
