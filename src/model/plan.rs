@@ -855,9 +855,28 @@ impl Permutation {
     /// [`Permutation::apply`] to each of `xs`, in place. Positions are encrypted [`LANES`] at a
     /// time, round by round: one position's rounds depend each on the last, several positions'
     /// do not, so the CPU overlaps their multiplications (1.2-1.4x the positions a second in a
-    /// tight loop, 1M of them, eight at a time). The few that land out of range walk on one at a
-    /// time.
+    /// tight loop, 1M of them, eight at a time), and where the CPU has AVX-512's 64-bit
+    /// multiply, one instruction does a round's eight (1.8x). The positions that land out of
+    /// range walk on [`LANES`] at a time too: the domain is up to 4x `n`, and walking them one by
+    /// one was a third of the time (measured: 14.6 ns a position as it was, 6.0 both ways).
     fn apply_all(&self, xs: &mut [u64]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512dq") {
+            // SAFETY: the CPU has the features the function is compiled for, checked above.
+            return unsafe { self.apply_all_avx512(xs) };
+        }
+        self.apply_all_lanes(xs)
+    }
+
+    /// [`Permutation::apply_all`] compiled for AVX-512 (`vpmullq` multiplies eight lanes).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn apply_all_avx512(&self, xs: &mut [u64]) {
+        self.apply_all_lanes(xs)
+    }
+
+    #[inline(always)]
+    fn apply_all_lanes(&self, xs: &mut [u64]) {
         let mut chunks = xs.chunks_exact_mut(LANES);
         for chunk in &mut chunks {
             let lanes: &mut [u64; LANES] = chunk.try_into().expect("LANES positions");
@@ -866,10 +885,20 @@ impl Permutation {
         for x in chunks.into_remainder() {
             *x = self.encrypt(*x);
         }
-        for x in xs.iter_mut() {
-            while *x >= self.n {
-                *x = self.encrypt(*x);
+        // Those out of range, by index, walked on a round of encryptions at a time.
+        let mut out: Vec<usize> = (0..xs.len()).filter(|&i| xs[i] >= self.n).collect();
+        while !out.is_empty() {
+            let mut chunks = out.chunks_exact(LANES);
+            for at in &mut chunks {
+                let lanes: [u64; LANES] = self.encrypt_lanes(std::array::from_fn(|j| xs[at[j]]));
+                for (&i, y) in at.iter().zip(lanes) {
+                    xs[i] = y;
+                }
             }
+            for &i in chunks.remainder() {
+                xs[i] = self.encrypt(xs[i]);
+            }
+            out.retain(|&i| xs[i] >= self.n);
         }
     }
 
@@ -1239,9 +1268,14 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let perm = Permutation::new(n, &mut rng(seed, 0, 0, 0));
+            let one_by_one: Vec<u64> = (0..n).map(|x| perm.apply(x)).collect();
             let mut xs: Vec<u64> = (0..n).collect();
             perm.apply_all(&mut xs);
-            prop_assert_eq!(xs, (0..n).map(|x| perm.apply(x)).collect::<Vec<_>>());
+            prop_assert_eq!(&xs, &one_by_one);
+            // The portable code, where apply_all took the AVX-512 build of it.
+            let mut xs: Vec<u64> = (0..n).collect();
+            perm.apply_all_lanes(&mut xs);
+            prop_assert_eq!(&xs, &one_by_one);
         }
 
         #[test]
