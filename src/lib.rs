@@ -176,6 +176,23 @@ mod tests {
         );
     }
 
+    /// Inside `requests/`: the serving facade is keyed by the file a reader reads, never by an
+    /// inode: it uses nothing of the tree (which says what an inode is), and takes an inode only
+    /// where a store into the kernel's page cache of a file being opened names it.
+    #[test]
+    fn the_serving_facade_knows_files_not_inodes() {
+        let (_, code) = (code_under("src/requests").into_iter())
+            .find(|(rel, _)| rel == "serve.rs")
+            .expect("requests/serve.rs");
+        assert!(!code.iter().any(|l| l.contains("crate::requests::fs")));
+        let takes_ino: Vec<&String> = (code.iter()).filter(|l| l.contains("ino: u64")).collect();
+        assert_eq!(takes_ino.len(), 2, "{takes_ino:?}");
+        assert!(
+            code.iter()
+                .any(|l| l.contains("fn store_at_hand(&self, f: BatchFile, ino: u64"))
+        );
+    }
+
     /// Each `.rs` file under `dir` (of the crate), relative to it, with its lines of code: those
     /// before its `tests` module, comments cut off.
     fn code_under(dir: &str) -> Vec<(String, Vec<String>)> {

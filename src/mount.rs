@@ -947,7 +947,8 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
             w.watch(mountpoint);
         }
         let kernel = Arc::new(crate::kernel::Session::new(session.notifier()));
-        fs.store_in(PageCache::new(kernel, mountpoint), kernel_opens);
+        fs.serve()
+            .store_in(PageCache::new(kernel, mountpoint), kernel_opens);
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }

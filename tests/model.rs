@@ -549,7 +549,8 @@ impl Core {
         // No mount point: the daemon's calls into its mount (to make names known) fail, as
         // they may in a real mount, and opens store their files themselves.
         let mountpoint = Path::new("/nonexistent/tensorfs-in-process");
-        fs.store_in(PageCache::new(kernel.clone(), mountpoint), false);
+        fs.serve()
+            .store_in(PageCache::new(kernel.clone(), mountpoint), false);
         let requests = Arc::new(Requests::new(Arc::new(fs), true, false));
         Ok(Core {
             runtime,

@@ -10,18 +10,19 @@
 //! comes after it.
 //!
 //! The request core, this folder: `fs` (the tree: lookups, attributes, listings, links,
-//! extended attributes) with `fs::serve` (the reads behind open files), `open_files` (the
-//! open-file table), and this module (open, read, release).
+//! extended attributes; what an inode is), `serve` (the serving facade: the reads behind open
+//! files, keyed by the file, not the inode), `open_files` (the open-file table), and this
+//! module (open, read, release).
 
 pub mod fs;
 pub(crate) mod open_files;
+pub mod serve;
 
 use crate::error::{Error, Result};
-use crate::model::item::FileKind;
-use crate::model::plan::Batches;
 use crate::read::build::ahead::Opening;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
+use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::fs::File;
@@ -102,6 +103,10 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         &self.fs
     }
 
+    fn serve(&self) -> &Arc<Serve> {
+        self.fs.serve()
+    }
+
     pub(crate) fn kernel_opens(&self) -> bool {
         self.kernel_opens
     }
@@ -145,37 +150,41 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             }
             // Its bytes never change: the kernel keeps them cached across opens.
             Openable::Fixed => now(registrar, opened(Served::Cached)),
-            Openable::Concatenated => self.open_concatenated(ino, fh, registrar),
-            Openable::Batch => self.open_batch(ino, fh, registrar),
+            Openable::Concatenated => match self.fs.target(ino) {
+                Some(Target::All(f)) => self.open_concatenated(f, ino, fh, registrar),
+                _ => now(registrar, Err(Error::answer(libc::EIO))),
+            },
+            Openable::Batch => match self.fs.target(ino) {
+                Some(Target::Batch(f)) => self.open_batch(f, ino, fh, registrar),
+                _ => now(registrar, Err(Error::answer(libc::EIO))),
+            },
         }
     }
 
-    /// A batch file: already materialised (the usual case, with the prefetcher ahead) answered
-    /// at once, not behind the building work queued on the worker pool; else once built.
+    /// Batch file `f` (inode `ino`): already materialised (the usual case, with the prefetcher
+    /// ahead) answered at once, not behind the building work queued on the worker pool; else
+    /// once built.
     fn open_batch<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
+        f: BatchFile,
         ino: u64,
         fh: u64,
         registrar: R,
     ) -> Answer<(R, Result<Opened<Id>>)> {
         let started = std::time::Instant::now();
         let span = tracing::debug_span!("open", ino);
-        if let Some(file) = span.in_scope(|| self.fs.materialized(ino)) {
+        if let Some(file) = span.in_scope(|| self.serve().materialized(f)) {
             let opened = self.answer_batch(ino, fh, Some(file), &registrar, started);
-            let fs = self.fs.clone();
-            return Answer::Now(
-                (registrar, Ok(opened)),
-                Then::after(move || fs.follow_open(ino)),
-            );
+            return Answer::Now((registrar, Ok(opened)), self.follow_open(Target::Batch(f)));
         }
-        if let Some(place) = self.fs.stored_by_opens(ino) {
-            return self.open_stored(ino, fh, place, registrar, started, span);
+        if self.serve().stored_by_opens(f) {
+            return self.open_stored(f, ino, fh, registrar, started, span);
         }
         let this = self.clone();
         let built = async move {
-            let opened = match this.fs.materialize(ino).await {
-                Ok(f) => {
-                    let file = f.map(|(file, _)| Arc::new(file));
+            let opened = match this.serve().materialize(f).await {
+                Ok(file) => {
+                    let file = file.map(|(file, _)| Arc::new(file));
                     Ok(this.answer_batch(ino, fh, file, &registrar, started))
                 }
                 Err(e) => Err(e),
@@ -185,32 +194,34 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         Answer::Later(built.instrument(span).boxed())
     }
 
+    /// What follows an answered open of `t`: its reader followed ([`Serve::follow_open`]).
+    fn follow_open(&self, t: Target) -> Then {
+        let serve = self.serve().clone();
+        Then::after(move || serve.follow_open(t))
+    }
+
     /// A batch file of a shuffled epoch, read once: stored in the kernel's page cache (its
     /// batch from memory, else built first) and answered with the pages kept, so its reads never
     /// reach the daemon. Stored only while nobody else has the inode open: the store waits
     /// for the pages a read under way holds, and that read's answer needs the thread storing.
     fn open_stored<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
+        f: BatchFile,
         ino: u64,
         fh: u64,
-        place: (Batches, u64, FileKind),
         registrar: R,
         started: std::time::Instant,
         span: tracing::Span,
     ) -> Answer<(R, Result<Opened<Id>>)> {
         let unopened = self.open_files.unopened(ino);
-        if span.in_scope(|| self.fs.store_at_hand(ino, place, unopened)) {
+        if span.in_scope(|| self.serve().store_at_hand(f, ino, unopened)) {
             let opened = self.answer_batch(ino, fh, None, &registrar, started);
-            let fs = self.fs.clone();
-            return Answer::Now(
-                (registrar, Ok(opened)),
-                Then::after(move || fs.follow_open(ino)),
-            );
+            return Answer::Now((registrar, Ok(opened)), self.follow_open(Target::Batch(f)));
         }
         let this = self.clone();
         let built = async move {
             let unopened = || this.open_files.unopened(ino);
-            let opened = match this.fs.store_built(ino, place, unopened).await {
+            let opened = match this.serve().store_built(f, ino, unopened).await {
                 Ok(()) => Ok(this.answer_batch(ino, fh, None, &registrar, started)),
                 Err(e) => Err(e),
             };
@@ -229,15 +240,17 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
     ) -> Opened<Id> {
         let served = self.served(ino, fh, file, registrar);
         let by_passthrough = matches!(served, Served::Passthrough(_));
-        self.fs.opened(ino, started.elapsed(), by_passthrough);
+        let size = self.fs.getattr(ino).map_or(0, |a| a.size);
+        self.serve().opened(size, started.elapsed(), by_passthrough);
         Opened { fh, served }
     }
 
-    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead where there is one (waiting
-    /// for a build near its end), else by the daemon; a reader that has the file built has
-    /// the next epoch's built meanwhile.
+    /// `all.safetensors`, `all/NAME.npy` (`f`, inode `ino`): from the file built ahead where
+    /// there is one (waiting for a build near its end), else by the daemon; a reader that has
+    /// the file built has the next epoch's built meanwhile.
     fn open_concatenated<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
+        f: AllFile,
         ino: u64,
         fh: u64,
         registrar: R,
@@ -246,16 +259,15 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             let from_file = file.is_some();
             let served = this.served(ino, fh, file, &registrar);
             if matches!(served, Served::Passthrough(_)) {
-                this.fs.opened_by_passthrough();
+                this.serve().opened_by_passthrough();
             }
-            let fs = this.fs.clone();
             let then = match from_file {
-                true => Then::after(move || fs.follow_open(ino)),
+                true => this.follow_open(Target::All(f)),
                 false => Then::nothing(),
             };
             ((registrar, Ok(Opened { fh, served })), then)
         };
-        match self.fs.open_all(ino) {
+        match self.serve().open_all(f) {
             Opening::Ready(file) => {
                 let (answer, then) = answer(self, Some(file), registrar);
                 Answer::Now(answer, then)
@@ -268,7 +280,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                 let this = self.clone();
                 Answer::Later(
                     async move {
-                        let file = this.fs.all_when_built(ino, progress).await;
+                        let file = this.serve().all_when_built(f, progress).await;
                         answer(&this, file, registrar)
                     }
                     .boxed(),
@@ -302,7 +314,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
 
     /// Reads `size` bytes at `offset` of open file `fh` (inode `ino`): from what its open
     /// found (a snapshot, a backing file), else built. With `opens=kernel` nothing was opened:
-    /// by inode, answered at once where the batch is in memory.
+    /// answered at once where the batch is in memory.
     pub fn read(
         self: &Arc<Self>,
         ino: u64,
@@ -311,21 +323,38 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         size: u32,
     ) -> Answer<Result<Vec<u8>>> {
         let span = tracing::debug_span!("read", ino, offset, size);
+        let target = self.fs.target(ino);
+        let serve = self.serve().clone();
         if self.kernel_opens {
-            if let Some(data) = self.fs.read_at_hand(ino, offset, size) {
-                // After the reply: what it schedules wakes workers, which costs more than the
-                // read (measured: a tripwire read took 330 µs with it before, 60 after).
-                let fs = self.fs.clone();
-                return Answer::Now(Ok(data), Then::after(move || fs.follow_open(ino)));
-            }
-            // A one-open file's rows in memory: the same bytes as its file built ahead, if any
-            // (whose open may wait for the build to end).
-            if let Some((data, events)) = self.fs.read_all_at_hand(ino, offset, size) {
-                let fs = self.fs.clone();
-                return Answer::Now(Ok(data), Then::after(move || fs.follow_all(events)));
+            match target {
+                Some(Target::Batch(f)) => {
+                    if let Some(data) = serve.read_at_hand(f, offset, size) {
+                        // After the reply: what it schedules wakes workers, which costs more
+                        // than the read (measured: a tripwire read took 330 µs with it before,
+                        // 60 after).
+                        return Answer::Now(Ok(data), self.follow_open(Target::Batch(f)));
+                    }
+                }
+                // A one-open file's rows in memory: the same bytes as its file built ahead, if
+                // any (whose open may wait for the build to end).
+                Some(Target::All(f)) => {
+                    if let Some((data, events)) = serve.read_all_at_hand(f, offset, size) {
+                        return Answer::Now(
+                            Ok(data),
+                            Then::after(move || serve.follow_all(events)),
+                        );
+                    }
+                }
+                None => {}
             }
             let fs = self.fs.clone();
-            let read = async move { (fs.read_unopened(ino, offset, size).await, Then::nothing()) };
+            let read = async move {
+                let data = match target {
+                    Some(t) => serve.read_unopened(t, offset, size).await,
+                    None => fs.read(ino, offset, size).await,
+                };
+                (data, Then::nothing())
+            };
             return Answer::Later(read.instrument(span).boxed());
         }
         let ReadFrom { file, snapshot } = self.open_files.read_from(fh);
@@ -335,14 +364,20 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             return Answer::Now(Ok(snapshot[start..end].to_vec()), Then::nothing());
         }
         if file.is_none()
-            && let Some((data, events)) = self.fs.read_all_at_hand(ino, offset, size)
+            && let Some(Target::All(f)) = target
+            && let Some((data, events)) = serve.read_all_at_hand(f, offset, size)
         {
             // As a batch file's read at hand above: the reader followed after the reply.
-            let fs = self.fs.clone();
-            return Answer::Now(Ok(data), Then::after(move || fs.follow_all(events)));
+            return Answer::Now(Ok(data), Then::after(move || serve.follow_all(events)));
         }
         let fs = self.fs.clone();
-        let read = async move { (fs.read_open(ino, file, offset, size).await, Then::nothing()) };
+        let read = async move {
+            let data = match target {
+                Some(t) => serve.read_open(t, file, offset, size).await,
+                None => fs.read(ino, offset, size).await,
+            };
+            (data, Then::nothing())
+        };
         Answer::Later(read.instrument(span).boxed())
     }
 

@@ -8,15 +8,14 @@
 //! epoch with a million batches therefore costs no memory.
 
 use crate::error::{Error, Result, enoent};
-use crate::model::item::{FileKind, Item};
-use crate::model::plan::{BatchRef, Batches, Plan};
-use crate::read::build::ahead::{Ahead, Opening, Progress, Warming};
-use crate::read::build::builder::{Batch, Builder, TensorOf, TensorRows};
+use crate::model::item::FileKind;
+use crate::model::plan::{Batches, Plan};
+use crate::read::build::ahead::{Ahead, Warming};
+use crate::read::build::builder::Builder;
 use crate::read::build::materialize::Materializer;
-use crate::read::follow::page_cache::PageCache;
 use crate::read::follow::prefetch::Prefetcher;
-use crate::read::layout::{self, ALL, ALL_SAFETENSORS, Layout, Span};
-use crate::read::readers::{Event, What};
+use crate::read::layout::{self, ALL, ALL_SAFETENSORS, Layout};
+use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::fs::File;
@@ -24,8 +23,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-mod serve;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
@@ -194,11 +191,8 @@ pub(crate) struct Tree {
 }
 
 pub struct Fs {
-    materializer: Arc<Materializer>,
-    builder: Arc<Builder>,
-    stats: Arc<Stats>,
-    prefetcher: Prefetcher,
-    ahead: Ahead,
+    /// What the files' bytes come from.
+    serve: Arc<Serve>,
     layout: Arc<Layout>,
     epochs: u64,
     world_size: Option<u64>,
@@ -226,7 +220,14 @@ impl Fs {
             world_size,
             dataset_json,
         } = tree;
-        let plan = builder.plan();
+        let serve = Arc::new(Serve::new(
+            materializer,
+            builder,
+            prefetcher,
+            ahead,
+            layout.clone(),
+        ));
+        let plan = serve.plan();
         let mut sizes = HashMap::new();
         for rows in [plan.options().batch_size, plan.last_batch_len()] {
             let kinds = std::iter::once(FileKind::Safetensors)
@@ -242,11 +243,7 @@ impl Fs {
             .position(|w| w == placeholder.as_bytes())
             .map(|at| at + key.len());
         Fs {
-            stats: builder.stats().clone(),
-            builder,
-            materializer,
-            prefetcher,
-            ahead,
+            serve,
             layout,
             epochs,
             world_size,
@@ -259,11 +256,48 @@ impl Fs {
     }
 
     pub(crate) fn stats(&self) -> &Stats {
-        &self.stats
+        self.serve.stats()
     }
 
     fn plan(&self) -> &Plan {
-        self.builder.plan()
+        self.serve.plan()
+    }
+
+    /// The serving facade: what an open file's bytes come from.
+    pub fn serve(&self) -> &Arc<Serve> {
+        &self.serve
+    }
+
+    /// The file of the main tree whose bytes the read path serves that `ino` is: a batch file
+    /// or a one-open file (not one under `gds/`, which are links).
+    pub(crate) fn target(&self, ino: u64) -> Option<Target> {
+        let node = self.node(ino).ok()?;
+        if let Some((d, batch, kind)) = node.batch_file() {
+            let (dir, gds) = self.dir_entry(d).ok()?;
+            return (!gds).then_some(Target::Batch(BatchFile { dir, batch, kind }));
+        }
+        let (d, kind) = node.all_file()?;
+        let (dir, gds) = self.dir_entry(d).ok()?;
+        (!gds).then_some(Target::All(AllFile { dir, kind }))
+    }
+
+    /// As [`Fs::target`], of a batch file or a link to one under `gds/`.
+    fn batch_file_of(&self, node: Node) -> Result<BatchFile> {
+        let (d, batch, kind) = node.batch_file().ok_or(Error::answer(libc::EINVAL))?;
+        Ok(BatchFile {
+            dir: self.dir(d)?,
+            batch,
+            kind,
+        })
+    }
+
+    /// As [`Fs::target`], of a one-open file or a link to one under `gds/`.
+    fn all_file_of(&self, node: Node) -> Option<AllFile> {
+        let (d, kind) = node.all_file()?;
+        Some(AllFile {
+            dir: self.dir(d).ok()?,
+            kind,
+        })
     }
 
     fn node(&self, ino: u64) -> Result<Node> {
@@ -308,17 +342,10 @@ impl Fs {
         Ok(self.dir_entry(id)?.1)
     }
 
-    /// The cache item a batch file node is (by global batch, so rank views share it, and by the
-    /// epoch it repeats, so epochs with one order share it).
-    fn item(&self, node: Node) -> Result<Item> {
-        let (d, i, kind) = node.batch_file().ok_or(Error::answer(libc::EINVAL))?;
-        Ok(Item::of(kind, self.plan().batch_in(self.dir(d)?, i)))
-    }
-
     fn stats_json(&self) -> Vec<u8> {
         let mut v = self.stats().to_json();
-        v["memory_bytes"] = serde_json::json!(self.builder.memory());
-        v["readers"] = serde_json::json!(self.prefetcher.depths());
+        v["memory_bytes"] = serde_json::json!(self.serve.memory());
+        v["readers"] = serde_json::json!(self.serve.depths());
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
         // Padded with spaces (whitespace a JSON document may end with) to a size that only
         // grows, in steps of 4 KiB: the size a stat reports is then the size the next open
@@ -332,7 +359,7 @@ impl Fs {
 
     /// The counters in Prometheus's text exposition format (`metrics=`).
     pub(crate) fn metrics_text(&self) -> String {
-        let memory = self.builder.memory() as u64;
+        let memory = self.serve.memory() as u64;
         self.stats().prometheus(memory)
     }
 
@@ -620,17 +647,37 @@ impl Fs {
 
     /// Where a batch file's backing file is (or will be) in the local cache.
     fn backing_path(&self, node: Node) -> Result<PathBuf> {
-        Ok(self.materializer.path(self.item(node)?))
+        Ok(self.serve.backing_path(self.batch_file_of(node)?))
     }
 
     /// The backing file's path, once materialised, pinned for GPUDirect readers.
     async fn handed_out_path(&self, node: Node) -> Result<Vec<u8>> {
-        let (_, path) = self
-            .materialize(encode(node))
-            .await?
+        let f = self.batch_file_of(node)?;
+        let (_, path) = (self.serve.materialize(f).await?)
             .ok_or_else(|| Error::limit(libc::EIO, "the cache cannot hold the file now"))?;
-        self.materializer.pin(self.item(node)?, PIN_GRACE);
+        self.serve.pin(f, PIN_GRACE);
         Ok(path.into_os_string().into_encoded_bytes())
+    }
+
+    /// Reads `size` bytes at `offset` of file `ino`, building what it spans first if it must.
+    pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        match self.node(ino)? {
+            Node::DatasetJson => Ok(self.dataset_json_at(offset, size)),
+            Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
+            _ => match self.target(ino) {
+                Some(t) => self.serve.read(t, offset, size).await,
+                None => Err(Error::answer(libc::EISDIR)),
+            },
+        }
+    }
+
+    /// Batch file `ino`'s backing file, materialised on the local cache first if it must be
+    /// ([`Serve::materialize`]).
+    pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>> {
+        match self.target(ino) {
+            Some(Target::Batch(f)) => self.serve.materialize(f).await,
+            _ => Err(Error::answer(libc::EINVAL)),
+        }
     }
 
     /// `readlink` of a `gds/` symlink.
@@ -640,22 +687,17 @@ impl Fs {
         }
         match self.node(ino)? {
             node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
-                match self.all_built(ino).await {
+                let built = match self.all_file_of(node) {
+                    Some(f) => self.serve.all_built(f).await,
+                    None => None,
+                };
+                match built {
                     Some(path) => Ok(path.into_os_string().into_encoded_bytes()),
                     None => Ok(self.all_link(node)?.into_bytes()),
                 }
             }
             node => self.handed_out_path(node).await,
         }
-    }
-
-    /// The path of one-open file `ino`'s file built ahead, if there is one now; a reader asking
-    /// for it is a reader of the file, and has the next epoch's built.
-    async fn all_built(&self, ino: u64) -> Option<PathBuf> {
-        let (dir, kind) = self.all_file(ino)?;
-        let path = self.ahead.built_path(dir, kind).await?;
-        self.follow(Event::at(dir, 0, What::Whole(kind)));
-        Some(path)
     }
 
     /// Where a `gds/` link to a one-open file points while no file built ahead holds it: the
@@ -673,17 +715,22 @@ impl Fs {
         Ok(format!("{}{dir}/{file}", "../".repeat(depth)))
     }
 
+    /// Whether `ino` is a file whose bytes change while mounted (stats.json, and dataset.json
+    /// where it counts the objects touched).
+    pub(crate) fn is_live(&self, ino: u64) -> bool {
+        ino == STATS_JSON_INO || (ino == DATASET_JSON_INO && self.touched_at.is_some())
+    }
+
     /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
     pub(crate) fn is_batch_file(&self, ino: u64) -> bool {
-        self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
-            && self.node(ino).is_ok_and(|n| n.batch_file().is_some())
+        matches!(self.target(ino), Some(Target::Batch(_)))
     }
 
     /// The names of a node's extended attributes.
     pub(crate) fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        let built = || {
-            self.is_all_file(ino)
-                && (self.all_file(ino)).is_some_and(|(dir, kind)| self.ahead.has_path(dir, kind))
+        let built = || match self.target(ino) {
+            Some(Target::All(f)) => self.serve.has_built(f),
+            _ => false,
         };
         Ok(if self.is_batch_file(ino) || built() {
             format!("{PATH_XATTR}\0").into_bytes()
@@ -695,20 +742,19 @@ impl Fs {
     /// `user.tensorfs.path`: the backing file's path, materialised and pinned; for a one-open
     /// file, its file built ahead while there is one.
     pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>> {
-        if name == WARM_XATTR && self.is_all_file(ino) {
-            let (dir, kind) = self.all_file(ino).ok_or(Error::answer(libc::ENODATA))?;
-            return Ok(match self.ahead.warm(dir, kind) {
-                Warming::Ready => "ready".into(),
-                Warming::Skipped => "skipped".into(),
-                Warming::Under(done) => format!("{done:.4}").into_bytes(),
-            });
-        }
-        if name == PATH_XATTR && self.is_all_file(ino) {
-            return self
-                .all_built(ino)
-                .await
-                .map(|path| path.into_os_string().into_encoded_bytes())
-                .ok_or(Error::answer(libc::ENODATA));
+        if let Some(Target::All(f)) = self.target(ino) {
+            if name == WARM_XATTR {
+                return Ok(match self.serve.warm(f) {
+                    Warming::Ready => "ready".into(),
+                    Warming::Skipped => "skipped".into(),
+                    Warming::Under(done) => format!("{done:.4}").into_bytes(),
+                });
+            }
+            if name == PATH_XATTR {
+                return (self.serve.all_built(f).await)
+                    .map(|path| path.into_os_string().into_encoded_bytes())
+                    .ok_or(Error::answer(libc::ENODATA));
+            }
         }
         if !self.is_batch_file(ino) {
             return Err(Error::answer(libc::ENODATA));
@@ -722,12 +768,6 @@ impl Fs {
             PATH_XATTR => self.handed_out_path(self.node(ino)?).await,
             _ => Err(Error::answer(libc::ENODATA)),
         }
-    }
-
-    /// Whether `ino` is a one-open file of the main tree.
-    fn is_all_file(&self, ino: u64) -> bool {
-        self.getattr(ino).is_ok_and(|a| a.kind == Kind::File)
-            && self.node(ino).is_ok_and(|n| n.all_file().is_some())
     }
 }
 
