@@ -23,6 +23,37 @@ pub mod source;
 pub mod stats;
 mod udf;
 
+/// The parsers of bytes from outside, as the daemon calls them, for the fuzz targets under
+/// `fuzz/` (cargo-fuzz builds with `--cfg fuzzing`). Each returns nothing: a target fails only
+/// where a parser panics outside the third-party decoders it guards, hangs, or runs out of
+/// memory.
+#[cfg(fuzzing)]
+pub mod fuzz {
+    /// A Parquet footer (the bytes before its length): decoded as pyarrow would, re-encoded
+    /// where a strict decode fails, and a key-value entry looked up.
+    pub fn footer(data: &[u8]) {
+        let _ = crate::source::footer::decode(data);
+        let _ = crate::source::footer::key_value(data, "petastorm.unischema.v1");
+    }
+
+    /// A Petastorm cell: `.npy`, `.npz`, or any codec's bytes as an inferred field.
+    pub fn npy(data: &[u8]) {
+        let _ = crate::source::petastorm::decode_npy(data);
+        let _ = crate::source::petastorm::decode_npz(data);
+        let _ = crate::source::petastorm::infer_field("x", true, data);
+    }
+
+    /// A Unischema pickle (`_common_metadata`), parsed without running it.
+    pub fn unischema(data: &[u8]) {
+        let _ = crate::source::petastorm::parse_unischema(data);
+    }
+
+    /// A snapshot file.
+    pub fn snapshot(data: &[u8]) {
+        let _ = crate::source::snapshot::decode(data, "fuzz");
+    }
+}
+
 thread_local! {
     static CATCHING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

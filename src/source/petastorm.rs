@@ -807,7 +807,10 @@ pub(crate) fn decode_npy(b: &[u8]) -> Result<Cell> {
         .filter(|s| !s.is_empty())
         .map(|s| s.trim_end_matches('L').parse::<usize>())
         .collect::<std::result::Result<_, _>>()?;
-    let (order, kind) = descr.split_at(1);
+    // The byte order, then the kind: a descr too short (or not ASCII) for that is no dtype.
+    let Some((order, kind)) = descr.split_at_checked(1) else {
+        bail!("a .npy of dtype '{descr}', which has no tensor mapping");
+    };
     let dtype = match kind {
         "b1" => DType::Bool,
         "i1" => DType::I8,
@@ -1018,6 +1021,24 @@ mod tests {
                 Err(e) => prop_assert!(e.to_string().contains("shape") || e.to_string().contains("short"), "{}", e),
             }
             prop_assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
+    }
+
+    /// Found by `fuzz/`'s `npy` target: a descr of no characters (or one not starting with an
+    /// ASCII byte-order mark) was split at its first byte and panicked.
+    #[test]
+    fn a_descr_too_short_for_a_byte_order_is_an_error() {
+        for descr in ["", "é4", "<"] {
+            let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (2,), }}");
+            let mut b = b"\x93NUMPY\x01\x00".to_vec();
+            b.extend((header.len() as u16).to_le_bytes());
+            b.extend(header.as_bytes());
+            b.extend([0; 8]);
+            let e = decode_npy(&b).unwrap_err();
+            assert!(
+                e.to_string().contains("no tensor mapping"),
+                "{descr:?}: {e}"
+            );
         }
     }
 
