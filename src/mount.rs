@@ -952,9 +952,9 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }
-        Ok((dataset, session))
+        Ok((dataset, session, fs))
     });
-    let (dataset, mut session) = match mounted {
+    let (dataset, mut session, fs) = match mounted {
         Ok(m) => m,
         Err(e) => {
             ready.report(&Err(anyhow!("{}", one_line(&e))));
@@ -991,6 +991,10 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         Err(e) => return Err(anyhow::Error::new(e).context("FUSE session")),
     }
     tracing::info!("unmounted {}", mountpoint.display());
+    let sealed = fs.serve().seal_kept();
+    if sealed > 0 {
+        tracing::info!("{sealed} files built ahead kept for a later mount");
+    }
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     Ok(())
 }

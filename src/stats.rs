@@ -124,7 +124,8 @@ counters!(
     ahead_waits: Count,
     /// Opens of a file being built ahead that did not wait (the build then stopped).
     ahead_late: Count,
-    /// Files built ahead in an earlier mount, kept in the cache, checked and used in this one.
+    /// Files built ahead in an earlier mount, kept in the cache, checked and used in this one
+    /// (a mount gives the files it keeps their checksums as it is unmounted).
     ahead_kept_checked: Count,
     /// Reads of batch files served by the daemon rather than by passthrough or the page cache.
     daemon_reads: Count,

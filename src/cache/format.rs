@@ -137,6 +137,9 @@ pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Re
     Ok((rows, ranges))
 }
 
+/// A meta's length: magic, version, length, crc32c, identity, its own crc32c.
+pub(super) const META_LEN: u64 = 8 + 4 + 8 + 4 + 32 + 4;
+
 pub(super) fn meta_bytes(len: u64, crc: u32, identity: &[u8; 32]) -> Vec<u8> {
     let mut m = Vec::with_capacity(64);
     m.extend_from_slice(META_MAGIC);
@@ -150,7 +153,7 @@ pub(super) fn meta_bytes(len: u64, crc: u32, identity: &[u8; 32]) -> Vec<u8> {
 }
 
 pub(super) fn parse_meta(m: &[u8], identity: &[u8; 32]) -> Result<(u64, u32)> {
-    if m.len() != 8 + 4 + 8 + 4 + 32 + 4 || &m[..8] != META_MAGIC {
+    if m.len() as u64 != META_LEN || &m[..8] != META_MAGIC {
         bail!("meta is not a tensorfs meta");
     }
     let body = m.len() - 4;

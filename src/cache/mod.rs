@@ -202,6 +202,9 @@ pub(crate) struct DiskCache {
     /// Bytes of the entries, plus space reserved by writes in progress.
     used: AtomicU64,
     reserving: Mutex<()>,
+    /// One-open files kept in this mount without their meta, until the mount ends
+    /// ([`DiskCache::seal_kept`]).
+    unsealed: Mutex<std::collections::HashSet<Item>>,
     next_tmp: AtomicU64,
     /// `PID-`: temp file names start with it (a dead PID's are removed at start).
     tmp_prefix: String,
@@ -275,6 +278,7 @@ impl DiskCache {
             built: Mutex::default(),
             used: AtomicU64::new(0),
             reserving: Mutex::new(()),
+            unsealed: Mutex::default(),
             next_tmp: AtomicU64::new(0),
             tmp_prefix: format!("{}-", std::process::id()),
             meta_attrs: AtomicBool::new(true),
@@ -1084,7 +1088,7 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_one_open_file_is_found_by_a_later_mount_and_checked() {
+    fn a_kept_one_open_file_is_sealed_as_the_mount_ends_found_by_a_later_one_and_checked() {
         use crate::model::item::FileKind;
         use crate::model::plan::Batches;
         let dir = tempfile::tempdir().unwrap();
@@ -1110,9 +1114,7 @@ mod tests {
             assert!(c.reserve_spare(10_000, &near, &stats));
             let (mut f, tmp) = c.scratch_file().unwrap();
             f.write_all(&data).unwrap();
-            let stamp = c
-                .keep(item, &f, &tmp, crc32c::crc32c(&data), 10_000, &stats)
-                .unwrap();
+            let stamp = c.keep(item, &f, &tmp, 10_000, &stats).unwrap();
             assert!(!tmp.exists() && c.contains(item));
             // Checked in this mount: no read.
             let read = AtomicU64::new(0);
@@ -1122,6 +1124,10 @@ mod tests {
         }
         let used = c.used();
         assert!(used > 20_000 && used < 20_200, "{used}");
+        // Kept without their meta until the mount ends.
+        assert!(items.iter().all(|&i| meta_len(&c.path(i)).is_none()));
+        assert_eq!(c.seal_kept(), 2);
+        assert_eq!(c.used(), used, "counted with their metas from the start");
         drop(c);
 
         // A later mount indexes them by their names, and reads each whole once to check it.
@@ -1144,6 +1150,17 @@ mod tests {
         std::fs::write(&path, &changed).unwrap();
         assert!(c.check_file(b, &|_| {}, &stats).is_none());
         assert!(!path.exists() && !c.contains(b) && c.used() == 0);
+        assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
+
+        // A mount that ended without sealing (killed): its file is removed by the next, unread.
+        assert!(c.reserve_spare(10_000, &near, &stats));
+        let (mut f, tmp) = c.scratch_file().unwrap();
+        f.write_all(&[1u8; 10_000]).unwrap();
+        c.keep(a, &f, &tmp, 10_000, &stats).unwrap();
+        assert!(c.path(a).exists());
+        drop(c);
+        let c = cache(dir.path(), 1 << 20);
+        assert!(!c.contains(a) && !c.path(a).exists() && c.used() == 0);
         assert_eq!(stats.c.cache_corrupt_dropped.load(Ordering::Relaxed), 1);
     }
 

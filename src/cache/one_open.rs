@@ -3,7 +3,7 @@
 //! the built file indexed (its meta set, renamed into place), taken out again to be written
 //! over or removed once behind its reader, and found again by a later mount.
 
-use super::format::{meta_bytes, meta_len, meta_path};
+use super::format::{META_LEN, meta_bytes, meta_len, meta_path, set_meta_attr};
 use super::{DiskCache, Entry, Stamp};
 use crate::model::item::Item;
 use crate::stats::Stats;
@@ -70,33 +70,81 @@ impl DiskCache {
     }
 
     /// Indexes a one-open file built whole at `tmp` (its bytes of the capacity reserved by
-    /// [`DiskCache::reserve_spare`], `reserved` of them) as `item`: its meta (length and
-    /// crc32c of its bytes, `crc`) set on it, renamed into place. The stamp it is kept with. Not
-    /// fsynced, as no cache file is: its checksum is checked on first use after a restart.
+    /// [`DiskCache::reserve_spare`], `reserved` of them) as `item`, renamed into place, without
+    /// its meta: this mount has it as written, and only a later mount needs its checksum, which
+    /// [`DiskCache::seal_kept`] adds as the mount ends. Most are written over or removed once
+    /// behind their reader, long before: the crc32c of each as it was built was 8% of the
+    /// daemon's CPU in an epoch of `all/` (measured with the process's CPU clock). A mount that
+    /// ends without sealing leaves files without their meta, which the next one removes. The
+    /// stamp it is kept with. Not fsynced, as no cache file is.
     pub(crate) fn keep(
         &self,
         item: Item,
         file: &File,
         tmp: &Path,
-        crc: u32,
         reserved: u64,
         stats: &Stats,
     ) -> Result<Stamp> {
         let len = file.metadata()?.len();
-        let meta = meta_bytes(len, crc, &self.identity(item));
-        let dest = self.path(item);
-        let sidecar = self.settle(file, tmp, Some(&meta), &dest)?;
-        if sidecar && let Err(e) = self.place(&[meta.as_slice()], None, &meta_path(&dest)) {
-            let _ = std::fs::remove_file(&dest);
-            return Err(e);
-        }
+        self.settle(file, tmp, None, &self.path(item))?;
         let stamp = Stamp::of(&file.metadata()?);
-        let bytes = len + meta.len() as u64;
+        // Counted with the meta it gets when sealed.
+        let bytes = len + META_LEN;
         self.used.fetch_add(bytes, Ordering::Relaxed);
         self.used.fetch_sub(reserved, Ordering::Relaxed);
         self.index(item, bytes, Some(stamp));
+        self.unsealed.lock().unwrap().insert(item);
         Stats::set(&stats.c.cache_bytes, self.used());
         Ok(stamp)
+    }
+
+    /// Gives each one-open file kept unsealed in this mount ([`DiskCache::keep`]), and still as
+    /// kept, its meta: its length and the crc32c of its bytes, read back (from the page cache,
+    /// mostly), so that a later mount checks it before use. As the mount ends. A file that
+    /// cannot be sealed is removed (a later mount would remove it unread). How many were sealed.
+    pub(crate) fn seal_kept(&self) -> usize {
+        let items: Vec<Item> = self.unsealed.lock().unwrap().drain().collect();
+        let mut sealed = 0;
+        for item in items {
+            let Some(stamp) = (self.entries.lock().unwrap().get(&item)).and_then(|e| e.checked)
+            else {
+                continue;
+            };
+            let path = self.path(item);
+            match self.seal(item, &path, stamp) {
+                Ok(true) => sealed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!("not keeping {} for a later mount: {e:#}", path.display());
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        sealed
+    }
+
+    /// Seals kept file `item` at `path` if it is still as kept (`stamp`): false where not.
+    fn seal(&self, item: Item, path: &Path, stamp: Stamp) -> Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let file = File::open(path)?;
+        if Stamp::of(&file.metadata()?) != stamp {
+            return Ok(false);
+        }
+        let mut buf = vec![0; super::CHECK_PIECE.min(stamp.size as usize)];
+        let (mut at, mut crc) = (0, 0);
+        while at < stamp.size {
+            let n = file.read_at(&mut buf, at)?;
+            if n == 0 {
+                anyhow::bail!("shorter than as kept");
+            }
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            at += n as u64;
+        }
+        let meta = meta_bytes(stamp.size, crc, &self.identity(item));
+        if !self.meta_attrs.load(Ordering::Relaxed) || !set_meta_attr(&file, &meta)? {
+            self.place(&[meta.as_slice()], None, &meta_path(path))?;
+        }
+        Ok(true)
     }
 
     /// Takes kept one-open file `item`, as kept with `stamp`, out of the index to be written

@@ -273,6 +273,12 @@ impl Serve {
         Some(path)
     }
 
+    /// As the mount ends: the one-open files built ahead and kept in the cache given their
+    /// checksums, so that a later mount finds them ([`Ahead::seal_kept`]). How many.
+    pub fn seal_kept(&self) -> usize {
+        self.ahead.seal_kept()
+    }
+
     /// Whether one-open file `f` has a file built ahead now.
     pub(crate) fn has_built(&self, f: AllFile) -> bool {
         self.ahead.has_path(f.dir, f.kind)

@@ -19,8 +19,8 @@
 //! [`LONGEST_WAIT`], and else stops it and is served by the daemon. Each file takes its bytes
 //! of `cache_size` (evicting only cache items that are never needed again); where they are not
 //! to be had, nothing is built. A file is built in the cache's temp directory (a restart
-//! removes what a crash left there), then indexed as a cache item with its crc32c
-//! ([`Item::All`]), kept while its epoch and the next are read and let go after. A later mount of the same cache
+//! removes what a crash left there), then indexed as a cache item ([`Item::All`]; its crc32c
+//! added as the mount ends, [`DiskCache::seal_kept`]), kept while its epoch and the next are read and let go after. A later mount of the same cache
 //! (a job restarted, the same epoch read again) finds the files its last one kept: the first
 //! open of one checks it against its checksum, waiting up to [`LONGEST_WAIT`] (else the daemon
 //! serves that open, and the check goes on for the next), and then answers it by passthrough
@@ -371,6 +371,12 @@ impl Ahead {
         self.built(key, true).map(|(_, path)| path)
     }
 
+    /// As the mount ends: the files kept in it given their checksums, for a later mount to
+    /// check them by ([`DiskCache::seal_kept`]). How many.
+    pub(crate) fn seal_kept(&self) -> usize {
+        self.cache.seal_kept()
+    }
+
     /// For `tensorfs warm`: file `kind` of `dir` built, whatever epoch it is of and whatever
     /// `prefetch` says, since it is asked for; checked instead where an earlier mount kept it.
     /// Starts that where nothing of the file is known yet in this mount, and says how far it
@@ -693,24 +699,20 @@ fn older(a: &Key, b: &Key) -> bool {
     a.dir.global(0).0 < b.dir.global(0).0
 }
 
-/// A run of batches written by a build: its first batch, and the crc32c and length of its rows
-/// of each file's tensors, in file and tensor order.
-type RunCrcs = (u64, Vec<(u32, usize)>);
-
 /// The most threads one build gathers and writes on: every write to a file takes its inode's
 /// lock (ext4's), which two threads here already met (3% of a build's CPU spent spinning on
 /// it); more threads than this would mostly wait there. (Measured only up to two cores.)
 const MOST_BUILD_THREADS: usize = 4;
 
-/// Batches a build thread takes at a time: each tensor's crc32c runs through them, and only
-/// runs are combined (a combine cost 15 µs here: once a batch, it was 18% of a build's CPU).
+/// Batches a build thread takes at a time: consecutive batches, whose rows of a tensor are one
+/// range of each file, written a few times a run.
 const RUN: u64 = 16;
 
 /// Bytes of a tensor's rows a build thread gathers before it writes them (fewer at a run's end;
 /// a batch's, where one batch holds more): a few writes a run rather than one per batch and
 /// tensor, each taking the file's inode lock; small enough that a tensor's buffer stays in the
-/// CPU's caches for its crc32c and the copy into the file (measured: written once 1 MiB of
-/// all tensors' rows were held, it saved nothing).
+/// CPU's caches for the copy into the file (measured: written once 1 MiB of all tensors' rows
+/// were held, it saved nothing).
 const WRITE_BYTES: usize = 256 << 10;
 
 /// Threads taken from the share of helper threads all builds ahead draw from, given back as
@@ -757,9 +759,8 @@ struct Building {
     file: File,
     reserved: Reserved,
     header: Vec<u8>,
-    /// Each of its tensors, with where its rows start in the file and the crc32c of its rows
-    /// written so far.
-    tensors: Vec<(usize, u64, u32)>,
+    /// Each of its tensors, with where its rows start in the file.
+    tensors: Vec<(usize, u64)>,
     /// Its length: its header and its tensors' rows.
     len: u64,
     /// Written over a file gone by.
@@ -808,8 +809,6 @@ impl Job {
         if building.is_empty() {
             return out;
         }
-        let dir = building[0].key.dir;
-        let rows = self.builder.plan().dir_rows(dir);
         let written = match self.write(&mut building) {
             Ok(()) => Ok(()),
             Err(_) if self.progress.stop.load(Ordering::Relaxed) => Err(None),
@@ -828,8 +827,8 @@ impl Job {
                 .path
                 .clone()
                 .expect("a file built ahead has its path");
-            let crc = match &written {
-                Ok(()) => self.crc(&b.header, &b.tensors, rows),
+            match &written {
+                Ok(()) => {}
                 Err(None) => {
                     out.push((key, Ok(None)));
                     continue;
@@ -841,7 +840,7 @@ impl Job {
                 }
             };
             let item = key.item();
-            let kept = (cache.keep(item, &file, &path, crc, reserved.bytes, &stats))
+            let kept = (cache.keep(item, &file, &path, reserved.bytes, &stats))
                 .with_context(|| format!("keeping {}", path.display()));
             let stamp = match kept {
                 Ok(stamp) => stamp,
@@ -913,7 +912,7 @@ impl Job {
         };
         let header = self.layout.header(kind, rows);
         let tensors = (self.layout.tensor_ranges(kind, rows))
-            .map(|(t, range)| (t, range.start, 0))
+            .map(|(t, range)| (t, range.start))
             .collect();
         Ok(Some(Building {
             key,
@@ -932,8 +931,7 @@ impl Job {
     /// file), the layout the daemon serves the files in. The batches are gathered and written
     /// on this thread and the helpers free (up to [`MOST_BUILD_THREADS`] in all), each taking
     /// the next run of batches not taken (the file fills about in order), so that a reader that
-    /// comes to the file while it is built waits for all the cores' work, not one's. Each
-    /// tensor's crc32c is combined from its runs' in order.
+    /// comes to the file while it is built waits for all the cores' work, not one's.
     fn write(&self, files: &mut [Building]) -> Result<()> {
         let dir = files[0].key.dir;
         let plan = self.builder.plan();
@@ -955,7 +953,7 @@ impl Job {
             slots.push(
                 b.tensors
                     .iter()
-                    .map(|&(t, _, _)| slot(t, &mut wanted))
+                    .map(|&(t, _)| slot(t, &mut wanted))
                     .collect(),
             );
         }
@@ -980,7 +978,7 @@ impl Job {
             }
             done
         };
-        let written: Vec<Result<Vec<RunCrcs>>> = std::thread::scope(|scope| {
+        let written: Vec<Result<()>> = std::thread::scope(|scope| {
             // A helper that cannot start leaves its share to the others.
             let started: Vec<_> = (0..helpers.count)
                 .filter_map(|_| {
@@ -1000,27 +998,12 @@ impl Job {
             }));
             written
         });
-        let mut runs = Vec::new();
-        for w in written {
-            runs.extend(w?);
-        }
-        runs.sort_unstable_by_key(|(first, _)| *first);
-        for (_, crcs) in runs {
-            let mut crcs = crcs.into_iter();
-            for b in files.iter_mut() {
-                for (_, _, crc) in b.tensors.iter_mut() {
-                    let (run_crc, len) = crcs.next().expect("a crc32c per file and tensor");
-                    *crc = crc32c::crc32c_combine(*crc, run_crc, len);
-                }
-            }
-        }
-        Ok(())
+        written.into_iter().collect()
     }
 
     /// One build thread's share of [`Job::write`]: run after run of [`RUN`] batches, the next
     /// run not taken (`next`), gathered and written into every file, until all `count` batches
-    /// are taken, the build is stopped, or another thread failed. Each run with its first batch
-    /// and the crc32c and length of its rows of each file's tensors (in file and tensor order).
+    /// are taken, the build is stopped, or another thread failed.
     fn write_batches(
         &self,
         files: &[Building],
@@ -1029,10 +1012,9 @@ impl Job {
         next: &AtomicU64,
         failed: &AtomicBool,
         count: u64,
-    ) -> Result<Vec<RunCrcs>> {
+    ) -> Result<()> {
         let dir = files[0].key.dir;
         let plan = self.builder.plan();
-        let mut done = Vec::new();
         // Each wanted tensor's rows of the batches gathered and not yet written, and the first
         // of those batches: a run's batches are consecutive, so their rows of a tensor are one
         // range of each file, written at once (and the buffers kept from run to run).
@@ -1042,11 +1024,9 @@ impl Job {
             let first = next.fetch_add(RUN, Ordering::Relaxed);
             // Past the end, or another thread failed (its error is the build's).
             if first >= count || failed.load(Ordering::Relaxed) {
-                return Ok(done);
+                return Ok(());
             }
             let end = (first + RUN).min(count);
-            // Each wanted tensor's crc32c and length of its rows of the run.
-            let mut crcs = vec![(0u32, 0usize); wanted.len()];
             unwritten.fill(first);
             for j in first..end {
                 if self.progress.stop.load(Ordering::Relaxed) {
@@ -1068,15 +1048,10 @@ impl Job {
                         continue;
                     };
                     self.write_tensor(files, slots, k, rows, unwritten[k])?;
-                    let (crc, len) = &mut crcs[k];
-                    *crc = crc32c::crc32c_append(*crc, rows);
-                    *len += rows.len();
                     rows.clear();
                     unwritten[k] = j + 1;
                 }
             }
-            let per_file = (slots.iter().flatten()).map(|&k| crcs[k]).collect();
-            done.push((first, per_file));
         }
     }
 
@@ -1092,22 +1067,12 @@ impl Job {
     ) -> Result<()> {
         let bs = self.builder.plan().options().batch_size;
         for (f, slots) in files.iter().zip(slots) {
-            for (&(t, base, _), _) in (f.tensors.iter().zip(slots)).filter(|(_, s)| **s == k) {
+            for (&(t, base), _) in (f.tensors.iter().zip(slots)).filter(|(_, s)| **s == k) {
                 f.file
                     .write_all_at(rows, base + first * bs * self.layout.row_bytes(t))?;
             }
         }
         Ok(())
-    }
-
-    /// The crc32c of a file of `rows` rows from its header and its tensors' running ones.
-    fn crc(&self, header: &[u8], tensors: &[(usize, u64, u32)], rows: u64) -> u32 {
-        let mut crc = crc32c::crc32c(header);
-        for &(t, _, tensor_crc) in tensors {
-            let len = rows * self.layout.row_bytes(t);
-            crc = crc32c::crc32c_combine(crc, tensor_crc, len as usize);
-        }
-        crc
     }
 }
 
