@@ -231,6 +231,31 @@ class S3Server:
         return [f"aws_endpoint={self.url}", "aws_allow_http=true", "aws_access_key_id=test",
                 "aws_secret_access_key=test", "aws_region=us-east-1"]
 
+    def behind(self, bandwidth: float, latency: float) -> "S3Server":
+        """This server as a remote object store looks from a host: every request held `latency`
+        seconds (a round trip to the store) and every response body capped at `bandwidth`
+        bytes a second (what one connection gets), by tests/faultproxy.py in front of it. The
+        same objects; `stop` ends the proxy only."""
+        import copy
+        import urllib.request
+
+        front = copy.copy(self)
+        front.pid = None
+        front.proc = subprocess.Popen(
+            [str(VENV_PY), str(REPO / "tests" / "faultproxy.py"), "--upstream", self.url],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )
+        front.url = front.proc.stdout.readline().strip()
+        if not front.url.startswith("http"):
+            front.stop()
+            raise RuntimeError("tests/faultproxy.py did not start")
+        body = json.dumps({"bandwidth": bandwidth, "latency": latency}).encode()
+        urllib.request.urlopen(urllib.request.Request(f"{front.url}/__fault__", data=body, method="POST"),
+                               timeout=10).read()
+        front.how = f"{self.how} behind tests/faultproxy.py ({bandwidth / 1e6:.0f} MB/s a connection, {latency * 1e3:.0f} ms)"
+        return front
+
     def stop(self) -> None:
         if self.proc is not None:
             try:

@@ -27,7 +27,8 @@ class Results:
     ORDER = ["npy", "npy_disk", "st_local", "st_local_disk", "tfs_warm", "tfs_warm_npy", "tfs_warm_disk",
              "all_local_seq", "tfs_all_seq", "all_local_mmap", "tfs_all_mmap", "all_local_disk", "tfs_all_disk",
              "small_pyarrow", "small_tfs_cold", "small_tfs_cold_npy", "small_tfs_cold_all", "small_tfs_warm", "small_tfs_npy", "small_local_npy", "small_tfs_all",
-             "tfs_cold", "tfs_cold_s3", "pyarrow", "pyarrow_s3", "petastorm", "petastorm_s3", "petastorm_fill",
+             "tfs_cold", "tfs_cold_s3", "tfs_cold_s3_remote", "pyarrow", "pyarrow_s3", "pyarrow_s3_remote",
+             "petastorm", "petastorm_s3", "petastorm_fill",
              "petastorm_cached"]
 
     def ordered(self) -> list[dict]:
@@ -157,6 +158,14 @@ def report(res: Results, stalls: list, meta: dict, a) -> None:
     if vs:
         print("\ntensorfs / petastorm (MB/s):")
         print("\n".join(vs))
+    # Issue 51's 2x PyArrow on S3: on loopback and through a proxy that makes the same server
+    # look remote (a round trip per request, a cap per connection).
+    ratios = [(where, res.get(mine), res.get(theirs)) for where, mine, theirs in (
+        ("loopback", "tfs_cold_s3", "pyarrow_s3"), ("as a remote store", "tfs_cold_s3_remote", "pyarrow_s3_remote"))]
+    if any(m and t for _, m, t in ratios):
+        print("\ntensorfs cold / pyarrow on S3 (MB/s): " + ", ".join(
+            f"{where} {m['mb_s'] / t['mb_s']:.2f}" for where, m, t in ratios if m and t)
+            + (f" ({meta['s3_remote']})" if meta.get("s3_remote") else ""))
     if a.json:
         Path(a.json).write_text(json.dumps({"meta": meta, "results": res.rows, "stall": stalls}, indent=1))
     if a.png:

@@ -80,6 +80,13 @@ pub(crate) struct Picks {
     rows: Rows,
 }
 
+/// Row groups fetched (and decoded) at once, however few the cores: a fetch waits on the
+/// network, and a remote store gives each connection about 100 MB/s. On two cores, two at once
+/// held a cold S3 epoch to one connection's rate: through a proxy holding each request 20 ms and
+/// each connection to 100 MB/s (`scripts/bench`'s S3-as-remote rows), 1.87x PyArrow's rate with
+/// two, 2.37-2.41x with four or eight (the proxy's own CPU then bounds both).
+const FETCHES_AT_LEAST: usize = 4;
+
 /// A batch's rows in its row groups.
 enum Rows {
     /// Each row: (index into the batch's `row_groups`, row in that row group).
@@ -475,8 +482,8 @@ pub(crate) struct Builder {
     workers: Arc<Semaphore>,
     /// Batch builds under way at once.
     builds: Semaphore,
-    /// Row groups being fetched and decoded at once (`threads`): their bytes are held from the
-    /// fetch to the end of the decode, so this bounds that memory.
+    /// Row groups being fetched and decoded at once (`threads`, at least [`FETCHES_AT_LEAST`]):
+    /// their bytes are held from the fetch to the end of the decode, so this bounds that memory.
     fetches: Semaphore,
     /// Decodes of row groups asked for ahead of every batch that needs them: `threads - 1`
     /// (at least one) at once, so a worker is left for the batches readers come to first.
@@ -563,7 +570,7 @@ impl Builder {
             runtime,
             workers: Arc::new(Semaphore::new(limits.threads)),
             builds: Semaphore::new(2 * limits.threads),
-            fetches: Semaphore::new(limits.threads),
+            fetches: Semaphore::new(limits.threads.max(FETCHES_AT_LEAST)),
             decodes_ahead: Semaphore::new(limits.threads.saturating_sub(1).max(1)),
             pool: Pool::new(limits.threads).context("the transform workers cannot start")?,
             threads: limits.threads.max(1),
