@@ -42,6 +42,16 @@ pub(super) fn set_meta_attr(file: &File, meta: &[u8]) -> std::io::Result<bool> {
     }
 }
 
+/// Removes `file`'s meta attribute where it has one: a file written over keeps the attributes
+/// of the file it was.
+pub(super) fn clear_meta_attr(file: &File) -> std::io::Result<()> {
+    match file.remove_xattr(META_ATTR) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) || no_attrs(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// `file`'s meta: its attribute, else its sidecar beside `path`.
 pub(super) fn read_meta(file: &File, path: &Path) -> Result<Vec<u8>> {
     match file.get_xattr(META_ATTR) {

@@ -1142,7 +1142,14 @@ mod tests {
         // Taken out to be written over: a temp file, its bytes still counted until given back.
         let (tmp, bytes) = c.unkeep(a, stamp).unwrap();
         assert!(tmp.exists() && !c.contains(a) && c.used() == used);
+        // Kept again, written over: without the meta it had (which would pass for its own).
+        let f = std::fs::OpenOptions::new().write(true).open(&tmp).unwrap();
+        c.keep(a, &f, &tmp, bytes, &stats).unwrap();
+        assert!(meta_len(&c.path(a)).is_none());
+        let stamp = c.entries.lock().unwrap()[&a].checked.unwrap();
+        let (tmp, bytes) = c.unkeep(a, stamp).unwrap();
         c.unreserve(bytes, &stats);
+        let _ = std::fs::remove_file(tmp);
         // One changed while nothing was mounted: dropped on its check.
         let path = c.path(b);
         let mut changed = std::fs::read(&path).unwrap();

@@ -3,7 +3,7 @@
 //! the built file indexed (its meta set, renamed into place), taken out again to be written
 //! over or removed once behind its reader, and found again by a later mount.
 
-use super::format::{META_LEN, meta_bytes, meta_len, meta_path, set_meta_attr};
+use super::format::{META_LEN, clear_meta_attr, meta_bytes, meta_len, meta_path, set_meta_attr};
 use super::{DiskCache, Entry, Stamp};
 use crate::model::item::Item;
 use crate::stats::Stats;
@@ -86,6 +86,8 @@ impl DiskCache {
         stats: &Stats,
     ) -> Result<Stamp> {
         let len = file.metadata()?.len();
+        // Written over a file gone by, it has that file's meta, which would pass for its own.
+        clear_meta_attr(file)?;
         self.settle(file, tmp, None, &self.path(item))?;
         let stamp = Stamp::of(&file.metadata()?);
         // Counted with the meta it gets when sealed.
