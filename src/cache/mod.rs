@@ -661,18 +661,7 @@ impl DiskCache {
             if stamp.size > len {
                 bail!("{} bytes, longer than its meta's {len}", stamp.size);
             }
-            let mut buf = vec![0; CHECK_PIECE.min(len as usize)];
-            let (mut at, mut sum) = (0, 0);
-            while at < len {
-                let n = file.read_at(&mut buf, at)?;
-                if n == 0 {
-                    bail!("truncated ({at} of {len} bytes)");
-                }
-                sum = crc32c::crc32c_append(sum, &buf[..n]);
-                at += n as u64;
-                checked(at);
-            }
-            if sum != crc {
+            if crc_of(&file, len, checked)? != crc {
                 bail!("corrupt (checksum mismatch)");
             }
             if let Some(e) = self.entries.lock().unwrap().get_mut(&item) {
@@ -951,6 +940,23 @@ fn remove_unused_keys(root: &Path, cols: &Path, batches: &Path) {
 
 /// How much of a cache file is read at a time to check it.
 const CHECK_PIECE: usize = 4 << 20;
+
+/// The crc32c of the first `len` bytes of `file`, read [`CHECK_PIECE`] at a time, `read` told
+/// the bytes read so far.
+fn crc_of(file: &File, len: u64, read: &dyn Fn(u64)) -> Result<u32> {
+    let mut buf = vec![0; CHECK_PIECE.min(len as usize)];
+    let (mut at, mut crc) = (0, 0);
+    while at < len {
+        let n = file.read_at(&mut buf, at)?;
+        if n == 0 {
+            bail!("truncated ({at} of {len} bytes)");
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        at += n as u64;
+        read(at);
+    }
+    Ok(crc)
+}
 
 /// Items from which an eviction frees more than the write in hand needs.
 const EVICTION_BATCH_FROM: usize = 1024;

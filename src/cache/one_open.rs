@@ -127,21 +127,11 @@ impl DiskCache {
 
     /// Seals kept file `item` at `path` if it is still as kept (`stamp`): false where not.
     fn seal(&self, item: Item, path: &Path, stamp: Stamp) -> Result<bool> {
-        use std::os::unix::fs::FileExt;
         let file = File::open(path)?;
         if Stamp::of(&file.metadata()?) != stamp {
             return Ok(false);
         }
-        let mut buf = vec![0; super::CHECK_PIECE.min(stamp.size as usize)];
-        let (mut at, mut crc) = (0, 0);
-        while at < stamp.size {
-            let n = file.read_at(&mut buf, at)?;
-            if n == 0 {
-                anyhow::bail!("shorter than as kept");
-            }
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            at += n as u64;
-        }
+        let crc = super::crc_of(&file, stamp.size, &|_| {})?;
         let meta = meta_bytes(stamp.size, crc, &self.identity(item));
         if !self.meta_attrs.load(Ordering::Relaxed) || !set_meta_attr(&file, &meta)? {
             self.place(&[meta.as_slice()], None, &meta_path(path))?;
