@@ -515,29 +515,10 @@ def run(a) -> int:
                 if "petastorm" not in skip:
                     res.unavailable("petastorm_s3", "petastorm make_batch_reader, S3", str(e)[-300:])
             if s3 is not None:
-                if "pyarrow" not in skip:
-                    try:
-                        fs = s3.pyarrow_fs()
-                        res.add("pyarrow_s3", "pyarrow iter_batches+to_numpy, S3",
-                                *read_pyarrow(s3.parquet_keys(fs), B, open_file=fs.open_input_file))
-                    except Exception as e:
-                        res.unavailable("pyarrow_s3", "pyarrow iter_batches+to_numpy, S3", str(e)[-300:])
-                if "tensorfs" not in skip:
-                    cache = scratch / "cache-s3"
-                    shutil.rmtree(cache, ignore_errors=True)
-                    caches.drop()
-                    try:
-                        m = Mount(binary, s3.source, scratch / "mnt-s3", [*opts, *s3.mount_options(), f"cache_dir={cache}"])
-                        mounts.append(m)
-                        res.add("tfs_cold_s3", "tensorfs cold, S3 (loopback moto)",
-                                *read_safetensors_files(m.mnt / "epoch-0", n_batches))
-                        verify(m.mnt / "epoch-0", scratch / "npy", n_batches, "tensorfs, S3")
-                        meta["tensorfs_cold_s3_stats"] = m.stats()
-                        m.unmount()
-                        mounts.remove(m)
-                    except Exception as e:
-                        res.unavailable("tfs_cold_s3", "tensorfs cold, S3 (loopback moto)", str(e)[-300:])
-                    shutil.rmtree(cache, ignore_errors=True)
+                stats = s3_rows(s3, "", ("S3", "S3 (loopback moto)"), skip, B, binary, opts, scratch, caches, mounts,
+                                res, n_batches)
+                if stats is not None:
+                    meta["tensorfs_cold_s3_stats"] = stats
                 # The same server as a remote store looks (issue 51's 2x PyArrow on S3): a
                 # round trip per request and a cap per connection, which loopback has neither of.
                 if "pyarrow" not in skip and "tensorfs" not in skip and a.remote_mb_s > 0:
@@ -643,39 +624,50 @@ def run(a) -> int:
     return 0
 
 
+def s3_rows(s3, suffix, where, skip, batch_size, binary, opts, scratch, caches, mounts, res, n_batches) -> dict | None:
+    """PyArrow and a cold tensorfs epoch on S3 server `s3` (rows keyed `pyarrow_s3SUFFIX` and
+    `tfs_cold_s3SUFFIX`, labelled by `where`: PyArrow's and tensorfs's); tensorfs's counters."""
+    pyarrow_label, tfs_label = f"pyarrow iter_batches+to_numpy, {where[0]}", f"tensorfs cold, {where[1]}"
+    if "pyarrow" not in skip:
+        try:
+            fs = s3.pyarrow_fs()
+            res.add(f"pyarrow_s3{suffix}", pyarrow_label,
+                    *read_pyarrow(s3.parquet_keys(fs), batch_size, open_file=fs.open_input_file))
+        except Exception as e:
+            res.unavailable(f"pyarrow_s3{suffix}", pyarrow_label, str(e)[-300:])
+    if "tensorfs" in skip:
+        return None
+    cache = scratch / f"cache-s3{suffix}"
+    shutil.rmtree(cache, ignore_errors=True)
+    caches.drop()
+    stats = None
+    try:
+        m = Mount(binary, s3.source, scratch / f"mnt-s3{suffix}", [*opts, *s3.mount_options(), f"cache_dir={cache}"])
+        mounts.append(m)
+        res.add(f"tfs_cold_s3{suffix}", tfs_label, *read_safetensors_files(m.mnt / "epoch-0", n_batches))
+        verify(m.mnt / "epoch-0", scratch / "npy", n_batches, f"tensorfs, {where[0]}")
+        stats = m.stats()
+        m.unmount()
+        mounts.remove(m)
+    except Exception as e:
+        res.unavailable(f"tfs_cold_s3{suffix}", tfs_label, str(e)[-300:])
+    shutil.rmtree(cache, ignore_errors=True)
+    return stats
+
+
 def remote_rows(s3, a, binary, opts, scratch, caches, mounts, res, n_batches) -> str | None:
     """PyArrow and a cold tensorfs epoch on S3 as a remote store looks (`S3Server.behind`); how
     it was made to look so."""
+    where = ("S3 as remote", "S3 as remote")
     try:
         front = s3.behind(a.remote_mb_s * 1e6, a.remote_latency_ms / 1e3)
     except Exception as e:  # any failure: say so and go on
-        for key, label in (("pyarrow_s3_remote", "pyarrow iter_batches+to_numpy, S3 as remote"),
-                           ("tfs_cold_s3_remote", "tensorfs cold, S3 as remote")):
-            res.unavailable(key, label, str(e)[-300:])
+        res.unavailable("pyarrow_s3_remote", f"pyarrow iter_batches+to_numpy, {where[0]}", str(e)[-300:])
+        res.unavailable("tfs_cold_s3_remote", f"tensorfs cold, {where[1]}", str(e)[-300:])
         return None
     log(f"S3 as a remote store: {front.how}")
     try:
-        try:
-            fs = front.pyarrow_fs()
-            res.add("pyarrow_s3_remote", "pyarrow iter_batches+to_numpy, S3 as remote",
-                    *read_pyarrow(front.parquet_keys(fs), a.batch_size, open_file=fs.open_input_file))
-        except Exception as e:
-            res.unavailable("pyarrow_s3_remote", "pyarrow iter_batches+to_numpy, S3 as remote", str(e)[-300:])
-        cache = scratch / "cache-s3-remote"
-        shutil.rmtree(cache, ignore_errors=True)
-        caches.drop()
-        try:
-            m = Mount(binary, front.source, scratch / "mnt-s3-remote",
-                      [*opts, *front.mount_options(), f"cache_dir={cache}"])
-            mounts.append(m)
-            res.add("tfs_cold_s3_remote", "tensorfs cold, S3 as remote",
-                    *read_safetensors_files(m.mnt / "epoch-0", n_batches))
-            verify(m.mnt / "epoch-0", scratch / "npy", n_batches, "tensorfs, S3 as remote")
-            m.unmount()
-            mounts.remove(m)
-        except Exception as e:
-            res.unavailable("tfs_cold_s3_remote", "tensorfs cold, S3 as remote", str(e)[-300:])
-        shutil.rmtree(cache, ignore_errors=True)
+        s3_rows(front, "_remote", where, set(), a.batch_size, binary, opts, scratch, caches, mounts, res, n_batches)
     finally:
         front.stop()
     return front.how
