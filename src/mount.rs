@@ -207,8 +207,13 @@ impl Dataset {
         let order = content.order.to_string();
         // The transform's own identity: its sources' digest (the options name it only).
         let udf = self.udf.as_ref().map_or("", |a| a.udf.digest());
-        let ckey =
-            crate::model::kept::key_name(&[decode.as_bytes(), columns.as_bytes(), udf.as_bytes()]);
+        let parts = crate::read::build::columns::PLACEMENT_RULE;
+        let ckey = crate::model::kept::key_name(&[
+            decode.as_bytes(),
+            columns.as_bytes(),
+            udf.as_bytes(),
+            parts.as_bytes(),
+        ]);
         let bkey = crate::model::kept::key_name(&[
             fingerprint.as_bytes(),
             columns.as_bytes(),

@@ -1,5 +1,5 @@
-//! The cache's file formats: a columns file's header (magic, version, tensors, rows, the
-//! dataset identity, each tensor's length, checksums; data aligned past it), and a batch file's
+//! The cache's file formats: a columns file's header (magic, version, parts, rows, the dataset
+//! identity, each part's length, checksums; data aligned past it), and a batch file's
 //! meta (length, crc32c, identity), kept in an extended attribute or, where the filesystem has
 //! none, a sidecar file. Pinned by the tests in the module above.
 
@@ -13,15 +13,15 @@ pub(super) const VERSION: u32 = 1;
 pub(super) const COLS_MAGIC: &[u8; 8] = b"TFSCOL01";
 pub(super) const META_MAGIC: &[u8; 8] = b"TFSMETA1";
 /// A columns file's data starts at the first multiple of this past its header: 4096 for up to
-/// 504 tensors, more for wider tables.
+/// 504 parts, more for wider tables.
 pub(super) const COLS_ALIGN: usize = 4096;
-/// The header's fixed part: magic, version, tensors, rows, identity, data checksum.
+/// The header's fixed part: magic, version, parts, rows, identity, data checksum.
 pub(super) const COLS_FIXED: usize = 8 + 4 + 4 + 8 + 32 + 4;
 
-/// Where the data of a columns file of `tensors` tensors starts: past the fixed part, each
-/// tensor's length and the header's checksum.
-pub(super) fn cols_data_at(tensors: usize) -> usize {
-    (COLS_FIXED + 8 * tensors + 4).next_multiple_of(COLS_ALIGN)
+/// Where the data of a columns file of `parts` parts starts: past the fixed part, each part's
+/// length and the header's checksum.
+pub(super) fn cols_data_at(parts: usize) -> usize {
+    (COLS_FIXED + 8 * parts + 4).next_multiple_of(COLS_ALIGN)
 }
 
 /// The extended attribute that holds a batch file's meta.
@@ -84,21 +84,21 @@ pub(super) fn meta_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.meta"))
 }
 
-pub(super) fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]) -> Vec<u8> {
-    let data_at = cols_data_at(tensors.len());
+pub(super) fn columns_header(rows: usize, parts: &[&[u8]], identity: &[u8; 32]) -> Vec<u8> {
+    let data_at = cols_data_at(parts.len());
     let mut h = Vec::with_capacity(data_at);
     h.extend_from_slice(COLS_MAGIC);
     h.extend_from_slice(&VERSION.to_le_bytes());
-    h.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
+    h.extend_from_slice(&(parts.len() as u32).to_le_bytes());
     h.extend_from_slice(&(rows as u64).to_le_bytes());
     h.extend_from_slice(identity);
     let mut crc = 0;
-    for t in tensors {
-        crc = crc32c::crc32c_append(crc, t);
+    for p in parts {
+        crc = crc32c::crc32c_append(crc, p);
     }
     h.extend_from_slice(&crc.to_le_bytes());
-    for t in tensors {
-        h.extend_from_slice(&(t.len() as u64).to_le_bytes());
+    for p in parts {
+        h.extend_from_slice(&(p.len() as u64).to_le_bytes());
     }
     let header_crc = crc32c::crc32c(&h);
     h.extend_from_slice(&header_crc.to_le_bytes());
@@ -108,7 +108,7 @@ pub(super) fn columns_header(rows: usize, tensors: &[&[u8]], identity: &[u8; 32]
 
 pub(super) type Parsed = (usize, Vec<std::ops::Range<usize>>);
 
-pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Result<Parsed> {
+pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], parts: usize) -> Result<Parsed> {
     let fixed = COLS_FIXED;
     if b.len() < COLS_ALIGN || &b[..8] != COLS_MAGIC {
         bail!("not a columns file");
@@ -119,8 +119,8 @@ pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], tensors: usize) -> Re
         bail!("of another version");
     }
     let n = u32_at(12) as usize;
-    let data_at = cols_data_at(tensors);
-    if n != tensors || b.len() < data_at {
+    let data_at = cols_data_at(parts);
+    if n != parts || b.len() < data_at {
         bail!("of another layout");
     }
     let header_end = fixed + 8 * n;

@@ -114,7 +114,7 @@ impl Stamp {
     }
 }
 
-/// A row group's tensor columns from the cache, checked.
+/// A row group's columns (the parts of `read::build::columns::Placement`) from the cache, checked.
 pub(crate) struct LoadedColumns {
     pub(crate) buf: ColumnBuf,
     pub(crate) ranges: Vec<std::ops::Range<usize>>,
@@ -503,7 +503,7 @@ impl DiskCache {
     pub(crate) fn load_columns(
         &self,
         rg: usize,
-        tensors: usize,
+        parts: usize,
         map_from: u64,
         stats: &Stats,
     ) -> Option<LoadedColumns> {
@@ -541,7 +541,7 @@ impl DiskCache {
                 ColumnBuf::Read(v)
             }
         };
-        match parse_columns(&buf, &self.identity(item), tensors) {
+        match parse_columns(&buf, &self.identity(item), parts) {
             Ok((_, ranges)) => Some(LoadedColumns { buf, ranges }),
             Err(e) => {
                 self.drop_corrupt(item, &e.to_string(), stats);
@@ -555,15 +555,15 @@ impl DiskCache {
         &self,
         rg: usize,
         rows: usize,
-        tensors: &[&[u8]],
+        parts: &[&[u8]],
         distance: &dyn Fn(Item) -> u64,
         stats: &Stats,
     ) -> Result<(), NotStored> {
         let item = Item::Columns { rg };
-        let header = columns_header(rows, tensors, &self.identity(item));
-        let mut parts: Vec<&[u8]> = vec![&header];
-        parts.extend_from_slice(tensors);
-        self.write(item, &parts, None, distance, stats).map(drop)
+        let header = columns_header(rows, parts, &self.identity(item));
+        let mut file: Vec<&[u8]> = vec![&header];
+        file.extend_from_slice(parts);
+        self.write(item, &file, None, distance, stats).map(drop)
     }
 
     /// Whether `file`, opened (and checked) as `item` earlier, is still the item's file as it

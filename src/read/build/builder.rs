@@ -7,9 +7,10 @@ use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
 use crate::read::build::budget::Budget;
+use crate::read::build::columns::{Columns, Placement, Rows};
 use crate::read::build::eviction::Eviction;
 use crate::read::build::pool::{Background, Pool, ReaderWaits};
-use crate::read::build::transform::{self, Columns};
+use crate::read::build::transform;
 use crate::read::layout::Layout;
 use crate::source::Source;
 use crate::source::view::View;
@@ -87,15 +88,6 @@ pub(crate) struct Picks {
 /// two, 2.37-2.41x with four or eight (the proxy's own CPU then bounds both).
 const FETCHES_AT_LEAST: usize = 4;
 
-/// A batch's rows in its row groups.
-enum Rows {
-    /// Each row: (index into the batch's `row_groups`, row in that row group).
-    Each(Vec<(usize, usize)>),
-    /// Runs of consecutive rows of one row group, where the rows come so (an unshuffled
-    /// order): copied a run at a time, not a row at a time.
-    Runs(Vec<transform::Run>),
-}
-
 impl Picks {
     /// From each row's (row group, row in it), in batch order, of a dataset of `groups` row
     /// groups.
@@ -126,11 +118,10 @@ impl Picks {
     }
 
     fn of(row_groups: Vec<usize>, rows: Vec<(usize, usize)>) -> Picks {
-        let rows = match transform::runs_of(&rows) {
-            Some(runs) => Rows::Runs(runs),
-            None => Rows::Each(rows),
-        };
-        Picks { row_groups, rows }
+        Picks {
+            row_groups,
+            rows: Rows::of(rows),
+        }
     }
 
     /// As [`Picks::new`], for a dataset of many more row groups than the batch has rows.
@@ -162,13 +153,13 @@ impl Picks {
     /// `row_groups` order).
     fn gather(
         &self,
-        view: &View,
+        placement: &Placement,
         decoded: &[Arc<Columns>],
         wanted: &[usize],
         stats: &Stats,
     ) -> Vec<Vec<u8>> {
         let mut rows = vec![Vec::new(); wanted.len()];
-        self.gather_onto(view, decoded, wanted, &mut rows, stats);
+        self.gather_onto(placement, decoded, wanted, &mut rows, stats);
         rows
     }
 
@@ -176,7 +167,7 @@ impl Picks {
     /// time counted.
     fn gather_onto(
         &self,
-        view: &View,
+        placement: &Placement,
         decoded: &[Arc<Columns>],
         wanted: &[usize],
         outs: &mut [Vec<u8>],
@@ -184,13 +175,7 @@ impl Picks {
     ) {
         let cpu_started = crate::read::build::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
-        for (&t, out) in wanted.iter().zip(outs) {
-            let rb = view.tensors[t].row_bytes();
-            match &self.rows {
-                Rows::Runs(runs) => transform::gather_runs(t, rb, &from, runs, out),
-                Rows::Each(rows) => transform::gather_tensor(t, rb, &from, rows, out),
-            }
-        }
+        self.rows.gather(placement, &from, wanted, outs);
         let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
         Stats::add(&stats.c.gather_cpu_ns, cpu);
     }
@@ -198,11 +183,7 @@ impl Picks {
 
 impl Weighted for Picks {
     fn weight(&self) -> usize {
-        let rows = match &self.rows {
-            Rows::Each(rows) => rows.len() * std::mem::size_of::<(usize, usize)>(),
-            Rows::Runs(runs) => runs.len() * std::mem::size_of::<transform::Run>(),
-        };
-        rows + self.row_groups.len() * std::mem::size_of::<usize>()
+        self.rows.weight() + self.row_groups.len() * std::mem::size_of::<usize>()
     }
 }
 
@@ -470,6 +451,8 @@ pub(crate) struct Limits {
 pub(crate) struct Builder {
     source: Arc<Source>,
     view: Arc<View>,
+    /// Where each of the view's tensors is among a row group's parts.
+    placement: Arc<Placement>,
     /// The user's transform: row groups are read as its input and go through it first.
     udf: Option<Arc<crate::udf::Applied>>,
     layout: Arc<Layout>,
@@ -549,7 +532,9 @@ impl Builder {
             .flat_map(|(f, file)| (0..file.rg_rows.len()).map(move |rg| (f, rg)))
             .collect();
         let batch_size = orders.plan().options().batch_size;
-        let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
+        let widths: Vec<usize> = view.tensors.iter().map(|t| t.row_bytes()).collect();
+        let placement = Arc::new(Placement::of(&widths));
+        let row_bytes = widths.iter().map(|&w| w as u64);
         let largest_tensor = row_bytes.clone().max().unwrap_or(0) * batch_size;
         let largest_batch = row_bytes.sum::<u64>() * batch_size;
         let budget = Budget::split(
@@ -561,6 +546,7 @@ impl Builder {
         Ok(Builder {
             source,
             view,
+            placement,
             udf,
             layout,
             orders,
@@ -721,7 +707,7 @@ impl Builder {
                 .map(|g| self.decoded.get(g))
                 .collect::<Option<Vec<_>>>()?;
             let all: Vec<usize> = (0..self.view.tensors.len()).collect();
-            let tensors = picks.gather(&self.view, &decoded, &all, &self.stats);
+            let tensors = picks.gather(&self.placement, &decoded, &all, &self.stats);
             Some(self.batch_of(b, tensors))
         })
     }
@@ -753,10 +739,10 @@ impl Builder {
         let _build = self.builds.acquire().await?;
         let (picks, decoded) = self.located(b).await?;
         let _permit = self.workers.acquire().await?;
-        let view = self.view.clone();
+        let placement = self.placement.clone();
         let stats = self.stats.clone();
         self.pool
-            .run(move || picks.gather(&view, &decoded, &wanted, &stats))
+            .run(move || picks.gather(&placement, &decoded, &wanted, &stats))
             .await
             .with_context(|| format!("gathering the rows of {b}"))
     }
@@ -782,7 +768,7 @@ impl Builder {
         let (_build, (picks, decoded)) = runtime.block_on(async {
             anyhow::Ok((self.builds.acquire().await?, self.located(b).await?))
         })?;
-        picks.gather_onto(&self.view, &decoded, wanted, outs, &self.stats);
+        picks.gather_onto(&self.placement, &decoded, wanted, outs, &self.stats);
         Stats::add(&self.stats.c.batches_built, 1);
         Ok(())
     }
@@ -936,10 +922,10 @@ impl Builder {
     async fn cached_row_group(&self, g: usize) -> Result<Option<Columns>> {
         let _permit = self.workers.acquire().await?;
         let (cache, stats) = (self.cache.clone(), self.stats.clone());
-        let (tensors, map_from) = (self.view.tensors.len(), self.map_from());
+        let (parts, map_from) = (self.placement.parts(), self.map_from());
         let loaded = self
             .pool
-            .run(move || cache.load_columns(g, tensors, map_from, &stats))
+            .run(move || cache.load_columns(g, parts, map_from, &stats))
             .await?;
         Ok(loaded.map(Columns::loaded))
     }
@@ -954,6 +940,7 @@ impl Builder {
             (self.runtime.clone(), self.cache.clone(), self.stats.clone());
         let distance = self.eviction.distance_fn();
         let map_from = self.map_from();
+        let placement = self.placement.clone();
         // Where epochs repeat, the batch files are all that is needed again for their readers:
         // keeping the columns too would write every byte twice. A transform's output is kept
         // whatever the mode: it is run once per row group, whatever the batch size (§10).
@@ -1042,13 +1029,14 @@ impl Builder {
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
                 let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
                 Stats::add(&stats.c.decode_cpu_ns, cpu);
-                let bytes: u64 = t.tensors.iter().map(|t| t.len() as u64).sum();
+                let parts = placement.parts_of(t.tensors, t.rows);
+                let bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
                 let map = crate::cache::mapped(bytes, map_from);
                 // Columns to be mapped are kept even where epochs repeat: too large to hold,
                 // they would otherwise be decoded again for each few batches.
                 if keep || map {
-                    let parts: Vec<&[u8]> = t.tensors.iter().map(Vec::as_slice).collect();
-                    let stored = cache.store_columns(g, t.rows, &parts, &*distance, &stats);
+                    let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                    let stored = cache.store_columns(g, t.rows, &slices, &*distance, &stats);
                     if stored.is_ok()
                         && map
                         && let Some(l) = cache.load_columns(g, parts.len(), map_from, &stats)
@@ -1056,7 +1044,7 @@ impl Builder {
                         return Ok(Columns::loaded(l));
                     }
                 }
-                Ok(Columns::owned(t.tensors))
+                Ok(Columns::owned(parts))
             })
             .await
             .with_context(|| format!("file '{name}' row group {rg}"));
