@@ -179,7 +179,7 @@ impl Udf {
             let w = worker.as_mut().expect("started above");
             match exchange(w, request) {
                 Ok((b'B', body)) => {
-                    return decode(&body).map_err(|e| CallError::Worker(format!("{e:#}")));
+                    return decode(body).map_err(|e| CallError::Worker(format!("{e:#}")));
                 }
                 Ok((b'E', body)) => {
                     return Err(CallError::Raised(
@@ -296,14 +296,19 @@ fn read_message(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
     if len > ANSWER_LIMIT {
         return Err(std::io::Error::other(format!("an answer of {len} bytes")));
     }
-    let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body)?;
+    // Read into memory never written first: a row group's answer is megabytes.
+    let mut body = Vec::with_capacity(len as usize);
+    r.take(len).read_to_end(&mut body)?;
+    if body.len() as u64 != len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     Ok((head[0], body))
 }
 
 /// One record batch as an Arrow IPC stream.
 fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
+    // About the stream's size, so that it is written once, not copied as it grows.
+    let mut out = Vec::with_capacity(batch.get_array_memory_size() + (64 << 10));
     let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())?;
     writer.write(batch)?;
     writer.finish()?;
@@ -311,13 +316,22 @@ fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The one record batch of an Arrow IPC stream.
-fn decode(bytes: &[u8]) -> Result<RecordBatch> {
-    let mut reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-    let schema: SchemaRef = reader.schema();
-    match reader.next() {
-        Some(batch) => Ok(batch?),
-        None => Ok(RecordBatch::new_empty(schema)),
+/// The first record batch of an Arrow IPC stream, its arrays in `bytes` themselves (a buffer
+/// out of alignment for its type is copied): a reader over the bytes copied every array into
+/// memory of its own, zeroed first.
+fn decode(bytes: Vec<u8>) -> Result<RecordBatch> {
+    let mut stream = arrow::buffer::Buffer::from_vec(bytes);
+    let mut decoder = arrow::ipc::reader::StreamDecoder::new();
+    let mut first = None;
+    while !stream.is_empty() {
+        let batch = decoder.decode(&mut stream)?;
+        first = first.or(batch);
+    }
+    decoder.finish()?;
+    match (first, decoder.schema()) {
+        (Some(batch), _) => Ok(batch),
+        (None, Some(schema)) => Ok(RecordBatch::new_empty(schema)),
+        (None, None) => bail!("an Arrow stream without a schema"),
     }
 }
 

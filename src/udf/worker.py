@@ -13,7 +13,6 @@ answers B (an IPC stream of one record batch: the rows the function returned) or
 the exception's type, message and where it was raised), and goes on.
 """
 
-import io
 import json
 import os
 import struct
@@ -201,10 +200,10 @@ def main() -> None:
             if result.num_rows != batch.num_rows:
                 raise ValueError(f"the transform returned {result.num_rows} rows for {batch.num_rows}: "
                                  "it must return one row for each row it is given, in order")
-            sink = io.BytesIO()
+            sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, result.schema) as writer:
                 writer.write_batch(result)
-            send(b"B", sink.getvalue())
+            send(b"B", memoryview(sink.getvalue()))  # the stream's bytes, not a copy of them
         except BaseException as e:  # noqa: BLE001 - reported for this row group, the worker goes on
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
