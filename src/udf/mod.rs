@@ -391,7 +391,9 @@ fn digest(spec: &Spec, sources: &[PathBuf]) -> Result<String> {
 /// mount-time trial found it (the view is built over that schema).
 pub struct Applied {
     pub udf: Udf,
-    /// Row groups between their decode and the end of their call, at most one a worker.
+    /// Row groups between their decode and the end of their call, at most two a worker: one
+    /// called, one decoded and waiting for it, so that a worker never waits on the daemon's
+    /// decode of its next row group.
     pub(crate) calls: Arc<tokio::sync::Semaphore>,
     /// The source's root columns given to the function, ascending.
     pub(crate) input: Vec<usize>,
@@ -452,7 +454,7 @@ impl Applied {
         let schema = a.schema();
         let nulls = a.columns().iter().map(|c| c.null_count() > 0).collect();
         Ok(Applied {
-            calls: Arc::new(tokio::sync::Semaphore::new(udf.slots.len())),
+            calls: Arc::new(tokio::sync::Semaphore::new(2 * udf.slots.len())),
             udf,
             input,
             schema,

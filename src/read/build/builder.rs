@@ -954,7 +954,8 @@ impl Builder {
             None => view.roots.clone(),
         };
         // A row group in a transform's hands is held from its decode to the end of the call:
-        // as many at once as there are workers to call, so the queue holds none of them.
+        // two at once for each worker (one called, the next decoded), so the queue holds no
+        // more than that.
         let _calling = match &udf {
             Some(a) => Some(a.calls.clone().acquire_owned().await?),
             None => None,
