@@ -207,7 +207,8 @@ impl Dataset {
         let order = content.order.to_string();
         // The transform's own identity: its sources' digest (the options name it only).
         let udf = self.udf.as_ref().map_or("", |a| a.udf.digest());
-        let parts = crate::read::build::columns::PLACEMENT_RULE;
+        let interleave = crate::read::build::columns::interleaves(opts.shuffle, self.udf.is_some());
+        let parts = crate::read::build::columns::placement_rule(interleave);
         let ckey = crate::model::kept::key_name(&[
             decode.as_bytes(),
             columns.as_bytes(),

@@ -1,22 +1,37 @@
 //! A row group's tensors as the read path holds them (decoded, or loaded from the local cache),
 //! and the gather of a batch's rows from them.
 //!
-//! Narrow tensors (scalars and short vectors, at most [`INTERLEAVED_AT_MOST`] bytes a row) are
-//! held interleaved, row by row, in one part of the row group; wider ones in a part (a column)
-//! each. A shuffled batch takes its rows from all over row groups far larger than the CPU's
-//! caches: read from a column per tensor, each row costs a cache line from memory per tensor;
-//! interleaved, one or two lines for all of them. The bench's 11 narrow tensors (56 bytes a
-//! row) of 2M rows in 40 row groups, gathered in shuffled batches of 1,024: 265 ms from
-//! columns, 48 ms interleaved (a loop of each, alone).
+//! Under a shuffle, narrow tensors (scalars and short vectors, at most [`INTERLEAVED_AT_MOST`]
+//! bytes a row) are held interleaved, row by row, in one part of the row group; wider ones in a
+//! part (a column) each. A shuffled batch takes its rows from all over row groups far larger
+//! than the CPU's caches: read from a column per tensor, each row costs a cache line from
+//! memory per tensor; interleaved, one or two lines for all of them. The bench's 11 narrow
+//! tensors (56 bytes a row) of 2M rows in 40 row groups, gathered in shuffled batches of 1,024:
+//! 265 ms from columns, 48 ms interleaved (a loop of each, alone). Unshuffled batches are runs
+//! of rows, copied a column at a time: there every tensor keeps a column, unless a transform's
+//! output is kept, which is laid out once for every shuffle (PRODUCT.md §10: a remount with
+//! another shuffle does not run the function again).
 
 use crate::cache::{ColumnBuf, LoadedColumns};
+use crate::model::plan::Shuffle;
 
 /// Tensors of at most this many bytes a row are interleaved (where two or more are).
 const INTERLEAVED_AT_MOST: usize = 16;
 
-/// [`Placement`]'s rule, in words: part of the key of the cache's columns files, whose parts it
-/// lays out (files laid out by another rule are another key's).
-pub(crate) const PLACEMENT_RULE: &str = "tensors of 1 to 16 bytes a row interleaved in part 0";
+/// Whether a mount's columns interleave their narrow tensors: under `shuffle`, with or without
+/// a `transform`.
+pub(crate) fn interleaves(shuffle: Shuffle, transform: bool) -> bool {
+    transform || shuffle != Shuffle::None
+}
+
+/// How columns files are laid out, in words: part of the key of the cache's columns files
+/// (files laid out otherwise are another key's).
+pub(crate) fn placement_rule(interleave: bool) -> &'static str {
+    match interleave {
+        true => "tensors of 1 to 16 bytes a row interleaved in part 0",
+        false => "a part per tensor",
+    }
+}
 
 /// Where each tensor's rows are among a row group's parts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,10 +51,11 @@ pub(crate) enum Place {
 }
 
 impl Placement {
-    /// The placement of tensors of `row_bytes` bytes a row, in tensor order.
-    pub(crate) fn of(row_bytes: &[usize]) -> Placement {
+    /// The placement of tensors of `row_bytes` bytes a row, in tensor order, narrow ones
+    /// interleaved or not.
+    pub(crate) fn of(row_bytes: &[usize], interleave: bool) -> Placement {
         let narrow = |w: usize| (1..=INTERLEAVED_AT_MOST).contains(&w);
-        let interleaved = row_bytes.iter().filter(|&&w| narrow(w)).count() >= 2;
+        let interleaved = interleave && row_bytes.iter().filter(|&&w| narrow(w)).count() >= 2;
         let (mut stride, mut parts) = (0, usize::from(interleaved));
         let places = (row_bytes.iter())
             .map(|&width| match interleaved && narrow(width) {
@@ -82,20 +98,23 @@ impl Placement {
         }
         let mut parts = vec![Vec::new(); self.parts];
         let mut narrow = Vec::new();
-        for (tensor, &place) in tensors.iter().zip(&self.places) {
+        for (tensor, &place) in tensors.into_iter().zip(&self.places) {
             match place {
-                Place::Column { part, .. } => parts[part] = tensor.clone(),
+                Place::Column { part, .. } => parts[part] = tensor,
                 Place::Interleaved { width, .. } => {
                     assert_eq!(tensor.len(), rows * width, "a tensor of {rows} rows");
-                    narrow.push((tensor.as_slice(), width));
+                    narrow.push((tensor, width));
                 }
             }
         }
         let mut rowwise = vec![0; rows * self.stride];
         for (r, row) in rowwise.chunks_exact_mut(self.stride).enumerate() {
             let mut at = 0;
-            for &(tensor, width) in &narrow {
-                row[at..at + width].copy_from_slice(&tensor[r * width..(r + 1) * width]);
+            for (tensor, width) in narrow.iter().map(|(t, w)| (t, *w)) {
+                copy_value(
+                    &mut row[at..at + width],
+                    &tensor[r * width..(r + 1) * width],
+                );
                 at += width;
             }
         }
@@ -369,6 +388,19 @@ fn scatter(row: &[u8], slots: &mut [Slot]) {
     }
 }
 
+/// `dst.copy_from_slice(src)`, a scalar's width copied as a value of that width, not by a call
+/// to memcpy.
+#[inline(always)]
+fn copy_value(dst: &mut [u8], src: &[u8]) {
+    match src.len() {
+        1 => dst[0] = src[0],
+        2 => dst[..2].copy_from_slice(&<[u8; 2]>::try_from(src).expect("2 bytes")),
+        4 => dst[..4].copy_from_slice(&<[u8; 4]>::try_from(src).expect("4 bytes")),
+        8 => dst[..8].copy_from_slice(&<[u8; 8]>::try_from(src).expect("8 bytes")),
+        _ => dst.copy_from_slice(src),
+    }
+}
+
 /// Asks the CPU to bring `bytes` (their first 512) into its caches, without waiting for them.
 #[inline(always)]
 fn ask_for(bytes: &[u8]) {
@@ -486,7 +518,7 @@ mod tests {
     #[test]
     fn narrow_tensors_are_interleaved_where_two_or_more_are() {
         use Place::*;
-        let p = Placement::of(&[8, 256, 4, 1, 0, 16, 24]);
+        let p = Placement::of(&[8, 256, 4, 1, 0, 16, 24], true);
         assert_eq!(
             p.places,
             [
@@ -503,13 +535,21 @@ mod tests {
             ]
         );
         assert_eq!((p.stride, p.parts()), (29, 4));
-        // One narrow tensor alone keeps its column.
-        let one = Placement::of(&[4, 64]);
-        assert_eq!(
-            one.places,
-            [Column { part: 0, width: 4 }, Column { part: 1, width: 64 }]
-        );
-        assert_eq!((one.stride, one.parts()), (0, 2));
+        // One narrow tensor alone keeps its column, as every tensor does where the mount does
+        // not interleave.
+        let one = Placement::of(&[4, 64], true);
+        let apart = Placement::of(&[8, 4], false);
+        for p in [&one, &apart] {
+            assert_eq!(p.stride, 0);
+            assert_eq!(p.parts(), 2);
+            assert!(matches!(
+                p.places[..],
+                [Column { part: 0, .. }, Column { part: 1, .. }]
+            ));
+        }
+        // Interleaved under any shuffle; unshuffled only where a transform's output is kept.
+        assert!(interleaves(Shuffle::Block, false) && interleaves(Shuffle::Window, false));
+        assert!(interleaves(Shuffle::None, true) && !interleaves(Shuffle::None, false));
     }
 
     #[test]
@@ -517,13 +557,14 @@ mod tests {
         // Tensors of every kind of place, row groups of different sizes, rows shuffled and in
         // runs, every tensor or a few in another order: each tensor's rows as a gather from a
         // column of its own would give them.
-        for widths in [
+        let widths = [
             vec![8, 4, 1, 300, 2, 16, 3, 12],
             vec![4, 4],
             vec![24, 8],
             vec![17],
-        ] {
-            let placement = Placement::of(&widths);
+        ];
+        for (widths, interleave) in widths.iter().flat_map(|w| [(w, true), (w, false)]) {
+            let placement = Placement::of(widths, interleave);
             let sizes = [37usize, 600, 5];
             let tensors: Vec<Vec<Vec<u8>>> = (sizes.iter().enumerate())
                 .map(|(g, &rows)| {
