@@ -986,11 +986,18 @@ impl Builder {
         let (fetched, transformed) = match udf {
             None => (Some(fetched), None),
             Some(a) => {
+                // The daemon's CPU in the Parquet decode and in the exchange with the worker
+                // (encoding, the pipes, decoding the answer) counts as decoding, as the
+                // transform of the output does below.
                 let pieces = {
                     let _permit = self.workers.acquire().await?;
-                    let source = source.clone();
+                    let (source, stats) = (source.clone(), stats.clone());
                     (self.pool)
-                        .run(move || runtime.block_on(source.decode_row_group(fetched)))
+                        .run(move || {
+                            decode_counted(&stats, || {
+                                runtime.block_on(source.decode_row_group(fetched))
+                            })
+                        })
                         .await??
                 };
                 // Fetched and decoded: the next row group's fetch may start.
@@ -1001,8 +1008,9 @@ impl Builder {
                 let was_ahead = ahead_turn.take().is_some();
                 let roots = view.roots.clone();
                 let at = format!("file '{name}' row group {rg}");
+                let calling = stats.clone();
                 let out = (self.runtime)
-                    .spawn_blocking(move || a.apply(pieces, &roots))
+                    .spawn_blocking(move || decode_counted(&calling, || a.apply(pieces, &roots)))
                     .await?
                     .context(at)?;
                 if was_ahead {
@@ -1061,6 +1069,15 @@ impl Builder {
     pub(crate) fn memory(&self) -> usize {
         self.decoded.bytes() + self.batches.bytes() + self.tensors.bytes() + self.picks.bytes()
     }
+}
+
+/// `f()`, the calling thread's CPU time in it added to the decode counter.
+fn decode_counted<T>(stats: &Stats, f: impl FnOnce() -> T) -> T {
+    let started = crate::read::build::pool::thread_cpu_ns();
+    let out = f();
+    let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(started);
+    Stats::add(&stats.c.decode_cpu_ns, cpu);
+    out
 }
 
 #[cfg(test)]
