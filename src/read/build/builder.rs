@@ -9,7 +9,7 @@ use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
 use crate::read::build::budget::Budget;
 use crate::read::build::columns::{self, Columns, Placement, Rows};
 use crate::read::build::eviction::Eviction;
-use crate::read::build::pool::{Background, Pool, ReaderWaits};
+use crate::read::build::pool::{Background, Pool, ReaderWaits, cpu_counted};
 use crate::read::build::transform;
 use crate::read::layout::Layout;
 use crate::source::Source;
@@ -173,11 +173,10 @@ impl Picks {
         outs: &mut [Vec<u8>],
         stats: &Stats,
     ) {
-        let cpu_started = crate::read::build::pool::thread_cpu_ns();
         let from: Vec<&Columns> = decoded.iter().map(Arc::as_ref).collect();
-        self.rows.gather(placement, &from, wanted, outs);
-        let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
-        Stats::add(&stats.c.gather_cpu_ns, cpu);
+        cpu_counted(&stats.c.gather_cpu_ns, || {
+            self.rows.gather(placement, &from, wanted, outs)
+        });
     }
 }
 
@@ -994,7 +993,7 @@ impl Builder {
                     let (source, stats) = (source.clone(), stats.clone());
                     (self.pool)
                         .run(move || {
-                            decode_counted(&stats, || {
+                            cpu_counted(&stats.c.decode_cpu_ns, || {
                                 runtime.block_on(source.decode_row_group(fetched))
                             })
                         })
@@ -1010,7 +1009,9 @@ impl Builder {
                 let at = format!("file '{name}' row group {rg}");
                 let calling = stats.clone();
                 let out = (self.runtime)
-                    .spawn_blocking(move || decode_counted(&calling, || a.apply(pieces, &roots)))
+                    .spawn_blocking(move || {
+                        cpu_counted(&calling.c.decode_cpu_ns, || a.apply(pieces, &roots))
+                    })
                     .await?
                     .context(at)?;
                 if was_ahead {
@@ -1025,21 +1026,22 @@ impl Builder {
             .pool
             .run(move || -> Result<Columns> {
                 tracing::debug!("decoding row group {g}");
-                let cpu_started = crate::read::build::pool::thread_cpu_ns();
-                let pieces = match (fetched, transformed) {
-                    (_, Some(out)) => vec![out],
-                    (Some(fetched), None) => runtime.block_on(source.decode_row_group(fetched))?,
-                    (None, None) => unreachable!("fetched or transformed"),
-                };
-                let t = transform::transform_row_group(&view, pieces).with_context(|| {
-                    format!("file '{}' row group {rg}", source.files[file].name)
+                let t = cpu_counted(&stats.c.decode_cpu_ns, || {
+                    let pieces = match (fetched, transformed) {
+                        (_, Some(out)) => vec![out],
+                        (Some(fetched), None) => {
+                            runtime.block_on(source.decode_row_group(fetched))?
+                        }
+                        (None, None) => unreachable!("fetched or transformed"),
+                    };
+                    transform::transform_row_group(&view, pieces).with_context(|| {
+                        format!("file '{}' row group {rg}", source.files[file].name)
+                    })
                 })?;
                 Stats::add(&stats.c.row_groups_decoded, 1);
                 Stats::add(&stats.c.rows_decoded, t.rows as u64);
                 Stats::add(&stats.c.pad_truncated, t.truncated);
                 Stats::add(&stats.c.decode_ns, started.elapsed().as_nanos() as u64);
-                let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
-                Stats::add(&stats.c.decode_cpu_ns, cpu);
                 let parts = placement.parts_of(t.tensors, t.rows);
                 let bytes: u64 = parts.iter().map(|p| p.len() as u64).sum();
                 let map = crate::cache::mapped(bytes, map_from);
@@ -1069,15 +1071,6 @@ impl Builder {
     pub(crate) fn memory(&self) -> usize {
         self.decoded.bytes() + self.batches.bytes() + self.tensors.bytes() + self.picks.bytes()
     }
-}
-
-/// `f()`, the calling thread's CPU time in it added to the decode counter.
-fn decode_counted<T>(stats: &Stats, f: impl FnOnce() -> T) -> T {
-    let started = crate::read::build::pool::thread_cpu_ns();
-    let out = f();
-    let cpu = crate::read::build::pool::thread_cpu_ns().saturating_sub(started);
-    Stats::add(&stats.c.decode_cpu_ns, cpu);
-    out
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Plan};
 use crate::read::build::builder::{Builder, Memo, Weighted};
 use crate::read::build::eviction::Eviction;
+use crate::read::build::pool::cpu_counted;
 use crate::read::layout::Layout;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -241,22 +242,18 @@ impl Materializer {
                     .builder
                     .pool()
                     .run(move || {
-                        let cpu_started = crate::read::build::pool::thread_cpu_ns();
-                        let kind = item.kind().expect("a batch file");
-                        let header = batch.header(&layout, kind);
-                        let parts = layout.parts(kind, header.as_ref(), &batch.tensors);
-                        let placed = match cache.store_batch_file(item, &parts, &*distance, &stats)
-                        {
-                            Ok(placed) => Some(placed),
-                            Err(e) => {
-                                tracing::debug!("{item:?} served from memory: {e}");
-                                None
+                        cpu_counted(&stats.c.batch_write_cpu_ns, || {
+                            let kind = item.kind().expect("a batch file");
+                            let header = batch.header(&layout, kind);
+                            let parts = layout.parts(kind, header.as_ref(), &batch.tensors);
+                            match cache.store_batch_file(item, &parts, &*distance, &stats) {
+                                Ok(placed) => Some(placed),
+                                Err(e) => {
+                                    tracing::debug!("{item:?} served from memory: {e}");
+                                    None
+                                }
                             }
-                        };
-                        let cpu =
-                            crate::read::build::pool::thread_cpu_ns().saturating_sub(cpu_started);
-                        Stats::add(&stats.c.batch_write_cpu_ns, cpu);
-                        placed
+                        })
                     })
                     .await?;
                 Ok(Arc::new(Materialized(placed)))

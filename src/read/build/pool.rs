@@ -8,7 +8,9 @@
 //! threads at nice 10, so that other busy processes on the host cannot starve the build the
 //! reader needs. Leaving `SCHED_IDLE` needs `CAP_SYS_NICE`; without it they stay at nice 10.
 
+use crate::stats::Stats;
 use anyhow::{Result, anyhow};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex};
 
@@ -238,6 +240,14 @@ pub(crate) fn thread_cpu_ns() -> u64 {
         return 0;
     }
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// `f()`, the calling thread's CPU time in it added to `counter` (nanoseconds).
+pub(crate) fn cpu_counted<T>(counter: &AtomicU64, f: impl FnOnce() -> T) -> T {
+    let started = thread_cpu_ns();
+    let out = f();
+    Stats::add(counter, thread_cpu_ns().saturating_sub(started));
+    out
 }
 
 #[cfg(test)]
