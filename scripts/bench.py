@@ -50,7 +50,9 @@ to NumPy arrays, in these ways:
                             a cold epoch through tensorfs (transform=, transform_workers=N) against
                             Petastorm's make_batch_reader(transform_spec=, workers_count=N), the
                             next epoch (from the cached output) against the table without a
-                            transform, and the daemon's and the workers' CPU per GB (transform.py)
+                            transform, the daemon's and the workers' CPU per GB, and the cold
+                            epoch again in Petastorm's own batches (a row group each, in order;
+                            transform.py)
 
   the fast path's limits (own tables) time to first batch from the mount command against
                             PyArrow's and Petastorm's, file:// and S3; the SSD bytes a cold epoch

@@ -132,8 +132,8 @@ def tensor_array(a, pa, np):
     return flat
 
 
-def as_batch(out, pa, np):
-    """What the function returned as one RecordBatch."""
+def as_batch(out, pa, np, columns=None):
+    """What the function returned as one RecordBatch (of a DataFrame, only COLUMNS where given)."""
     if isinstance(out, pa.RecordBatch):
         return out
     if isinstance(out, pa.Table):
@@ -153,12 +153,13 @@ def as_batch(out, pa, np):
     except ImportError:
         pd = None
     if pd is not None and isinstance(out, pd.DataFrame):
+        columns = list(out.columns) if columns is None else columns
         arrays = []
-        for name in out.columns:
+        for name in columns:
             col = out[name]
             arr = fixed_shape(col.to_numpy(), pa, np) if col.dtype == object else None
             arrays.append(arr if arr is not None else pa.Array.from_pandas(col))
-        return pa.RecordBatch.from_arrays(arrays, names=[str(c) for c in out.columns])
+        return pa.RecordBatch.from_arrays(arrays, names=[str(c) for c in columns])
     raise TypeError(
         f"the transform returned {type(out).__name__}: return a pyarrow.RecordBatch, a pyarrow.Table, "
         "a pandas.DataFrame or a dict of NumPy arrays"
@@ -195,10 +196,10 @@ def main() -> None:
                 keep = [c for c in out.columns if c not in removed]
                 if fn.selected_fields is not None:
                     keep = [c for c in fn.selected_fields if c in set(keep)]
-                out = out[keep]
+                # The kept columns are taken from the frame itself: `out[keep]` copied every one.
+                result = as_batch(out, pa, np, keep)
             else:
-                out = fn(batch)
-            result = as_batch(out, pa, np)
+                result = as_batch(fn(batch), pa, np)
             if result.num_rows != batch.num_rows:
                 raise ValueError(f"the transform returned {result.num_rows} rows for {batch.num_rows}: "
                                  "it must return one row for each row it is given, in order")
