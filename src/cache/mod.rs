@@ -723,22 +723,29 @@ impl DiskCache {
     /// needs its sidecar.
     fn settle(&self, file: &File, tmp: &Path, meta: Option<&[u8]>, dest: &Path) -> Result<bool> {
         let sidecar = match meta {
-            Some(m) if self.meta_attrs.load(Ordering::Relaxed) => {
-                let set = set_meta_attr(file, m)?;
-                if !set {
-                    self.meta_attrs.store(false, Ordering::Relaxed);
-                    tracing::info!(
-                        "the cache's filesystem keeps no user extended attributes: \
-                         batch files get their meta as sidecar files"
-                    );
-                }
-                !set
-            }
-            Some(_) => true,
+            Some(m) => !self.meta_as_attr(file, m)?,
             None => false,
         };
         rename_into(tmp, dest)?;
         Ok(sidecar)
+    }
+
+    /// Sets `meta` as `file`'s attribute where the cache's filesystem takes attributes: whether
+    /// it did (else the meta needs its sidecar). The first refusal switches the cache to
+    /// sidecars.
+    fn meta_as_attr(&self, file: &File, meta: &[u8]) -> Result<bool> {
+        if !self.meta_attrs.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let set = set_meta_attr(file, meta)?;
+        if !set {
+            self.meta_attrs.store(false, Ordering::Relaxed);
+            tracing::info!(
+                "the cache's filesystem keeps no user extended attributes: \
+                 batch files get their meta as sidecar files"
+            );
+        }
+        Ok(set)
     }
 
     /// Puts `item` in the index, `bytes` of the capacity (counted in `used` already), checked

@@ -3,7 +3,7 @@
 //! the built file indexed (its meta set, renamed into place), taken out again to be written
 //! over or removed once behind its reader, and found again by a later mount.
 
-use super::format::{META_LEN, clear_meta_attr, meta_bytes, meta_len, meta_path, set_meta_attr};
+use super::format::{META_LEN, clear_meta_attr, meta_bytes, meta_len, meta_path};
 use super::{DiskCache, Entry, Stamp};
 use crate::model::item::Item;
 use crate::stats::Stats;
@@ -133,7 +133,7 @@ impl DiskCache {
         }
         let crc = super::crc_of(&file, stamp.size, &|_| {})?;
         let meta = meta_bytes(stamp.size, crc, &self.identity(item));
-        if !self.meta_attrs.load(Ordering::Relaxed) || !set_meta_attr(&file, &meta)? {
+        if !self.meta_as_attr(&file, &meta)? {
             self.place(&[meta.as_slice()], None, &meta_path(path))?;
         }
         Ok(true)
