@@ -25,7 +25,8 @@ def read_npy_dirs(root: Path, n_batches: int, names=TENSORS):
     return rows, nbytes, time.perf_counter() - t
 
 
-def read_safetensors_files(root: Path, n_batches: int):
+def read_safetensors_files(root: Path, n_batches: int, first: list | None = None):
+    """Every batch file read with safetensors; FIRST (where given) gets the seconds to the first."""
     from safetensors.numpy import load_file
 
     rows = nbytes = 0
@@ -34,6 +35,8 @@ def read_safetensors_files(root: Path, n_batches: int):
         batch = load_file(str(root / f"{i:06d}.safetensors"))
         nbytes += sum(a.nbytes for a in batch.values())
         rows += len(batch["id"])
+        if i == 0 and first is not None:
+            first.append(time.perf_counter() - t)
     return rows, nbytes, time.perf_counter() - t
 
 
@@ -107,9 +110,10 @@ def read_file_sequentially(path: Path, rows: int, chunk: int = 1 << 20):
     return rows, nbytes, time.perf_counter() - t
 
 
-def read_npy_slices(all_dir: Path, rows: int, batch_size: int, names=TENSORS):
+def read_npy_slices(all_dir: Path, rows: int, batch_size: int, names=TENSORS, first: list | None = None):
     """Each tensor's all/NAME.npy memory-mapped once, then batch after batch sliced out of every
-    map and copied into an array of its own (a map-style Dataset over all/)."""
+    map and copied into an array of its own (a map-style Dataset over all/); FIRST (where given)
+    gets the seconds to the first batch."""
     import numpy as np
 
     # The opens are timed too: an open of a file still being built waits for it.
@@ -119,4 +123,6 @@ def read_npy_slices(all_dir: Path, rows: int, batch_size: int, names=TENSORS):
     for start in range(0, rows, batch_size):
         for a in arrays:
             nbytes += np.array(a[start:start + batch_size]).nbytes
+        if start == 0 and first is not None:
+            first.append(time.perf_counter() - t)
     return rows, nbytes, time.perf_counter() - t
