@@ -19,7 +19,8 @@ Measured, with the page cache dropped before each cold epoch (when we are root):
                     shuffle_row_groups=False, num_epochs=1), with its thread pool (its default)
                     and its process pool; batches are row groups. Timed from the reader made to
                     its last batch; its CPU is the process's (every thread) and its pool
-                    processes' over that window.
+                    processes' over that window. Run twice, page cache dropped each
+                    time: the faster run is the row.
   tensorfs cold     mount -o transform=…,transform_workers=N,epochs=2 (the default shuffle) on a
                     fresh cache_dir, every epoch-0/NNNNNN.safetensors read with
                     safetensors.numpy.load_file: with the TransformSpec (python= Petastorm's
@@ -364,13 +365,18 @@ def run_rows(a, binary: Path, scratch: Path, caches, mounts: list, skip: set) ->
             unavailable(key, label, note)
             continue
         try:
-            caches.drop()
-            e = petastorm_run(pet_py, data, code, N, pool)
-            if e["rows"] != rows or e["city_sum"] != want["city_sum"] or abs(e["x_sum"] - want["x_sum"]) > 1e-3 * rows:
-                raise RuntimeError(f"petastorm's output differs from the transform's: {e['rows']} rows, city sum "
-                                   f"{e['city_sum']} (want {want['city_sum']}), x sum {e['x_sum']:.3f} (want {want['x_sum']:.3f})")
+            # The faster of two cold epochs: one slow run of the peer would flatter every ratio.
+            runs = []
+            for _ in range(2):
+                caches.drop()
+                e = petastorm_run(pet_py, data, code, N, pool)
+                if e["rows"] != rows or e["city_sum"] != want["city_sum"] or abs(e["x_sum"] - want["x_sum"]) > 1e-3 * rows:
+                    raise RuntimeError(f"petastorm's output differs from the transform's: {e['rows']} rows, city sum "
+                                       f"{e['city_sum']} (want {want['city_sum']}), x sum {e['x_sum']:.3f} (want {want['x_sum']:.3f})")
+                runs.append(e)
+            e = min(runs, key=lambda r: r["seconds"])
             add(key, label, e["rows"], e["bytes"], e["seconds"], process_cpu_s=e["cpu_s"],
-                pool_processes=e["pool_processes"])
+                pool_processes=e["pool_processes"], runs_seconds=[r["seconds"] for r in runs])
         except Exception as e:  # any failure: say so and go on
             unavailable(key, label, str(e)[-300:])
 
