@@ -9,6 +9,7 @@ use crate::model::plan::{Orders, Plan, Shuffle};
 use crate::options::Options;
 use crate::read::build::ahead::Ahead;
 use crate::read::build::builder::{Builder, Limits, Parts};
+use crate::read::build::columns::Placement;
 use crate::read::build::eviction::Eviction;
 use crate::read::build::materialize::Materializer;
 use crate::read::follow::page_cache::PageCache;
@@ -199,7 +200,12 @@ impl Dataset {
     }
 
     /// Opens the local cache for this dataset and these content options.
-    pub(crate) fn open_cache(&self, opts: &Options, layout: Arc<Layout>) -> Result<DiskCache> {
+    pub(crate) fn open_cache(
+        &self,
+        opts: &Options,
+        layout: Arc<Layout>,
+        placement: &Placement,
+    ) -> Result<DiskCache> {
         let content = opts.content();
         let fingerprint = self.source.fingerprint();
         let decode = self.source.decode_identity();
@@ -207,8 +213,7 @@ impl Dataset {
         let order = content.order.to_string();
         // The transform's own identity: its sources' digest (the options name it only).
         let udf = self.udf.as_ref().map_or("", |a| a.udf.digest());
-        let interleave = crate::read::build::columns::interleaves(opts.shuffle, self.udf.is_some());
-        let parts = crate::read::build::columns::placement_rule(interleave);
+        let parts = placement.rule();
         let ckey = crate::model::kept::key_name(&[
             decode.as_bytes(),
             columns.as_bytes(),
@@ -244,7 +249,13 @@ impl Dataset {
     /// in-process tests drive without FUSE.
     pub fn filesystem(&self, opts: &Options, runtime: tokio::runtime::Handle) -> Result<Fs> {
         let layout = self.layout();
-        let cache = Arc::new(self.open_cache(opts, layout.clone())?);
+        let widths: Vec<usize> = self.view.tensors.iter().map(|t| t.row_bytes()).collect();
+        let placement = Arc::new(Placement::for_mount(
+            &widths,
+            opts.shuffle,
+            self.udf.is_some(),
+        ));
+        let cache = Arc::new(self.open_cache(opts, layout.clone(), &placement)?);
         self.check_cache_room(opts, cache.capacity())?;
         let dataset_json = serde_json::to_vec_pretty(&self.dataset_json(opts))?;
         let buffers = self.buffer_memory(opts, dataset_json.len() as u64)?;
@@ -259,6 +270,7 @@ impl Dataset {
             Parts {
                 source: self.source.clone(),
                 view: self.view.clone(),
+                placement,
                 layout: layout.clone(),
                 orders,
                 stats: self.stats.clone(),

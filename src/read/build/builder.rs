@@ -7,7 +7,7 @@ use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
 use crate::read::build::budget::Budget;
-use crate::read::build::columns::{self, Columns, Placement, Rows};
+use crate::read::build::columns::{Columns, Placement, Rows};
 use crate::read::build::eviction::Eviction;
 use crate::read::build::pool::{Background, Pool, ReaderWaits, cpu_counted};
 use crate::read::build::transform;
@@ -504,6 +504,7 @@ const READ_TOGETHER_FOR: std::time::Duration = std::time::Duration::from_secs(5)
 pub(crate) struct Parts {
     pub(crate) source: Arc<Source>,
     pub(crate) view: Arc<View>,
+    pub(crate) placement: Arc<Placement>,
     pub(crate) layout: Arc<Layout>,
     pub(crate) orders: Arc<Orders>,
     pub(crate) stats: Arc<Stats>,
@@ -517,6 +518,7 @@ impl Builder {
         let Parts {
             source,
             view,
+            placement,
             layout,
             orders,
             stats,
@@ -531,11 +533,7 @@ impl Builder {
             .flat_map(|(f, file)| (0..file.rg_rows.len()).map(move |rg| (f, rg)))
             .collect();
         let batch_size = orders.plan().options().batch_size;
-        let widths: Vec<usize> = view.tensors.iter().map(|t| t.row_bytes()).collect();
-        let shuffle = orders.plan().options().shuffle;
-        let interleave = columns::interleaves(shuffle, udf.is_some());
-        let placement = Arc::new(Placement::of(&widths, interleave));
-        let row_bytes = widths.iter().map(|&w| w as u64);
+        let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
         let largest_tensor = row_bytes.clone().max().unwrap_or(0) * batch_size;
         let largest_batch = row_bytes.sum::<u64>() * batch_size;
         let budget = Budget::split(

@@ -20,22 +20,15 @@ const INTERLEAVED_AT_MOST: usize = 16;
 
 /// Whether a mount's columns interleave their narrow tensors: under `shuffle`, with or without
 /// a `transform`.
-pub(crate) fn interleaves(shuffle: Shuffle, transform: bool) -> bool {
+fn interleaves(shuffle: Shuffle, transform: bool) -> bool {
     transform || shuffle != Shuffle::None
-}
-
-/// How columns files are laid out, in words: part of the key of the cache's columns files
-/// (files laid out otherwise are another key's).
-pub(crate) fn placement_rule(interleave: bool) -> &'static str {
-    match interleave {
-        true => "tensors of 1 to 16 bytes a row interleaved in part 0",
-        false => "a part per tensor",
-    }
 }
 
 /// Where each tensor's rows are among a row group's parts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Placement {
+    /// Whether narrow tensors were asked to be interleaved (the rule the cache's key names).
+    interleave: bool,
     places: Vec<Place>,
     /// Bytes a row of the interleaved part (part 0); 0 where there is none.
     stride: usize,
@@ -51,6 +44,22 @@ pub(crate) enum Place {
 }
 
 impl Placement {
+    /// The placement of a mount's tensors of `row_bytes` bytes a row, in tensor order, under
+    /// `shuffle`, with or without a `transform`: the one decision of how its row groups' columns
+    /// are laid out, for the builder and the cache's key alike.
+    pub(crate) fn for_mount(row_bytes: &[usize], shuffle: Shuffle, transform: bool) -> Placement {
+        Placement::of(row_bytes, interleaves(shuffle, transform))
+    }
+
+    /// How columns files are laid out, in words: part of the key of the cache's columns files
+    /// (files laid out otherwise are another key's).
+    pub(crate) fn rule(&self) -> &'static str {
+        match self.interleave {
+            true => "tensors of 1 to 16 bytes a row interleaved in part 0",
+            false => "a part per tensor",
+        }
+    }
+
     /// The placement of tensors of `row_bytes` bytes a row, in tensor order, narrow ones
     /// interleaved or not.
     pub(crate) fn of(row_bytes: &[usize], interleave: bool) -> Placement {
@@ -76,6 +85,7 @@ impl Placement {
             })
             .collect();
         Placement {
+            interleave,
             places,
             stride,
             parts,

@@ -1,8 +1,9 @@
 //! The bytes of the read path: row groups decoded and transformed (`transform`) and held as
 //! `columns`, from which batches and one tensor of a batch are gathered (`builder`) on the
-//! worker `pool` within the memory `budget`, batch files written into the cache (`materialize`), the next epoch's one-open files built
-//! whole (`ahead`), and how far ahead each cache item is needed (`eviction`). Nothing here
-//! follows a reader: `read::follow` asks for what they will read.
+//! worker `pool` within the memory `budget`, batch files written into the cache
+//! (`materialize`), the next epoch's one-open files built whole (`ahead`), and how far ahead
+//! each cache item is needed (`eviction`). Nothing here follows a reader: `read::follow` asks
+//! for what they will read.
 
 pub(crate) mod ahead;
 pub(crate) mod budget;
