@@ -253,6 +253,25 @@ fn print_view(d: &Dataset, opts: &Options) {
             d.source.files.len()
         );
     }
+    if let Some(s) = &d.source.selected {
+        println!("where        {}", s.text);
+        match s.decided_here {
+            true => println!(
+                "{:<13}{} rows kept; ruled out by partition values: {} objects; by statistics: {} row groups ({} kept whole); {} row groups read to decide",
+                "",
+                d.plan.rows(),
+                s.objects_ruled_out,
+                s.row_groups_ruled_out,
+                s.row_groups_kept_whole,
+                s.row_groups_read
+            ),
+            false => println!(
+                "{:<13}{} rows kept, as the snapshot pins them",
+                "",
+                d.plan.rows()
+            ),
+        }
+    }
     if !d.source.partitions.is_empty() {
         let columns: Vec<String> = (d.source.partitions.fields.iter())
             .map(|f| format!("{} ({})", f.name(), f.data_type()))

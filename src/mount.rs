@@ -28,6 +28,13 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// `where=`, parsed (its syntax refused in one line before anything is read).
+fn where_filter(opts: &Options) -> Result<Option<crate::source::filter::Filter>> {
+    (opts.selection.as_deref())
+        .map(crate::source::filter::Filter::parse)
+        .transpose()
+}
+
 /// A dataset opened under a set of options: what a mount would show.
 pub struct Dataset {
     pub source: Arc<Source>,
@@ -45,9 +52,24 @@ impl Dataset {
     /// `inspect`).
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
         let stats = Arc::new(Stats::default());
+        let filter = where_filter(opts)?;
         let source = match &opts.snapshot {
             Some(at) => {
                 let pinned = crate::source::snapshot::read(at, &opts.store).await?;
+                // The rows a snapshot keeps are pinned with it: a mount may name its where=,
+                // never another.
+                if let Some(f) = &filter
+                    && pinned.catalog.selection.as_deref() != Some(f.text.as_str())
+                {
+                    let pinned_what = match &pinned.catalog.selection {
+                        Some(p) => format!("where={p}"),
+                        None => "every row (no where=)".to_string(),
+                    };
+                    bail!(
+                        "where={} disagrees with snapshot '{at}', which pins {pinned_what}: leave where= out, or take a snapshot with it",
+                        f.text
+                    );
+                }
                 let pins = pinned.catalog.table.map(|v| v.number);
                 if let Some(v) = opts.version
                     && pins != Some(v)
@@ -62,7 +84,18 @@ impl Dataset {
                 }
                 Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
             }
-            None => Source::open(source, &opts.store, footers, stats.clone(), opts.version).await?,
+            None => {
+                let (store, version) = (&opts.store, opts.version);
+                Source::open(
+                    source,
+                    store,
+                    footers,
+                    stats.clone(),
+                    version,
+                    filter.as_ref(),
+                )
+                .await?
+            }
         };
         Dataset::over(Arc::new(source), opts, stats).await
     }
@@ -669,6 +702,7 @@ pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) ->
                         opts.version,
                         &earlier,
                         stats.clone(),
+                        where_filter(opts)?.as_ref(),
                     )
                     .await?;
                     Dataset::over(Arc::new(source), opts, stats).await

@@ -103,6 +103,8 @@ pub struct Options {
     pub(crate) fingerprint: Option<String>,
     /// The version of a Delta table to mount (the latest when unset).
     pub(crate) version: Option<u64>,
+    /// `where=EXPR`: only the rows EXPR keeps (PRODUCT.md §11), as written (`\,` a comma).
+    pub(crate) selection: Option<String>,
     /// object_store configuration keys, passed to the store as they are.
     pub(crate) store: Vec<(String, String)>,
 }
@@ -210,6 +212,7 @@ impl Default for Options {
             snapshot: None,
             fingerprint: None,
             version: None,
+            selection: None,
             store: Vec::new(),
         }
     }
@@ -987,6 +990,21 @@ pub(crate) static SPECS: &[Spec] = &[
             }
         }),
         get: |o| json!(o.version),
+    },
+    Spec {
+        name: "where",
+        form: "where=EXPR",
+        role: Role::Dataset,
+        default: "unset",
+        help: "only the rows for which EXPR holds (SQL: = != < <= > >= in between is null and or not, bucket(COL\\, N)); a comma is \\,",
+        example: "day >= '2026-01-01'",
+        set: Setter::Value(|o, k, v| {
+            // Parsed when the dataset's columns are known; a comma came escaped.
+            let expr = v.replace("\\,", ",");
+            o.selection = Some(not_empty(k, &expr, "expected an expression, as x > 3")?.into());
+            Ok(())
+        }),
+        get: |o| json!(o.selection),
     },
     Spec {
         name: "fingerprint",

@@ -88,6 +88,8 @@ pub struct Catalog {
     pub(crate) table: Option<crate::source::lake::Version>,
     pub facts: Facts,
     pub(crate) unischema: Option<Unischema>,
+    /// The `where=` expression whose rows the objects' deletes hold beside the table's.
+    pub(crate) selection: Option<String>,
 }
 
 /// A dataset as a snapshot pinned it.
@@ -602,8 +604,14 @@ pub(crate) fn fingerprint(
     table: Option<crate::source::lake::Version>,
     objects: &[&Object],
     unischema: Option<&Unischema>,
+    selection: Option<&str>,
 ) -> String {
     let mut h = Sha256::new();
+    // The rows a `where=` keeps are the objects' deletes below; EXPR is named too, so that two
+    // selections are two datasets even where they keep the same rows today.
+    if let Some(expr) = selection {
+        h.update(format!("where {expr}\0"));
+    }
     // A Delta table's as it always was; the other kinds' named.
     match table {
         Some(v) if v.kind == crate::source::lake::Kind::Delta => {
@@ -752,22 +760,25 @@ mod tests {
     #[test]
     fn the_fingerprint_changes_with_any_object_and_the_summary() {
         let a = [object("a", 1, "x"), object("b", 2, "y")];
-        let base = fingerprint(None, None, &refs(&a), None);
-        assert_eq!(base, fingerprint(None, None, &refs(&a), None));
+        let base = fingerprint(None, None, &refs(&a), None, None);
+        assert_eq!(base, fingerprint(None, None, &refs(&a), None, None));
         let replaced = [object("a", 1, "x"), object("b", 2, "y2")];
-        assert_ne!(base, fingerprint(None, None, &refs(&replaced), None));
-        assert_ne!(base, fingerprint(None, None, &refs(&a[..1]), None));
+        assert_ne!(base, fingerprint(None, None, &refs(&replaced), None, None));
+        assert_ne!(base, fingerprint(None, None, &refs(&a[..1]), None, None));
         let summary = Summary {
             name: "_metadata".into(),
             size: 10,
             e_tag: None,
         };
-        assert_ne!(base, fingerprint(Some(&summary), None, &refs(&a), None));
+        assert_ne!(
+            base,
+            fingerprint(Some(&summary), None, &refs(&a), None, None)
+        );
         let v3 = crate::source::lake::Version {
             kind: crate::source::lake::Kind::Delta,
             number: 3,
         };
-        assert_ne!(base, fingerprint(None, Some(v3), &refs(&a), None));
+        assert_ne!(base, fingerprint(None, Some(v3), &refs(&a), None, None));
     }
 
     #[test]

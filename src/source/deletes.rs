@@ -221,6 +221,33 @@ fn z85_decode(text: &str) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Deleted positions as an inline deletion vector: the form a snapshot pins and a read applies
+/// (Iceberg's deletes, and the rows a `where=` does not keep).
+pub(crate) fn inline_vector(rows: &RoaringTreemap) -> Result<DeletionVector> {
+    let mut bytes = PORTABLE.to_le_bytes().to_vec();
+    rows.serialize_into(&mut bytes)?;
+    let size = bytes.len() as u64;
+    // Z85 takes whole groups of 4 bytes; the bitmap's reader stops at its end.
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    Ok(DeletionVector {
+        storage_type: "i".into(),
+        path_or_inline_dv: z85_encode(&bytes),
+        offset: None,
+        size_in_bytes: size,
+        cardinality: rows.len(),
+    })
+}
+
+/// `rows` with runs kept as runs where they are smaller: a row group ruled out whole then
+/// costs a few bytes, not a bit a row.
+pub(crate) fn with_runs(rows: &RoaringTreemap) -> RoaringTreemap {
+    RoaringTreemap::from_bitmaps(rows.bitmaps().map(|(high, b)| {
+        let mut b = b.clone();
+        b.optimize();
+        (high, b)
+    }))
+}
+
 /// How many of `bitmap`'s positions fall in `range`.
 pub(crate) fn count_in(bitmap: &RoaringTreemap, range: std::ops::Range<u64>) -> u64 {
     if range.is_empty() {

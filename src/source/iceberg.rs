@@ -14,7 +14,6 @@
 //! the mount, or once by `tensorfs snapshot`, whose snapshot then pins the rows). The deletion
 //! vectors of format 3 (Puffin files) are refused in one line naming them.
 
-use crate::source::deletes::DeletionVector;
 use crate::source::lake::{Kind, Table, Version};
 use crate::source::partition::Partitions;
 use anyhow::{Context, Result, anyhow, bail};
@@ -245,7 +244,12 @@ pub(crate) async fn read(
     files.sort();
     files.dedup();
     let deletes = (files.iter())
-        .map(|f| positions.get(f).map(inline_vector).transpose())
+        .map(|f| {
+            positions
+                .get(f)
+                .map(crate::source::deletes::inline_vector)
+                .transpose()
+        })
         .collect::<Result<_>>()?;
     Ok(Table {
         version: Version {
@@ -512,22 +516,6 @@ fn field_id(f: &Field) -> Option<i64> {
     (f.metadata().get(crate::source::catalog::FIELD_ID)).and_then(|v| v.parse().ok())
 }
 
-/// Deleted positions as an inline deletion vector: the form a snapshot pins and a read applies.
-fn inline_vector(rows: &RoaringTreemap) -> Result<DeletionVector> {
-    let mut bytes = 1681511377u32.to_le_bytes().to_vec();
-    rows.serialize_into(&mut bytes)?;
-    let size = bytes.len() as u64;
-    // Z85 takes whole groups of 4 bytes; the bitmap's reader stops at its end.
-    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-    Ok(DeletionVector {
-        storage_type: "i".into(),
-        path_or_inline_dv: crate::source::deletes::z85_encode(&bytes),
-        offset: None,
-        size_in_bytes: size,
-        cardinality: rows.len(),
-    })
-}
-
 /// The table's schema with id `id` (its `schemas`; or the single `schema` of format 1).
 fn schema_of(json: &Value, id: Option<i64>) -> Result<&Value> {
     if let Some(schemas) = json.get("schemas").and_then(Value::as_array) {
@@ -656,7 +644,7 @@ mod tests {
     fn deleted_positions_round_trip_through_an_inline_vector() {
         let mut rows = RoaringTreemap::new();
         rows.extend([0u64, 7, 1 << 33]);
-        let dv = inline_vector(&rows).unwrap();
+        let dv = crate::source::deletes::inline_vector(&rows).unwrap();
         let crate::source::deletes::Location::Inline(bytes) = dv.location().unwrap() else {
             panic!("inline")
         };

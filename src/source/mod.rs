@@ -7,18 +7,22 @@
 //! This folder, the sources: this module (the stores, listing, reading row groups), `catalog`
 //! (what a mount knows of each object), `snapshot` (the file that pins it), `footer` (footers
 //! from the wild), `petastorm`, `delta` (Delta Lake tables), `partition` (hive partitions),
-//! `view` (schema → tensors).
+//! `view` (schema → tensors), `filter` and `select` (`where=`: the expression, and the rows it
+//! keeps of a source), `bucket` (Iceberg's bucket transform).
 
+pub(crate) mod bucket;
 pub mod catalog;
 pub(crate) mod deletes;
 pub(crate) mod delta;
 pub(crate) mod delta_log;
+pub mod filter;
 pub(crate) mod footer;
 pub(crate) mod hudi;
 pub(crate) mod iceberg;
 pub(crate) mod lake;
 pub(crate) mod partition;
 pub(crate) mod petastorm;
+pub mod select;
 pub mod snapshot;
 pub mod view;
 
@@ -218,6 +222,8 @@ pub struct Listing<'a> {
     pub footers: Option<&'a std::path::Path>,
     pub version: Option<u64>,
     pub from: Option<&'a Pinned>,
+    /// `where=`: only the rows it keeps (PRODUCT.md §11).
+    pub filter: Option<&'a filter::Filter>,
 }
 
 /// A source's listing: its `*.parquet` objects, the kind of table it is the root of (if it
@@ -258,6 +264,8 @@ pub struct Source {
     pub(crate) facts: Facts,
     /// The Unischema of a dataset Petastorm wrote, from its `_common_metadata`.
     pub unischema: Option<crate::source::petastorm::Unischema>,
+    /// What `where=` kept of it, where one was given (or pinned).
+    pub selected: Option<select::Selected>,
     store: Arc<dyn ObjectStore>,
     stats: Arc<Stats>,
     /// Where footers and other facts about the objects are kept between mounts.
@@ -496,12 +504,14 @@ impl Source {
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
         version: Option<u64>,
+        filter: Option<&filter::Filter>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
         let at = Listing {
             footers,
             version,
             from: None,
+            filter,
         };
         Self::over(store, &url, prefix, source, stats, at).await
     }
@@ -515,6 +525,7 @@ impl Source {
         version: Option<u64>,
         from: &Pinned,
         stats: Arc<Stats>,
+        filter: Option<&filter::Filter>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
         let same = |u: &Url| u.as_str().trim_end_matches('/').to_string();
@@ -529,6 +540,7 @@ impl Source {
             footers: None,
             version,
             from: Some(from),
+            filter,
         };
         Self::over(store, &url, prefix, source, stats, at).await
     }
@@ -558,10 +570,15 @@ impl Source {
             footers,
             version,
             from,
+            filter,
         } = at;
         let summary = prefix.filename() == Some(SUMMARY) && !source.ends_with('/');
         if summary && version.is_none() {
-            return Self::summarised(store, url, prefix, source, footers, stats).await;
+            let mut source = Self::summarised(store, url, prefix, source, footers, stats).await?;
+            if let Some(filter) = filter {
+                source.select(filter, 0).await?;
+            }
+            return Ok(source);
         }
         let started = std::time::Instant::now();
         // A source naming an Iceberg table's metadata file (as catalogs hand them out) is that
@@ -657,8 +674,39 @@ impl Source {
                 objects
             }
         };
-        let progress = &Progress::new(started, objects.len());
         let single_file = objects.len() == 1 && objects[0].1.location == prefix;
+        // The partition columns (a table's, or the hive keys of the names listed), typed over
+        // every object, before a `where=` rules any out.
+        let mut table = table;
+        let mut partitions = match &mut table {
+            Some(t) => std::mem::take(&mut t.partitions),
+            None if single_file => Partitions::default(),
+            None => {
+                let names: Vec<&str> = objects.iter().map(|(n, _)| n.as_str()).collect();
+                Partitions::hive(&names)
+            }
+        };
+        let (objects, ruled_out) = match filter {
+            None => (objects, 0),
+            Some(filter) => {
+                let kept = select::objects_kept(filter, &partitions)?;
+                let ruled_out = kept.iter().filter(|&&k| !k).count() as u64;
+                let mut keep = kept.iter().copied();
+                partitions.values.retain(|_| keep.next().unwrap_or(true));
+                let mut keep = kept.into_iter();
+                let objects: Vec<_> = (objects.into_iter())
+                    .filter(|_| keep.next().unwrap_or(true))
+                    .collect();
+                if objects.is_empty() {
+                    bail!(
+                        "where={} keeps no object of source '{source}': its partition values rule every one out",
+                        filter.text
+                    );
+                }
+                (objects, ruled_out)
+            }
+        };
+        let progress = &Progress::new(started, objects.len());
         let root = match single_file {
             true => parent(&prefix),
             false => prefix.clone(),
@@ -745,16 +793,12 @@ impl Source {
         let (file_schema, partitions, facts, unischema, table_version) = match table {
             Some(t) => {
                 let facts = match &grown {
-                    None => Facts::of_table(&t.data_schema, &loaded, &t.partitions),
-                    Some(g) => g.facts_of_table(&t.data_schema, &loaded, &t.partitions),
+                    None => Facts::of_table(&t.data_schema, &loaded, &partitions),
+                    Some(g) => g.facts_of_table(&t.data_schema, &loaded, &partitions),
                 };
-                (t.data_schema, t.partitions, facts, None, Some(t.version))
+                (t.data_schema, partitions, facts, None, Some(t.version))
             }
             None => {
-                let partitions = match single_file {
-                    true => Partitions::default(),
-                    false => Partitions::hive(&names),
-                };
                 let facts_of = |schema: &Schema| match &grown {
                     None => Facts::of(schema, &loaded, &partitions),
                     Some(g) => g.facts(schema, &loaded, &partitions),
@@ -780,6 +824,7 @@ impl Source {
             table: table_version,
             facts,
             unischema,
+            selection: None,
         };
         let origin = table_version.map_or(Origin::Listing, Origin::Table);
         let at = Where {
@@ -795,6 +840,9 @@ impl Source {
         source.files = files;
         if !delta {
             source.infer_unischema_if_none().await;
+        }
+        if let Some(filter) = filter {
+            source.select(filter, ruled_out).await?;
         }
         Ok(source)
     }
@@ -840,7 +888,12 @@ impl Source {
             table,
             facts,
             unischema,
+            selection,
         } = catalog;
+        let selected = selection.map(|text| select::Selected {
+            text,
+            ..Default::default()
+        });
         let files = (objects.into_iter())
             .map(|o| Ok(SourceFile::new(&at.url, child(&at.root, &o.name)?, o)))
             .collect::<Result<_>>()?;
@@ -859,6 +912,7 @@ impl Source {
             stats: at.stats,
             kept: at.footers,
             files,
+            selected,
             fingerprint: std::sync::OnceLock::new(),
         })
     }
@@ -952,6 +1006,7 @@ impl Source {
             table: None,
             facts,
             unischema: read_unischema(&store, &root, &stats).await?,
+            selection: None,
         };
         let at = Where {
             store,
@@ -1186,6 +1241,7 @@ impl Source {
                 self.table,
                 &objects,
                 self.unischema.as_ref(),
+                self.selected.as_ref().map(|s| s.text.as_str()),
             )
         })
     }
@@ -1353,17 +1409,66 @@ impl Source {
     /// fetched, which are then read), as record batches of up to 8,192 rows, in order, with
     /// the partition columns asked for after the file's own.
     pub(crate) async fn decode_row_group(&self, fetched: Fetched) -> Result<Vec<RecordBatch>> {
+        self.decode_stored_or_live(fetched, true).await
+    }
+
+    /// Reads the given root columns of one row group as the file stores its rows, those the
+    /// table deletes included: what a `where=` tests, by position in the file.
+    pub(crate) async fn read_stored_rows(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+    ) -> Result<RecordBatch> {
+        let fetched = self.fetch_row_group(file, rg, roots).await?;
+        let pieces = self.decode_stored_or_live(fetched, false).await?;
+        let mut fields: Vec<_> = roots
+            .iter()
+            .map(|&r| self.schema.field(r).clone())
+            .collect();
+        if let Some(p) = pieces.first() {
+            fields = p
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+        }
+        let batch = arrow::compute::concat_batches(&Arc::new(Schema::new(fields)), &pieces)?;
+        // Decoded in the order fetch_row_group asks (the file's columns, then partition
+        // columns): put back in the order asked.
+        let order: Vec<usize> = (roots.iter())
+            .map(|&r| {
+                let name = self.schema.field(r).name();
+                batch.schema().index_of(name).map_err(anyhow::Error::from)
+            })
+            .collect::<Result<_>>()?;
+        Ok(batch.project(&order)?)
+    }
+
+    /// [`Source::decode_row_group`], with the rows the table deletes dropped (`live`) or kept.
+    async fn decode_stored_or_live(
+        &self,
+        fetched: Fetched,
+        live: bool,
+    ) -> Result<Vec<RecordBatch>> {
         let (file, rg) = (fetched.file, fetched.rg);
         let partition_roots = fetched.partition_roots.clone();
         let (wanted, roots) = (fetched.wanted.clone(), fetched.roots.clone());
         let pieces = match fetched.mask.is_some() {
             true => {
                 let pieces = self.decode_columns(fetched).await?;
-                self.without_deleted(file, rg, pieces).await?
+                match live {
+                    true => self.without_deleted(file, rg, pieces).await?,
+                    false => pieces,
+                }
             }
             // Only partition columns: as many rows as the table keeps.
             false => {
-                let rows = self.files[file].live_rg_rows()[rg] as usize;
+                let rows = match live {
+                    true => self.files[file].live_rg_rows()[rg] as usize,
+                    false => self.files[file].rg_rows[rg] as usize,
+                };
                 let no_columns = Arc::new(arrow::datatypes::Schema::empty());
                 let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
                 vec![RecordBatch::try_new_with_options(
@@ -1404,17 +1509,10 @@ impl Source {
         pieces: Vec<RecordBatch>,
     ) -> Result<Vec<RecordBatch>> {
         let f = &self.files[file];
-        let Some(dv) = &f.deletes else {
+        if f.deletes.is_none() {
             return Ok(pieces);
-        };
-        let deleted = (f.deleted)
-            .get_or_try_init(|| async {
-                let (url, root) = (&self.url, &self.root);
-                let rows = load_deletes(&self.store, url, root, dv, &self.stats).await?;
-                Ok::<_, anyhow::Error>(Arc::new(rows))
-            })
-            .await
-            .with_context(|| format!("file '{}'", f.name))?;
+        }
+        let deleted = self.deleted_rows(file).await?;
         let start: u64 = f.rg_rows[..rg].iter().sum();
         let end = start + f.rg_rows[rg];
         if deletes::count_in(deleted, start..end) == 0 {
@@ -1431,6 +1529,25 @@ impl Source {
                 Ok(arrow::compute::filter_record_batch(&piece, &keep)?)
             })
             .collect()
+    }
+
+    /// The rows the table deletes from `file` (none where it has no deletion vector), loaded
+    /// when first needed.
+    pub(crate) async fn deleted_rows(&self, file: usize) -> Result<&Arc<roaring::RoaringTreemap>> {
+        let f = &self.files[file];
+        (f.deleted)
+            .get_or_try_init(|| async {
+                let rows = match &f.deletes {
+                    None => roaring::RoaringTreemap::new(),
+                    Some(dv) => {
+                        let (url, root) = (&self.url, &self.root);
+                        load_deletes(&self.store, url, root, dv, &self.stats).await?
+                    }
+                };
+                Ok::<_, anyhow::Error>(Arc::new(rows))
+            })
+            .await
+            .with_context(|| format!("file '{}'", f.name))
     }
 
     /// A table's file decoded, as the table's columns `wanted`: each found by name among the

@@ -28,8 +28,10 @@ const MAGIC: &[u8; 18] = b"tensorfs snapshot\n";
 /// The format's version: a change to what the body holds or means bumps it. Format 2 adds the
 /// rows a table deletes from its files; a snapshot without deletes is written as format 1,
 /// which an older tensorfs reads the same.
-const FORMAT: u32 = 2;
-const FORMATS_READ: [u32; 2] = [1, 2];
+/// Format 3 adds the `where=` expression whose rows it keeps, which its fingerprint names (an
+/// older tensorfs would compute another fingerprint and call the file damaged).
+const FORMAT: u32 = 3;
+const FORMATS_READ: [u32; 3] = [1, 2, 3];
 /// Magic, format, body length, SHA-256 of the body.
 const HEADER: usize = MAGIC.len() + 4 + 8 + 32;
 
@@ -64,6 +66,9 @@ struct Body {
     table_version: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     table_kind: Option<crate::source::lake::Kind>,
+    /// The `where=` expression whose rows the objects' deletes hold (format 3).
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    selection: Option<String>,
 }
 
 /// The objects, column by column (see [`catalog::Object`]).
@@ -226,10 +231,13 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         partition_values: source.partitions.values.clone(),
         table_version: source.table.map(|v| v.number),
         table_kind: source.table.filter(|v| !delta(v)).map(|v| v.kind),
+        selection: source.selected.as_ref().map(|s| s.text.clone()),
     };
     // Without deletes, the body is format 1's: a snapshot an older tensorfs can read.
-    let format = if body.objects.has_deletes() || body.table_kind.is_some() {
+    let format = if body.selection.is_some() {
         FORMAT
+    } else if body.objects.has_deletes() || body.table_kind.is_some() {
+        2
     } else {
         1
     };
@@ -317,8 +325,13 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             kind: body.table_kind.unwrap_or(crate::source::lake::Kind::Delta),
             number,
         });
-    let fingerprint =
-        catalog::fingerprint(body.summary.as_ref(), table, &refs, body.unischema.as_ref());
+    let fingerprint = catalog::fingerprint(
+        body.summary.as_ref(),
+        table,
+        &refs,
+        body.unischema.as_ref(),
+        body.selection.as_deref(),
+    );
     if fingerprint != body.fingerprint {
         return Err(damaged(anyhow!(
             "its objects give fingerprint {fingerprint}, not the {} it records",
@@ -337,6 +350,7 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
             table,
             facts: body.facts,
             unischema: body.unischema,
+            selection: body.selection,
         },
     })
 }

@@ -1045,6 +1045,16 @@ pub(crate) fn dataset_json(
             })).collect::<Vec<_>>(),
         })),
         "files": files,
+        "where": source.selected.as_ref().map(|s| {
+            let mut w = json!({"expr": s.text, "rows": plan.rows()});
+            if s.decided_here {
+                w["objects_ruled_out"] = json!(s.objects_ruled_out);
+                w["row_groups_ruled_out"] = json!(s.row_groups_ruled_out);
+                w["row_groups_kept_whole"] = json!(s.row_groups_kept_whole);
+                w["row_groups_read"] = json!(s.row_groups_read);
+            }
+            w
+        }),
         "options": opts.to_json(),
     })
 }
