@@ -53,6 +53,12 @@ to NumPy arrays, in these ways:
                             transform, the daemon's and the workers' CPU per GB, and the cold
                             epoch again in Petastorm's own batches (a row group each, in order;
                             transform.py)
+  views                     (own table) a hive-partitioned table of 10 days on the S3 server, read
+                            whole, with where=day >= 8 and with where=id between A and B (~2% of
+                            the rows): the bytes and requests a cold tensorfs mount fetches and
+                            PyArrow's dataset filter of the same rows fetches, counted by
+                            tests/faultproxy.py in front of the server, against the table's bytes
+                            (views.py)
 
   the fast path's limits (own tables) time to first batch from the mount command against
                             PyArrow's and Petastorm's, file:// and S3; the SSD bytes a cold epoch
@@ -100,6 +106,8 @@ from benchlib.report import Results, report
 from benchlib.stall import stall_experiment
 from benchlib.transform import print_rows as print_transform
 from benchlib.transform import run_rows as transform_rows
+from benchlib.views import print_rows as print_views
+from benchlib.views import run_rows as views_rows
 
 
 def one_open_rows(res: Results, root: Path, local: Path, rows: int, batch_size: int) -> None:
@@ -178,7 +186,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu", "streaming", "fairness", "transform", "limits"}
+             "hosts", "cpu", "streaming", "fairness", "transform", "limits", "views"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -191,6 +199,7 @@ def run(a) -> int:
     s3 = None
     pds = None
     hosts = None
+    views = None
     cpu = None
     fair = None
     tr = None
@@ -567,6 +576,14 @@ def run(a) -> int:
                         hosts = {"unavailable": str(e)[-300:]}
                         meta["hosts"] = hosts
                         log(f"many hosts: unavailable: {hosts['unavailable']}")
+                # ---- 5c. views: bytes fetched under where=, against PyArrow's filter ------------
+                if "views" not in skip:
+                    try:
+                        views = views_rows(a, binary, s3, scratch, mounts)
+                    except Exception as e:  # any failure: say so and go on
+                        views = {"unavailable": str(e)[-300:]}
+                        log(f"views: unavailable: {views['unavailable']}")
+                    meta["views"] = views
 
         shutil.rmtree(pdata, ignore_errors=True)
 
@@ -623,6 +640,11 @@ def run(a) -> int:
             print(f"\nMany hosts: unavailable: {hosts['unavailable']}")
         else:
             print_hosts(hosts)
+    if views is not None:
+        if "unavailable" in views:
+            print(f"\nViews: unavailable: {views['unavailable']}")
+        else:
+            print_views(views)
     return 0
 
 
@@ -694,8 +716,9 @@ def main() -> int:
     ap.add_argument("--remote-latency-ms", type=float, default=20,
                     help="and holding each request this long (default 20 ms)")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming,fairness,transform,limits (s3 skips every S3 row, Petastorm's and the many hosts' too; petastorm-ds, the dataset "
-                    "written by Petastorm, has its own tensorfs rows; hosts, the many-hosts row, runs on S3; streaming also "
+                    "small,stall,hosts,cpu,streaming,fairness,transform,limits,views (s3 skips every S3 row, Petastorm's, the many hosts' "
+                    "and the views' too; petastorm-ds, the dataset written by Petastorm, has its own tensorfs rows; hosts, "
+                    "the many-hosts row, and views, bytes fetched under where=, run on S3; streaming also "
                     "leaves Streaming out of the fair-batches rows; petastorm also leaves Petastorm's rows out of the transform table)")
     ap.add_argument("--streaming-rows", type=int, default=20_000,
                     help="rows MosaicML Streaming reads beside the daemon CPU table (default 20000; 0: none)")

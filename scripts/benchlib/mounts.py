@@ -139,6 +139,19 @@ class Mount:
             time.sleep(0.05)
 
 
+def faultproxy():
+    """tests/faultproxy.py as a module, loaded from its path (tests/ is not on sys.path)."""
+    import importlib.util
+    import sys
+
+    if "faultproxy" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("faultproxy", REPO / "tests" / "faultproxy.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["faultproxy"] = module
+    return sys.modules["faultproxy"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,20 +177,23 @@ def wait_http(url: str, timeout: float) -> None:
 
 
 class S3Server:
-    """moto's S3 server on loopback (scripts/s3-server when present), holding the dataset."""
+    """moto's S3 server on loopback (scripts/s3-server when present), holding the dataset: DATA's
+    Parquet files under PREFIX, or an empty bucket where DATA is None."""
 
     BUCKET, PREFIX = "bench", "ds"
 
-    def __init__(self, data: Path, scratch: Path):
+    def __init__(self, data: Path | None, scratch: Path):
         self.proc = None
         self.pid = None
         self.url = None
+        self.proxy = None  # tests/faultproxy.py's handle, in front of a server made by `behind`
         script = REPO / "scripts" / "s3-server"
         logf = scratch / "s3-server.log"
         if script.exists():
+            upload = [] if data is None else ["--upload", f"{data}={self.BUCKET}/{self.PREFIX}"]
             r = subprocess.run(
                 [str(VENV_PY), str(script), "--background", "--quiet", "--log", str(logf),
-                 "--bucket", self.BUCKET, "--upload", f"{data}={self.BUCKET}/{self.PREFIX}"],
+                 "--bucket", self.BUCKET, *upload],
                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600,
             )
             lines = r.stdout.split()
@@ -197,7 +213,7 @@ class S3Server:
             self.how = "python -m moto.server"
             s3 = self.client()
             s3.create_bucket(Bucket=self.BUCKET)
-            for p in parquet_files(data):
+            for p in parquet_files(data) if data is not None else []:
                 s3.upload_file(str(p), self.BUCKET, f"{self.PREFIX}/{p.name}")
 
     def client(self):
@@ -231,33 +247,31 @@ class S3Server:
         return [f"aws_endpoint={self.url}", "aws_allow_http=true", "aws_access_key_id=test",
                 "aws_secret_access_key=test", "aws_region=us-east-1"]
 
-    def behind(self, bandwidth: float, latency: float) -> "S3Server":
-        """This server as a remote object store looks from a host: every request held `latency`
-        seconds (a round trip to the store) and every response body capped at `bandwidth`
-        bytes a second (what one connection gets), by tests/faultproxy.py in front of it. The
-        same objects; `stop` ends the proxy only."""
+    def behind(self, bandwidth: float = 0, latency: float = 0) -> "S3Server":
+        """This server behind tests/faultproxy.py, whose `proxy` handle counts what its clients
+        fetched (`stats()`, `reset_stats()`); with `bandwidth` or `latency`, as a remote object
+        store looks from a host: every request held `latency` seconds (a round trip to the store)
+        and every response body capped at `bandwidth` bytes a second (what one connection gets).
+        The same objects; `stop` ends the proxy only."""
         import copy
-        import urllib.request
 
         front = copy.copy(self)
-        front.pid = None
-        front.proc = subprocess.Popen(
-            [str(VENV_PY), str(REPO / "tests" / "faultproxy.py"), "--upstream", self.url],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True,
-        )
-        front.url = front.proc.stdout.readline().strip()
-        if not front.url.startswith("http"):
+        front.pid = front.proc = None
+        front.proxy = faultproxy().start(self.url, lifetime=0, stderr=subprocess.DEVNULL)
+        front.url = front.proxy.url
+        try:
+            front.proxy.set(bandwidth=bandwidth, latency=latency)
+        except Exception:
             front.stop()
-            raise RuntimeError("tests/faultproxy.py did not start")
-        body = json.dumps({"bandwidth": bandwidth, "latency": latency}).encode()
-        urllib.request.urlopen(urllib.request.Request(f"{front.url}/__fault__", data=body, method="POST"),
-                               timeout=10).read()
-        front.how = f"{self.how} behind tests/faultproxy.py ({bandwidth / 1e6:.0f} MB/s a connection, {latency * 1e3:.0f} ms)"
+            raise
+        shaped = f"{bandwidth / 1e6:.0f} MB/s a connection, {latency * 1e3:.0f} ms" if bandwidth or latency else "counting"
+        front.how = f"{self.how} behind tests/faultproxy.py ({shaped})"
         return front
 
     def stop(self) -> None:
-        if self.proc is not None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        elif self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except OSError:
