@@ -1188,6 +1188,15 @@ impl Options {
     }
 
     /// The options in force, for dataset.json; secrets of the store are left out.
+    /// The options that decide which rows batch i of an epoch holds (the column and order
+    /// roles): what a reader's saved place must agree with to resume.
+    pub(crate) fn order_option_names() -> Vec<&'static str> {
+        (SPECS.iter())
+            .filter(|s| matches!(s.role, Role::Columns | Role::Order))
+            .map(|s| s.name)
+            .collect()
+    }
+
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let mut m: serde_json::Map<String, serde_json::Value> = (SPECS.iter())
             .map(|s| (s.name.into(), (s.get)(self)))

@@ -16,6 +16,9 @@ them is pickled.
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
+
 import numpy as np
 import torch
 import torch.utils.data
@@ -32,9 +35,10 @@ def _distributed() -> tuple[int | None, int | None]:
     return env_rank()
 
 
-# The options that decide which rows batch i of an epoch holds (PRODUCT.md §5), beside the
-# fingerprint: a state saved under other values counts other batches. Those that dataset.json's
-# `options` lacks (an older or newer tensorfs) are left out.
+# The options that decide which rows batch i of an epoch holds, beside the fingerprint: a state
+# saved under other values counts other batches. dataset.json names them (`order_options`, from
+# the mount options' own declarations); these are the ones a tensorfs that did not name them
+# had. Those that dataset.json's `options` lacks are left out.
 ORDER_OPTIONS = (
     "batch_size", "drop_last", "columns", "seed", "shuffle", "shuffle_window", "shuffle_block",
     "partitions", "cast", "stack", "pad", "nulls", "transform", "transform_version",
@@ -61,11 +65,52 @@ class BatchDataset(torch.utils.data.Dataset):
         if rank is None and world_size is None:
             rank, world_size = _distributed()
         self._view = View(mountpoint, epoch, rank, world_size)
-        self.start = 0  # the first batch of the directory this dataset serves
-        self._done = 0  # global batches [0, _done) the job had read when this dataset started
+        # Where this dataset serves from: its epoch, the first batch of the directory it serves
+        # (`start`) and the global batches [0, done) the job had read when it started. In
+        # memory shared with the DataLoader's workers, which hold their own copies of the
+        # dataset: `set_epoch` and `load_state_dict` in the training loop then reach workers
+        # that live across epochs (persistent_workers=True) under every start method.
+        self._place = multiprocessing.RawArray("q", [self._view.epoch, 0, 0])
+
+    @property
+    def start(self) -> int:
+        return int(self._place[1])
+
+    @start.setter
+    def start(self, value: int) -> None:
+        self._place[1] = int(value)
+
+    @property
+    def _done(self) -> int:
+        return int(self._place[2])
+
+    @_done.setter
+    def _done(self, value: int) -> None:
+        self._place[2] = int(value)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        # Shared memory goes to a process being started (a DataLoader's worker); any other
+        # pickle takes the place as it is now.
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_place"] = list(self._place)
+        return state
+
+    def __setstate__(self, state):
+        place = state["_place"]
+        if isinstance(place, list):
+            state["_place"] = multiprocessing.RawArray("q", place)
+        self.__dict__.update(state)
+
+    def _follow(self) -> None:
+        """This copy's view at the epoch the training loop last set."""
+        epoch = int(self._place[0])
+        if epoch != self._view.epoch:
+            self._view.set_epoch(epoch)
 
     @property
     def epoch(self) -> int:
+        self._follow()
         return self._view.epoch
 
     @property
@@ -73,9 +118,11 @@ class BatchDataset(torch.utils.data.Dataset):
         return self._view.meta["fingerprint"]
 
     def set_epoch(self, epoch: int) -> None:
-        """Serve epoch `epoch` from its first batch."""
+        """Serve epoch `epoch` from its first batch, in this process and in every DataLoader
+        worker, persistent ones included."""
         self._view.set_epoch(epoch)
         self.start = self._done = 0
+        self._place[0] = self._view.epoch
 
     def __len__(self) -> int:
         return max(0, len(self._view) - self.start)
@@ -83,6 +130,7 @@ class BatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         if i < 0:
             i += len(self)
+        self._follow()
         if not 0 <= i < len(self):
             raise IndexError(f"batch {i} of {len(self)}")
         # One copy out of the read-only memory map into memory the tensor owns.
@@ -90,7 +138,8 @@ class BatchDataset(torch.utils.data.Dataset):
 
     def _order_options(self) -> dict:
         options = self._view.meta.get("options") or {}
-        return {k: options[k] for k in ORDER_OPTIONS if k in options}
+        names = self._view.meta.get("order_options") or ORDER_OPTIONS
+        return {k: options[k] for k in names if k in options}
 
     def state_dict(self, batches_done: int = 0) -> dict:
         """Where to resume, once every rank has read `batches_done` batches of this dataset

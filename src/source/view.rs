@@ -1056,5 +1056,7 @@ pub(crate) fn dataset_json(
             w
         }),
         "options": opts.to_json(),
+        // Which of them decide the batches' rows (a resume must agree on these).
+        "order_options": Options::order_option_names(),
     })
 }

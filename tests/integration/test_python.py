@@ -249,3 +249,51 @@ def test_a_torch_dataset_continues_an_old_state_and_refuses_what_it_cannot(mount
     with pytest.raises(ValueError, match=r"has read 25 global batches of epoch 1, past the 24 that the 4 ranks share"):
         BatchDataset(m.path, rank=3, world_size=4).load_state_dict(end)
     BatchDataset(m.path, rank=1, world_size=2).load_state_dict(end)  # two ranks share all 26
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_set_epoch_reaches_persistent_workers(mounter, shuf_ds, torch, method, monkeypatch):
+    """persistent_workers=True keeps each worker's copy of the dataset across epochs: the epoch
+    the training loop sets must reach it, or epoch 0 is trained on again and again."""
+    from tensorfs.torch import BatchDataset
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    m = mounter(shuf_ds.path, "batch_size=256", "epochs=3")
+    ds = BatchDataset(m.path)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=method
+    )
+    for epoch in (0, 2, 1):
+        ds.set_epoch(epoch)
+        got = list(loader)
+        assert len(got) == m.dataset()["batches_per_epoch"]
+        for i, b in enumerate(got):
+            assert_same({k: v.numpy() for k, v in b.items()}, batch_file(m, f"epoch-{epoch}", i), f"{method} epoch {epoch} batch {i}")
+    # A resume mid-epoch reaches them too.
+    ds.set_epoch(1)
+    state = ds.state_dict(batches_done=3)
+    ds.set_epoch(0)
+    ds.load_state_dict(state)
+    got = list(loader)
+    assert len(got) == len(ds) == m.dataset()["batches_per_epoch"] - 3
+    assert_same({k: v.numpy() for k, v in got[0].items()}, batch_file(m, "epoch-1", 3), f"{method} resumed")
+    # A plain pickle takes the place as it is, detached from the workers'.
+    copy = pickle.loads(pickle.dumps(ds))
+    assert (copy.epoch, copy.start) == (1, 3)
+
+
+def test_a_resume_refuses_a_change_of_any_option_that_changes_the_batches(mounter, shuf_ds, torch, monkeypatch):
+    from tensorfs.torch import BatchDataset
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    m = mounter(shuf_ds.path, "batch_size=256")
+    names = m.dataset()["order_options"]
+    for name in ("batch_size", "seed", "shuffle", "columns", "transform_columns", "partitions"):
+        assert name in names, names
+    assert "prefetch" not in names and "cache_dir" not in names
+    state = BatchDataset(m.path).state_dict(batches_done=1)
+    other = mounter(shuf_ds.path, "batch_size=256", "shuffle_window=2")
+    with pytest.raises(ValueError, match=r"saved with shuffle_window=4"):
+        BatchDataset(other.path).load_state_dict(state)
