@@ -42,6 +42,7 @@
 //! kept between mounts).
 
 mod format;
+mod guard;
 mod one_open;
 
 use crate::model::item::{Item, ItemNames};
@@ -53,6 +54,7 @@ use format::{
     columns_header, meta_bytes, meta_len, meta_path, parse_columns, parse_meta, read_meta,
     set_meta_attr,
 };
+use guard::GuardedMap;
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
@@ -160,10 +162,22 @@ pub(crate) fn mappings_allowed() -> usize {
 /// made to the file in place after the check. `shuffle=global`, whose every batch gathers from
 /// every row group, maps them instead, and so does any mount a row group too large to hold in
 /// memory (`Builder::map_from` says which; tensorfs itself only ever replaces cache files by
-/// rename, which leaves a mapping as it was).
+/// rename, which leaves a mapping as it was). A mapped file truncated under the mapping reads
+/// as zeros and says so ([`ColumnBuf::poisoned`]) rather than ending the daemon.
 pub(crate) enum ColumnBuf {
     Read(Vec<u8>),
-    Mapped(Mmap),
+    Mapped(GuardedMap),
+}
+
+impl ColumnBuf {
+    /// Whether the mapped file changed under the mapping: what was read of it since may be
+    /// zeros, and must not be used.
+    pub(crate) fn poisoned(&self) -> bool {
+        match self {
+            ColumnBuf::Read(_) => false,
+            ColumnBuf::Mapped(m) => m.poisoned(),
+        }
+    }
 }
 
 impl std::ops::Deref for ColumnBuf {
@@ -453,6 +467,16 @@ impl DiskCache {
         self.entries.lock().unwrap().contains_key(&item)
     }
 
+    /// Drops a row group's columns file that changed under the mapping a read used: it is
+    /// built again from the source.
+    pub(crate) fn drop_changed_columns(&self, rg: usize, stats: &Stats) {
+        let item = Item::Columns { rg };
+        // Builds that read it at once each find it changed: one drop, one log line.
+        if self.contains(item) {
+            self.drop_corrupt(item, "changed while mapped", stats);
+        }
+    }
+
     /// Drops an item that failed its check: a counted miss, never an error.
     fn drop_corrupt(&self, item: Item, why: &str, stats: &Stats) {
         tracing::warn!(
@@ -524,7 +548,8 @@ impl DiskCache {
         // cache files only by rename, which leaves this mapping's pages as they were.
         let map = mapped(len, map_from)
             .then(|| unsafe { Mmap::map(&file) }.ok())
-            .flatten();
+            .flatten()
+            .and_then(|m| GuardedMap::new(m, file.try_clone().ok()?));
         let buf = match map {
             Some(m) => ColumnBuf::Mapped(m),
             // A mapping refused (the process at its limit of mappings) is read instead.
@@ -541,7 +566,12 @@ impl DiskCache {
                 ColumnBuf::Read(v)
             }
         };
-        match parse_columns(&buf, &self.identity(item), parts) {
+        let parsed = parse_columns(&buf, &self.identity(item), parts);
+        if buf.poisoned() {
+            self.drop_corrupt(item, "changed while mapped", stats);
+            return None;
+        }
+        match parsed {
             Ok((_, ranges)) => Some(LoadedColumns { buf, ranges }),
             Err(e) => {
                 self.drop_corrupt(item, &e.to_string(), stats);

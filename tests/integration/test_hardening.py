@@ -909,3 +909,45 @@ def test_readers_may_hold_more_files_open_than_the_daemons_soft_limit(mounter, t
     assert "dropped" not in log, log_tail(m.cache)
     short = log.count("cache files cannot be opened or read (Too many open files")
     assert short == (daemon_hard == "256"), log_tail(m.cache)
+
+
+@pytest.mark.parametrize("change", ["truncate", "rewrite", "remove"])
+def test_a_cache_file_changed_under_the_mount_never_kills_it(mounter, big_ds, tmp_path, change):
+    """Another process (or a disk error, a full disk) changes the columns files the daemon has
+    mapped: reads fall back to the source and serve the same bytes; the mount stays up."""
+    opts = ("epochs=5", f"batch_size={BIG_BS}")
+    cache = tmp_path / "cache"
+    first = mounter(big_ds.path, *opts, cache=cache)
+    names = [t["name"] for t in first.dataset()["tensors"]]
+    for name in names:
+        np.load(first.p("epoch-0", "all", f"{name}.npy"))
+    first.unmount()
+    # A mount that finds the columns cached maps them (the default shuffle gathers each batch
+    # from many row groups), and holds the mappings while it reads an epoch no file was built
+    # ahead for.
+    m = mounter(big_ds.path, *opts, cache=cache)
+    fresh = mounter(big_ds.path, *opts)
+    for name in names:
+        np.load(m.p("epoch-3", "all", f"{name}.npy"))
+    assert tfs.stats(m)["column_hits"] > 0, tfs.stats(m)
+    cols = sorted(m.cache.rglob("*.cols"))
+    assert cols, "the epoch's columns are cached"
+    for p in cols:
+        size = p.stat().st_size
+        if change == "truncate":
+            os.truncate(p, size // 3)
+        elif change == "rewrite":
+            with open(p, "r+b") as f:
+                f.write(b"\xff" * (size // 2))
+        else:
+            p.unlink()
+    # Epoch 2: nothing of it was built or gathered before the change.
+    for epoch in (2, 4):
+        for name in names:
+            got = np.load(m.p(f"epoch-{epoch}", "all", f"{name}.npy"))
+            want = np.load(fresh.p(f"epoch-{epoch}", "all", f"{name}.npy"))
+            np.testing.assert_array_equal(got, want, err_msg=f"epoch {epoch} {name}")
+        n = m.dataset()["batches_per_epoch"]
+        assert tfs.batch_hashes(m, [f"epoch-{epoch}"], n) == tfs.batch_hashes(fresh, [f"epoch-{epoch}"], n)
+    assert tfs.is_mounted(m.path) and all(tfs.alive(p) for p in m.pids), "the daemon died"
+    assert tfs.stats(m)["cache_corrupt_dropped"] > 0

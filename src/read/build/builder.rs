@@ -15,7 +15,7 @@ use crate::read::layout::Layout;
 use crate::source::Source;
 use crate::source::view::View;
 use crate::stats::Stats;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use lru::LruCache;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -143,6 +143,10 @@ impl Picks {
         Picks::of(row_groups, rows)
     }
 }
+
+/// How many times a build gathers again where a mapped cache file changed under it (each time
+/// the file is dropped and the row group decoded from the source): more is another fault.
+const CHANGED_TRIES: usize = 3;
 
 /// Up to how many row groups per row of a batch [`Picks::new`] keeps a slot for each row group
 /// of the dataset rather than sorting the batch's.
@@ -376,6 +380,15 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
             let Some((_, old)) = s.cache.pop_lru() else {
                 break;
             };
+            s.bytes -= old.weight();
+            s.mappings -= usize::from(old.is_mapping());
+        }
+    }
+
+    /// Forgets the value of `key`, if held: the next ask builds it again.
+    pub(crate) fn remove(&self, key: &K) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(old) = s.cache.pop(key) {
             s.bytes -= old.weight();
             s.mappings -= usize::from(old.is_mapping());
         }
@@ -707,7 +720,8 @@ impl Builder {
                 .collect::<Option<Vec<_>>>()?;
             let all: Vec<usize> = (0..self.view.tensors.len()).collect();
             let tensors = picks.gather(&self.placement, &decoded, &all, &self.stats);
-            Some(self.batch_of(b, tensors))
+            // Built again through `batch`, from the source, where a mapped file changed.
+            (!self.forget_changed(&picks, &decoded)).then(|| self.batch_of(b, tensors))
         })
     }
 
@@ -736,14 +750,37 @@ impl Builder {
         // A build holds its row groups from the moment they are decoded until its rows are
         // gathered: bounding the builds at once bounds that memory, beyond the caches.
         let _build = self.builds.acquire().await?;
-        let (picks, decoded) = self.located(b).await?;
-        let _permit = self.workers.acquire().await?;
-        let placement = self.placement.clone();
-        let stats = self.stats.clone();
-        self.pool
-            .run(move || picks.gather(&placement, &decoded, &wanted, &stats))
-            .await
-            .with_context(|| format!("gathering the rows of {b}"))
+        for _ in 0..CHANGED_TRIES {
+            let (picks, decoded) = self.located(b).await?;
+            let _permit = self.workers.acquire().await?;
+            let (placement, stats) = (self.placement.clone(), self.stats.clone());
+            let (p, d, w) = (picks.clone(), decoded.clone(), wanted.clone());
+            let rows = self
+                .pool
+                .run(move || p.gather(&placement, &d, &w, &stats))
+                .await
+                .with_context(|| format!("gathering the rows of {b}"))?;
+            if !self.forget_changed(&picks, &decoded) {
+                return Ok(rows);
+            }
+        }
+        bail!("the cache's columns of {b} changed while they were read, {CHANGED_TRIES} times")
+    }
+
+    /// Whether any of `decoded` (the row groups of `picks`) is a mapped cache file that changed
+    /// under its mapping (truncated by another process, a disk error): those are forgotten in
+    /// memory and in the cache, so that the next build decodes them again from the source, and
+    /// what was gathered from them must not be used.
+    fn forget_changed(&self, picks: &Picks, decoded: &[Arc<Columns>]) -> bool {
+        let mut changed = false;
+        for (&g, columns) in picks.row_groups.iter().zip(decoded) {
+            if columns.poisoned() {
+                changed = true;
+                self.decoded.remove(&g);
+                self.cache.drop_changed_columns(g, &self.stats);
+            }
+        }
+        changed
     }
 
     /// Batch `b`'s rows of tensors `wanted` (in that order), each onto the end of its buffer
@@ -764,12 +801,20 @@ impl Builder {
             }
             return Ok(());
         }
-        let (_build, (picks, decoded)) = runtime.block_on(async {
-            anyhow::Ok((self.builds.acquire().await?, self.located(b).await?))
-        })?;
-        picks.gather_onto(&self.placement, &decoded, wanted, outs, &self.stats);
-        Stats::add(&self.stats.c.batches_built, 1);
-        Ok(())
+        let _build = runtime.block_on(self.builds.acquire())?;
+        let lens: Vec<usize> = outs.iter().map(Vec::len).collect();
+        for _ in 0..CHANGED_TRIES {
+            let (picks, decoded) = runtime.block_on(self.located(b))?;
+            picks.gather_onto(&self.placement, &decoded, wanted, outs, &self.stats);
+            if !self.forget_changed(&picks, &decoded) {
+                Stats::add(&self.stats.c.batches_built, 1);
+                return Ok(());
+            }
+            for (out, &len) in outs.iter_mut().zip(&lens) {
+                out.truncate(len);
+            }
+        }
+        bail!("the cache's columns of {b} changed while they were read, {CHANGED_TRIES} times")
     }
 
     /// Where the rows of batch `b` are, and their row groups, decoded or loaded.

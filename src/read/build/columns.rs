@@ -165,6 +165,12 @@ impl Columns {
         }
     }
 
+    /// Whether these are a mapped file that changed under the mapping: rows gathered from it
+    /// since may be zeros, not the file's.
+    pub(crate) fn poisoned(&self) -> bool {
+        matches!(&self.data, ColumnData::Loaded(l) if l.buf.poisoned())
+    }
+
     /// Whether the columns are a mapped file of the local cache.
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(&self.data, ColumnData::Loaded(l) if matches!(l.buf, ColumnBuf::Mapped(_)))
