@@ -257,7 +257,7 @@ fn print_view(d: &Dataset, opts: &Options) {
         println!("where        {}", s.text);
         match s.decided_here {
             true => println!(
-                "{:<13}{} rows kept; ruled out by partition values: {} objects; by statistics: {} row groups ({} kept whole); {} row groups read to decide",
+                "{:<13}{} rows kept; ruled out before their footers: {} objects; by row-group statistics: {} row groups ({} kept whole); {} row groups read to decide",
                 "",
                 d.plan.rows(),
                 s.objects_ruled_out,

@@ -194,7 +194,7 @@ def print_rows(vr: dict) -> None:
     for f in vr["filters"]:
         w = f["tensorfs"].get("where")
         if w:
-            print(f"tensorfs where={f['where']}: {w.get('rows')} rows kept; ruled out by partition values: "
+            print(f"tensorfs where={f['where']}: {w.get('rows')} rows kept; ruled out before their footers: "
                   f"{w.get('objects_ruled_out')} objects; by statistics: {w.get('row_groups_ruled_out')} row groups "
                   f"({w.get('row_groups_kept_whole')} kept whole); {w.get('row_groups_read')} row groups read to decide")
 

@@ -7,7 +7,7 @@
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
 use crate::source::delta_log::{self, Added};
-use crate::source::lake::{Kind, Table, Version};
+use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
 use crate::source::partition::{Partitions, Value};
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, TimeUnit};
@@ -40,8 +40,9 @@ pub(crate) async fn read(
     store: Arc<dyn ObjectStore>,
     root: &Path,
     version: Option<u64>,
+    with_stats: bool,
 ) -> Result<Table> {
-    let snapshot = delta_log::snapshot(&store, root, version)
+    let snapshot = delta_log::snapshot(&store, root, version, with_stats)
         .await
         .map_err(|e| match e.downcast_ref::<delta_log::NoVersion>() {
             Some(_) => e,
@@ -86,12 +87,17 @@ pub(crate) async fn read(
                 .collect::<Result<Vec<Value>>>()
         })
         .collect::<Result<_>>()?;
+    let data_schema = Schema::new(data);
+    let bounds = (found.iter())
+        .map(|f| f.stats.as_deref().and_then(|s| bounds_of(s, &data_schema)))
+        .collect();
     Ok(Table {
         version: Version {
             kind: Kind::Delta,
             number: version,
         },
-        data_schema: Arc::new(Schema::new(data)),
+        bounds,
+        data_schema: Arc::new(data_schema),
         partitions: Partitions { fields, values },
         deletes: found.iter().map(|f| f.deletion_vector.clone()).collect(),
         files: found.into_iter().map(|f| f.path).collect(),
@@ -227,6 +233,79 @@ fn partition_value(file: &Added, field: &FieldRef) -> Result<Value> {
         // refuses their columns by type.
         _ => Value::Str(raw.clone()),
     })
+}
+
+/// A file's `add.stats` (JSON: numRecords, minValues, maxValues, nullCount) as bounds of the
+/// table's top-level columns of `schema`; `None` where it does not parse.
+fn bounds_of(stats: &str, schema: &Schema) -> Option<FileBounds> {
+    let v: serde_json::Value = serde_json::from_str(stats).ok()?;
+    let of = |what: &str, name: &str| v.get(what).and_then(|m| m.get(name));
+    let mut columns = std::collections::HashMap::new();
+    for f in schema.fields() {
+        let (name, t) = (f.name(), f.data_type());
+        let bounds = ColumnBounds {
+            min: of("minValues", name).and_then(|x| stat_value(x, t, false)),
+            max: of("maxValues", name).and_then(|x| stat_value(x, t, true)),
+            nulls: of("nullCount", name).and_then(serde_json::Value::as_u64),
+        };
+        if bounds.min.is_some() || bounds.max.is_some() || bounds.nulls.is_some() {
+            columns.insert(name.clone(), bounds);
+        }
+    }
+    Some(FileBounds {
+        rows: v.get("numRecords").and_then(serde_json::Value::as_u64),
+        columns,
+    })
+}
+
+/// Characters Delta writers keep of a string's statistics: a longer value was cut, so a
+/// maximum of this length may be below the column's greatest value.
+const STRING_STATS_PREFIX: usize = 32;
+
+/// A statistic's JSON value as a one-value array of type `t`, made a bound: a maximum that
+/// writers truncate (strings cut to a prefix, timestamps to milliseconds) is left out or
+/// raised to cover what was cut. Decimals and nested columns are left out.
+fn stat_value(v: &serde_json::Value, t: &DataType, upper: bool) -> Option<arrow::array::ArrayRef> {
+    use arrow::array::{ArrayRef, BooleanArray, Float64Array, Int64Array, StringArray};
+    let raw: ArrayRef = match (v, t) {
+        (_, DataType::Decimal128(..) | DataType::Decimal256(..)) => return None,
+        (serde_json::Value::Number(n), t) if t.is_numeric() => match n.as_i64() {
+            Some(i) => Arc::new(Int64Array::from(vec![i])),
+            None => Arc::new(Float64Array::from(vec![n.as_f64()?])),
+        },
+        (serde_json::Value::String(s), DataType::Utf8 | DataType::LargeUtf8) => {
+            if upper && s.chars().count() >= STRING_STATS_PREFIX {
+                return None;
+            }
+            Arc::new(StringArray::from(vec![s.as_str()]))
+        }
+        (serde_json::Value::String(s), DataType::Date32 | DataType::Timestamp(..)) => {
+            Arc::new(StringArray::from(vec![s.as_str()]))
+        }
+        (serde_json::Value::Bool(b), DataType::Boolean) => Arc::new(BooleanArray::from(vec![*b])),
+        _ => return None,
+    };
+    let strict = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let value = arrow::compute::cast_with_options(&raw, t, &strict).ok()?;
+    let DataType::Timestamp(unit, _) = t else {
+        return Some(value);
+    };
+    if !upper {
+        return Some(value);
+    }
+    let one_ms = match unit {
+        TimeUnit::Second => 1,
+        TimeUnit::Millisecond => 1,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1_000_000,
+    };
+    let raw = arrow::compute::cast(&value, &DataType::Int64).ok()?;
+    let raw = raw.as_any().downcast_ref::<Int64Array>()?;
+    let raised: ArrayRef = Arc::new(Int64Array::from(vec![raw.value(0).checked_add(one_ms)?]));
+    arrow::compute::cast(&raised, t).ok()
 }
 
 #[cfg(test)]

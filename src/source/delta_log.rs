@@ -65,6 +65,9 @@ pub(crate) struct Added {
     pub(crate) partition_values: HashMap<String, String>,
     /// The rows the table deletes from the file, if it deletes any.
     pub(crate) deletion_vector: Option<DeletionVector>,
+    /// `add.stats`, the file's statistics as JSON (numRecords, minValues, maxValues,
+    /// nullCount), where the log has them and they were asked for.
+    pub(crate) stats: Option<String>,
 }
 
 /// One version of the table, as its log says.
@@ -91,6 +94,8 @@ struct Replay {
     protocol: Option<Value>,
     /// Sidecar files a v2 checkpoint names (relative to `_delta_log/_sidecars/`).
     sidecars: Vec<String>,
+    /// Whether the adds' statistics are kept (for a `where=`): most of a checkpoint's bytes.
+    with_stats: bool,
 }
 
 impl Replay {
@@ -100,12 +105,15 @@ impl Replay {
         path: String,
         dv: Option<DeletionVector>,
         partition_values: HashMap<String, String>,
+        stats: Option<String>,
     ) {
         let id = dv.as_ref().map(DeletionVector::unique_id);
+        let stats = stats.filter(|_| self.with_stats);
         let added = Added {
             path: path.clone(),
             partition_values,
             deletion_vector: dv,
+            stats,
         };
         self.live.insert((path, id), added);
     }
@@ -124,7 +132,8 @@ impl Replay {
                         .collect()
                 })
                 .unwrap_or_default();
-            self.add(path, dv_of(add.get("deletionVector")), values);
+            let stats = add.get("stats").and_then(Value::as_str).map(str::to_string);
+            self.add(path, dv_of(add.get("deletionVector")), values, stats);
         }
         if let Some(remove) = action.get("remove") {
             let path = decoded(&str_field(remove, "path")?)?;
@@ -154,6 +163,10 @@ impl Replay {
                 None => vec![None; add.len()],
             };
             let values = add.column_by_name("partitionValues");
+            let stats = match add.column_by_name("stats") {
+                Some(_) => strings(add, "stats")?,
+                None => vec![None; add.len()],
+            };
             for i in 0..add.len() {
                 let (true, Some(path)) = (add.is_valid(i), paths[i].as_deref()) else {
                     continue;
@@ -162,7 +175,7 @@ impl Replay {
                     Some(v) => map_row(v, i)?,
                     None => HashMap::new(),
                 };
-                self.add(decoded(path)?, dvs[i].clone(), values);
+                self.add(decoded(path)?, dvs[i].clone(), values, stats[i].clone());
             }
         }
         // Removes in a checkpoint are tombstones of files already gone from its adds.
@@ -414,6 +427,7 @@ pub(crate) async fn snapshot(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     version: Option<u64>,
+    with_stats: bool,
 ) -> Result<Snapshot> {
     let log = root.clone().join(super::delta::LOG);
     let listed: Vec<object_store::ObjectMeta> = store.list(Some(&log)).try_collect().await?;
@@ -465,7 +479,10 @@ pub(crate) async fn snapshot(
             }
         });
     }
-    let mut replay = Replay::default();
+    let mut replay = Replay {
+        with_stats,
+        ..Replay::default()
+    };
     if let Some((_, names)) = &checkpoint {
         for name in names {
             read_log_file(store, &log.clone().join(name.as_str()), &mut replay)
@@ -581,8 +598,9 @@ async fn read_log_file(
         return apply_json_lines(&bytes, replay);
     }
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
-    // Of the adds only what is read (not their statistics, most of a checkpoint's bytes).
-    let wanted = [
+    // Of the adds only what is read (their statistics, most of a checkpoint's bytes, only for
+    // a `where=`).
+    let mut wanted = vec![
         "add.path",
         "add.partitionValues",
         "add.deletionVector",
@@ -590,6 +608,9 @@ async fn read_log_file(
         "protocol",
         "sidecar.path",
     ];
+    if replay.with_stats {
+        wanted.push("add.stats");
+    }
     let schema = builder.parquet_schema();
     let leaves: Vec<usize> = (0..schema.num_columns())
         .filter(|&i| {

@@ -14,7 +14,7 @@
 //! the mount, or once by `tensorfs snapshot`, whose snapshot then pins the rows). The deletion
 //! vectors of format 3 (Puffin files) are refused in one line naming them.
 
-use crate::source::lake::{Kind, Table, Version};
+use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
 use crate::source::partition::Partitions;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
@@ -39,6 +39,8 @@ struct Entry {
     /// applies to the data files of its partition (of every partition where its spec has none).
     spec_id: i64,
     partition: Value,
+    /// The manifest's record count, column bounds and null counts of the file, as read.
+    file: Value,
 }
 
 /// Reads snapshot `version` (the current one when `None`) of the Iceberg table at `root`;
@@ -151,6 +153,7 @@ pub(crate) async fn read(
                 equality_ids,
                 spec_id,
                 partition: file.get("partition").cloned().unwrap_or(Value::Null),
+                file: file.clone(),
             });
         }
     }
@@ -243,6 +246,12 @@ pub(crate) async fn read(
     let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
     files.sort();
     files.dedup();
+    let bounds_of: HashMap<&str, FileBounds> = (data.iter())
+        .map(|e| (e.path.as_str(), file_bounds(&e.file, &data_schema)))
+        .collect();
+    let bounds = (files.iter())
+        .map(|f| bounds_of.get(f.as_str()).cloned())
+        .collect();
     let deletes = (files.iter())
         .map(|f| {
             positions
@@ -260,6 +269,7 @@ pub(crate) async fn read(
         partitions: Partitions::default(),
         files,
         deletes,
+        bounds,
     })
 }
 
@@ -509,6 +519,83 @@ impl parquet::arrow::async_reader::AsyncFileReader for Ranged {
         }
         .boxed()
     }
+}
+
+/// What a manifest says of a data file's columns (`record_count`, `lower_bounds`,
+/// `upper_bounds`, `null_value_counts`: maps by field id), as bounds of the table's columns.
+/// Bounds are in Iceberg's single-value serialisation; writers truncate strings and binary to
+/// a prefix for the lower bound and to a prefix raised at its last character for the upper, so
+/// both still bound.
+fn file_bounds(file: &Value, schema: &Schema) -> FileBounds {
+    let by_id = |map: &str| -> HashMap<i64, &Value> {
+        let entries = match file.get(map) {
+            Some(Value::Array(a)) => a.as_slice(),
+            _ => &[],
+        };
+        (entries.iter())
+            .filter_map(|kv| Some((kv.get("key")?.as_i64()?, kv.get("value")?)))
+            .collect()
+    };
+    let (lower, upper, nulls) = (
+        by_id("lower_bounds"),
+        by_id("upper_bounds"),
+        by_id("null_value_counts"),
+    );
+    let mut columns = HashMap::new();
+    for f in schema.fields() {
+        let Some(id) = field_id(f) else { continue };
+        let bytes = |v: Option<&&Value>| -> Option<Vec<u8>> {
+            let a = v?.as_array()?;
+            a.iter().map(|b| b.as_u64().map(|b| b as u8)).collect()
+        };
+        let bounds = ColumnBounds {
+            min: bytes(lower.get(&id)).and_then(|b| single_value(&b, f.data_type())),
+            max: bytes(upper.get(&id)).and_then(|b| single_value(&b, f.data_type())),
+            nulls: nulls.get(&id).and_then(|v| v.as_u64()),
+        };
+        if bounds.min.is_some() || bounds.max.is_some() || bounds.nulls.is_some() {
+            columns.insert(f.name().clone(), bounds);
+        }
+    }
+    FileBounds {
+        rows: file.get("record_count").and_then(Value::as_u64),
+        columns,
+    }
+}
+
+/// A bound in Iceberg's single-value binary serialisation as a one-value array of type `t`
+/// (a column promoted since, int to long or float to double, read from the narrower form).
+fn single_value(b: &[u8], t: &DataType) -> Option<arrow::array::ArrayRef> {
+    use arrow::array::{
+        BooleanArray, Date32Array, Float32Array, Float64Array, Int32Array, Int64Array, StringArray,
+        TimestampMicrosecondArray, TimestampNanosecondArray,
+    };
+    let le4 = || Some(<[u8; 4]>::try_from(b).ok());
+    let le8 = || Some(<[u8; 8]>::try_from(b).ok());
+    let long = || match b.len() {
+        4 => Some(i32::from_le_bytes(le4()??) as i64),
+        8 => Some(i64::from_le_bytes(le8()??)),
+        _ => None,
+    };
+    Some(match t {
+        DataType::Boolean if b.len() == 1 => Arc::new(BooleanArray::from(vec![b[0] != 0])),
+        DataType::Int32 => Arc::new(Int32Array::from(vec![i32::from_le_bytes(le4()??)])),
+        DataType::Int64 => Arc::new(Int64Array::from(vec![long()?])),
+        DataType::Date32 => Arc::new(Date32Array::from(vec![i32::from_le_bytes(le4()??)])),
+        DataType::Float32 => Arc::new(Float32Array::from(vec![f32::from_le_bytes(le4()??)])),
+        DataType::Float64 => Arc::new(Float64Array::from(vec![match b.len() {
+            4 => f32::from_le_bytes(le4()??) as f64,
+            _ => f64::from_le_bytes(le8()??),
+        }])),
+        DataType::Timestamp(TimeUnit::Microsecond, tz) => {
+            Arc::new(TimestampMicrosecondArray::from(vec![long()?]).with_timezone_opt(tz.clone()))
+        }
+        DataType::Timestamp(TimeUnit::Nanosecond, tz) => {
+            Arc::new(TimestampNanosecondArray::from(vec![long()?]).with_timezone_opt(tz.clone()))
+        }
+        DataType::Utf8 => Arc::new(StringArray::from(vec![std::str::from_utf8(b).ok()?])),
+        _ => return None,
+    })
 }
 
 /// A field's Iceberg field id, as Parquet stores it.

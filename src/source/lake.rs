@@ -69,6 +69,27 @@ pub(crate) struct Table {
     pub(crate) files: Vec<String>,
     /// Each file's deletion vector, where the table deletes rows of it.
     pub(crate) deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
+    /// What the table's metadata says of each file's columns (empty: nothing), for a
+    /// `where=` to rule files out before their footers.
+    pub(crate) bounds: Vec<Option<FileBounds>>,
+}
+
+/// What a table's metadata says of one data file's columns without reading it (Delta's
+/// `add.stats`, Iceberg's manifest bounds).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FileBounds {
+    pub(crate) rows: Option<u64>,
+    /// By the table's column name.
+    pub(crate) columns: std::collections::HashMap<String, ColumnBounds>,
+}
+
+/// A column's least and greatest value in a file (one-value arrays of the column's type, each
+/// a bound whatever the writer truncated) and its nulls, each where known.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ColumnBounds {
+    pub(crate) min: Option<arrow::array::ArrayRef>,
+    pub(crate) max: Option<arrow::array::ArrayRef>,
+    pub(crate) nulls: Option<u64>,
 }
 
 /// The kind of table whose root holds the objects `names` (relative to it), if it is one. A

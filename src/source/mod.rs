@@ -614,7 +614,7 @@ impl Source {
         let in_source = |e: anyhow::Error| anyhow!("source '{source}': {}", crate::describe(&e));
         let table: Option<lake::Table> = match (listed.table, version) {
             (Some(lake::Kind::Delta), version) => Some(
-                delta::read(store.clone(), &prefix, version)
+                delta::read(store.clone(), &prefix, version, filter.is_some())
                     .await
                     .map_err(in_source)?,
             ),
@@ -636,6 +636,7 @@ impl Source {
                     data_schema,
                     partitions: Partitions::default(),
                     deletes: vec![None; t.files.len()],
+                    bounds: Vec::new(),
                     files: t.files,
                 })
             }
@@ -689,7 +690,10 @@ impl Source {
         let (objects, ruled_out) = match filter {
             None => (objects, 0),
             Some(filter) => {
-                let kept = select::objects_kept(filter, &partitions)?;
+                let bounds = table
+                    .as_ref()
+                    .map(|t| (t.data_schema.as_ref(), &t.bounds[..]));
+                let kept = select::objects_kept(filter, objects.len(), &partitions, bounds)?;
                 let ruled_out = kept.iter().filter(|&&k| !k).count() as u64;
                 let mut keep = kept.iter().copied();
                 partitions.values.retain(|_| keep.next().unwrap_or(true));

@@ -14,11 +14,12 @@
 
 use crate::source::catalog::NullFact;
 use crate::source::filter::{Checked, Decision, Filter, Known, Nulls};
+use crate::source::lake::{ColumnBounds, FileBounds};
 use crate::source::partition::Partitions;
 use crate::source::{Source, SourceFile, deletes};
 use anyhow::{Context, Result, anyhow};
 use arrow::array::{Array, ArrayRef};
-use arrow::datatypes::Schema;
+use arrow::datatypes::{DataType, Schema};
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use roaring::RoaringTreemap;
@@ -43,16 +44,76 @@ pub struct Selected {
 /// How many row groups' EXPR columns are read at once.
 const READS_AT_ONCE: usize = 8;
 
-/// The objects (by position) whose partition values do not rule `filter` out.
-pub(crate) fn objects_kept(filter: &Filter, partitions: &Partitions) -> Result<Vec<bool>> {
-    let units = partitions.values.len();
-    if partitions.is_empty() {
+/// The objects (by position) that neither their partition values nor what a table's metadata
+/// says of their columns (`table`: the table's data columns, and each file's bounds) rule
+/// `filter` out.
+pub(crate) fn objects_kept(
+    filter: &Filter,
+    units: usize,
+    partitions: &Partitions,
+    table: Option<(&Schema, &[Option<FileBounds>])>,
+) -> Result<Vec<bool>> {
+    let (data, bounds): (Vec<_>, &[Option<FileBounds>]) = match table {
+        Some((schema, bounds)) if bounds.len() == units => (schema.fields().to_vec(), bounds),
+        _ => (Vec::new(), &[]),
+    };
+    if partitions.is_empty() && bounds.iter().all(Option::is_none) {
         return Ok(vec![true; units]);
     }
-    let schema = Schema::new(partitions.fields.clone());
+    let first_partition = data.len();
+    let schema = Schema::new([data, partitions.fields.clone()].concat());
     let checked = filter.check(&schema, true)?;
-    let decisions = checked.decide(units, &|k| Ok(Known::Constant(constant(partitions, k)?)))?;
+    let known = |column: usize| -> Result<Known> {
+        if column >= first_partition {
+            return Ok(Known::Constant(constant(
+                partitions,
+                column - first_partition,
+            )?));
+        }
+        let field = schema.field(column);
+        bounds_known(field.name(), field.data_type(), bounds)
+    };
+    let decisions = checked.decide(units, &known)?;
     Ok(decisions.into_iter().map(|d| d != Decision::None).collect())
+}
+
+/// Column `name`'s bounds and nulls in each file, as its table's metadata gives them.
+fn bounds_known(name: &str, t: &DataType, bounds: &[Option<FileBounds>]) -> Result<Known> {
+    fn of<'a>(b: &'a Option<FileBounds>, name: &str) -> Option<&'a ColumnBounds> {
+        b.as_ref().and_then(|b| b.columns.get(name))
+    }
+    if bounds.iter().all(|b| of(b, name).is_none()) {
+        return Ok(Known::Unknown);
+    }
+    let one = |v: Option<&ArrayRef>| -> ArrayRef {
+        match v {
+            Some(v) if v.data_type() == t => v.clone(),
+            _ => arrow::array::new_null_array(t, 1),
+        }
+    };
+    let column = |pick: &dyn Fn(&ColumnBounds) -> Option<&ArrayRef>| -> Result<ArrayRef> {
+        let values: Vec<ArrayRef> = bounds
+            .iter()
+            .map(|b| one(of(b, name).and_then(pick)))
+            .collect();
+        let refs: Vec<&dyn Array> = values.iter().map(|a| a.as_ref()).collect();
+        Ok(arrow::compute::concat(&refs)?)
+    };
+    let nulls = (bounds.iter())
+        .map(|b| {
+            let rows = b.as_ref().and_then(|b| b.rows);
+            match (of(b, name).and_then(|c| c.nulls), rows) {
+                (Some(0), _) => Nulls::None,
+                (Some(n), Some(r)) if n >= r => Nulls::All,
+                _ => Nulls::Some,
+            }
+        })
+        .collect();
+    Ok(Known::Bounds {
+        min: column(&|c| c.min.as_ref())?,
+        max: column(&|c| c.max.as_ref())?,
+        nulls,
+    })
 }
 
 /// Partition column `k`'s value in each file, one row a file.
@@ -282,7 +343,7 @@ impl Source {
 mod tests {
     use super::*;
     use crate::source::partition::Value;
-    use arrow::datatypes::{DataType, Field};
+    use arrow::datatypes::Field;
 
     #[test]
     fn partition_values_rule_objects_out_before_their_footers() {
@@ -297,7 +358,8 @@ mod tests {
                 vec![Value::Int(3), Value::Null],
             ],
         };
-        let kept = |expr: &str| objects_kept(&Filter::parse(expr).unwrap(), &partitions).unwrap();
+        let kept =
+            |expr: &str| objects_kept(&Filter::parse(expr).unwrap(), 3, &partitions, None).unwrap();
         assert_eq!(kept("day >= 2"), [false, true, true]);
         assert_eq!(kept("day >= 2 and x > 1"), [false, true, true]);
         assert_eq!(kept("day >= 2 or x > 1"), [true, true, true]);

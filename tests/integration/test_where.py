@@ -315,3 +315,55 @@ def test_objects_ruled_out_on_s3_are_never_fetched(mounter, s3, proxy, hive):
     read = {k for k in read if k.endswith(".parquet")}
     assert read, proxy.stats()
     assert all(int(k.split("/")[0].removeprefix("day=")) >= 8 for k in read), sorted(read)
+
+
+def test_a_delta_table_s_file_statistics_rule_files_out_before_their_footers(mounter, tmp_path):
+    """Each append is one file of its own id range; Delta's add.stats rule files out with no
+    footer read, and a maximum the log truncated (timestamps to milliseconds) still bounds."""
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
+    path = tmp_path / "delta-stats"
+    t0 = np.datetime64("2026-01-01T00:00:00", "us")
+    for k in range(6):
+        ids = np.arange(k * 1000, (k + 1) * 1000, dtype=np.int64)
+        # Each file's last time is 0.7 ms past a whole millisecond: its stats say less.
+        ts = t0 + (ids * 1000 + 700).astype("timedelta64[us]")
+        dl.write_deltalake(str(path), pa.table({"id": ids, "ts": pa.array(ts, pa.timestamp("us"))}), mode="append")
+    m = mounter(path, "columns=id", "shuffle=none", "where=id >= 3500")
+    assert m.dataset()["where"]["objects_ruled_out"] == 3
+    assert np.array_equal(np.sort(served_ids(m)), np.arange(3500, 6000))
+    # The last row of the file of ids 2000..2999 lies 0.7 ms past its stats' maximum.
+    edge = str(t0 + np.timedelta64(2999 * 1000 + 500, "us")).replace("T", " ")
+    m = mounter(path, "columns=id", "shuffle=none", f"where=ts > '{edge}'")
+    want = dl.DeltaTable(str(path)).to_pyarrow_dataset().to_table(
+        filter=F("ts") > pa.scalar(t0 + np.timedelta64(2999 * 1000 + 500, "us"), pa.timestamp("us")), columns=["id"])
+    assert np.array_equal(np.sort(served_ids(m)), np.sort(want.column("id").to_numpy()))
+    assert 2999 in served_ids(m)
+    assert m.dataset()["where"]["objects_ruled_out"] == 2
+
+
+def test_an_iceberg_table_s_column_bounds_rule_files_out_before_their_footers(mounter, tmp_path):
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("default", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("db")
+
+    def rows(k):
+        ids = np.arange(k * 1000, (k + 1) * 1000, dtype=np.int64)
+        names = [f"n{i:06d}" for i in ids]
+        return pa.table({"id": ids, "name": names, "x": (ids / 3).astype(np.float64)})
+
+    t = catalog.create_table("db.b", schema=rows(0).schema)
+    for k in range(5):
+        t.append(rows(k))
+    t = catalog.load_table("db.b")
+    root = Path(t.metadata.location.removeprefix("file://"))
+    for expr, pyice, ruled_out in [
+        ("id >= 3100", "id >= 3100", 3),
+        ("name < 'n001500'", "name < 'n001500'", 3),
+        ("x between 700 and 800", "x >= 700 and x <= 800", 4),
+    ]:
+        m = mounter(root, "columns=id", "shuffle=none", f"where={expr}")
+        want = sorted(t.scan(row_filter=pyice).to_arrow().column("id").to_pylist())
+        assert sorted(served_ids(m).tolist()) == want, expr
+        assert m.dataset()["where"]["objects_ruled_out"] == ruled_out, expr
