@@ -40,6 +40,7 @@ Control (handled by the proxy, never forwarded):
     GET  /__fault__         the configuration in force
     GET  /__stats__         counters: requests, by_method, object_gets, listings, keys and
                             key_bytes (object GETs and body bytes per path), faults (per mode),
+                            access_keys (requests by the access key id their signature names),
                             forwarded, bytes_forwarded (response body bytes sent to clients
                             from upstream, partial bodies included), request_bytes, ...
     POST /__stats__/reset   zero the counters
@@ -171,6 +172,7 @@ def new_stats() -> dict:
         "bytes_forwarded": 0,
         "request_bytes": 0,
         "statuses": {},
+        "access_keys": {},  # requests by the access key id their AWS signature names
     }
 
 
@@ -410,6 +412,9 @@ class Proxy:
             return await self.control(req, writer)
 
         self.count("requests")
+        signed = re.search(r"Credential=([^/,\s]+)/", req.header("authorization", "") or "")
+        if signed:
+            self.count("access_keys", signed.group(1))
         self.count("by_method", req.method)
         if self.is_listing(req):
             self.count("listings")

@@ -10,6 +10,7 @@
 //! `view` (schema → tensors), `filter` and `select` (`where=`: the expression, and the rows it
 //! keeps of a source), `bucket` (Iceberg's bucket transform).
 
+pub(crate) mod aws_profile;
 pub(crate) mod bucket;
 pub mod catalog;
 pub(crate) mod deletes;
@@ -394,7 +395,24 @@ fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn Object
             Arc::new(LocalFileSystem::new())
         }
         ObjectStoreScheme::AmazonS3 => {
-            cloud_store!(AmazonS3Builder, AmazonS3ConfigKey::Client, url, options)
+            // The AWS CLI's profile (aws_profile=, AWS_PROFILE) is no object_store key.
+            let profile = (options.iter())
+                .rfind(|(k, _)| k == aws_profile::OPTION)
+                .map(|(_, v)| v.as_str());
+            let rest: Vec<(String, String)> = (options.iter())
+                .filter(|(k, _)| k != aws_profile::OPTION)
+                .cloned()
+                .collect();
+            let mut b = AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .with_retry(retry());
+            for (key, value) in CLIENT_DEFAULTS {
+                b = b.with_config(AmazonS3ConfigKey::Client(key), value);
+            }
+            for (k, v) in &rest {
+                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+            }
+            Arc::new(aws_profile::apply(b, profile)?.build()?) as Arc<dyn ObjectStore>
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             cloud_store!(

@@ -606,3 +606,76 @@ def test_refused_plain_http_endpoint_names_aws_allow_http(mounter, remote):
     line = tfs.error_line(proc)
     assert proc.returncode != 0 and not tfs.is_mounted(mnt)
     assert "aws_allow_http=true" in line and src.rstrip("/") in line, line
+
+
+# --------------------------------------------------------------------------------------------
+# Credentials as the AWS CLI reads them: profiles in the shared credentials and config files
+# --------------------------------------------------------------------------------------------
+
+
+def aws_files(tmp_path, proxy_url: str, monkeypatch) -> tuple[Path, Path]:
+    """A credentials and a config file, as `aws configure` writes them, pointed at by the
+    environment the daemon inherits; the config's profiles reach the S3 server at PROXY_URL."""
+    creds, config = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text(
+        "[default]\naws_access_key_id = AKIDDEFAULT\naws_secret_access_key = s1\n\n"
+        "[team]\naws_access_key_id = AKIDTEAM\naws_secret_access_key = s2\naws_session_token = tok\n"
+    )
+    marker = tmp_path / "process-ran"
+    process = tmp_path / "creds.sh"
+    process.write_text(
+        "#!/bin/sh\n"
+        f"echo run >> {marker}\n"
+        'echo \'{"Version": 1, "AccessKeyId": "AKIDPROCESS", "SecretAccessKey": "s3", '
+        '"SessionToken": "t", "Expiration": "2099-01-01T00:00:00Z"}\'\n'
+    )
+    process.chmod(0o755)
+    config.write_text(
+        f"[default]\nregion = {REGION}\nendpoint_url = {proxy_url}\n\n"
+        f"[profile team]\nregion = {REGION}\nendpoint_url = {proxy_url}\ns3 =\n  addressing_style = path\n\n"
+        f"[profile tool]\nregion = {REGION}\nendpoint_url = {proxy_url}\ncredential_process = {process}\n\n"
+        f"[profile assumed]\nrole_arn = arn:aws:iam::123456789012:role/train\nsource_profile = default\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    return creds, marker
+
+
+def test_credentials_and_endpoint_come_from_the_aws_cli_s_profiles(mounter, remote, proxy, tmp_path, monkeypatch):
+    _, marker = aws_files(tmp_path, proxy.url, monkeypatch)
+    src = remote.src("shuf")
+    local = mounter(remote.shuf.path, "batch_size=256")
+    n = local.dataset()["batches_per_epoch"]
+    want = tfs.batch_hashes(local, ["epoch-0"], n)
+    for how, opts, key in [
+        ("the default profile", [], "AKIDDEFAULT"),
+        ("AWS_PROFILE", [], "AKIDTEAM"),
+        ("aws_profile=", ["aws_profile=tool"], "AKIDPROCESS"),
+    ]:
+        if how == "AWS_PROFILE":
+            monkeypatch.setenv("AWS_PROFILE", "team")
+        else:
+            monkeypatch.delenv("AWS_PROFILE", raising=False)
+        proxy.reset_stats()
+        m = mounter(src, "batch_size=256", *opts)
+        assert tfs.batch_hashes(m, ["epoch-0"], n) == want, how
+        keys = proxy.stats()["access_keys"]
+        assert set(keys) == {key}, (how, keys)
+        m.unmount()
+    # The process ran once for the mount: its credential holds until it expires.
+    assert marker.read_text().count("run") == 1
+    # The environment's own keys win over the default profile.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s4")
+    proxy.reset_stats()
+    m = mounter(src, "batch_size=256")
+    assert set(proxy.stats()["access_keys"]) == {"AKIDENV"}
+    m.unmount()
+
+
+def test_a_profile_that_cannot_be_used_is_refused_in_one_line(mounter, remote, proxy, tmp_path, monkeypatch):
+    aws_files(tmp_path, proxy.url, monkeypatch)
+    line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=nobody")
+    assert "AWS profile 'nobody' is in neither" in line, line
+    line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=assumed")
+    assert "assumes role arn:aws:iam::123456789012:role/train" in line and "export-credentials" in line, line
