@@ -72,7 +72,7 @@ impl Dataset {
                 }
                 let pins = pinned.catalog.table.map(|v| v.number);
                 if let Some(v) = opts.version
-                    && pins != Some(v)
+                    && (pins.map(crate::options::AsOf::Number) != Some(v))
                 {
                     let pinned_what = match pins {
                         Some(p) => format!("version {p}"),

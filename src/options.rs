@@ -101,12 +101,59 @@ pub struct Options {
     pub(crate) snapshot: Option<String>,
     /// The fingerprint the dataset must have.
     pub(crate) fingerprint: Option<String>,
-    /// The version of a Delta table to mount (the latest when unset).
-    pub(crate) version: Option<u64>,
+    /// The version of a table to mount (the latest when unset): its own number, or the one
+    /// current at a time.
+    pub(crate) version: Option<AsOf>,
     /// `where=EXPR`: only the rows EXPR keeps (PRODUCT.md §11), as written (`\,` a comma).
     pub(crate) selection: Option<String>,
     /// object_store configuration keys, passed to the store as they are.
     pub(crate) store: Vec<(String, String)>,
+}
+
+/// Which version of a table `version=` names: the table's own number (a Delta version, an
+/// Iceberg snapshot id, a Hudi instant), or the version current at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsOf {
+    Number(u64),
+    /// Milliseconds since the Unix epoch, UTC.
+    Time(i64),
+}
+
+impl AsOf {
+    /// A whole number, or an ISO 8601 time: with an offset (`2026-11-01T12:00:00+02:00`, `Z`),
+    /// or without one (UTC), or a date alone (its midnight, UTC).
+    pub fn parse(v: &str) -> Option<AsOf> {
+        if let Ok(n) = v.parse::<u64>() {
+            return Some(AsOf::Number(n));
+        }
+        if let Ok(t) = chrono::DateTime::parse_from_rfc3339(v) {
+            return Some(AsOf::Time(t.timestamp_millis()));
+        }
+        let naive = [
+            "%Y-%m-%dT%H:%M:%S%.f",
+            "%Y-%m-%d %H:%M:%S%.f",
+            "%Y-%m-%dT%H:%M",
+        ]
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(v, f).ok())
+        .or_else(|| {
+            let d = chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").ok()?;
+            d.and_hms_opt(0, 0, 0)
+        })?;
+        Some(AsOf::Time(naive.and_utc().timestamp_millis()))
+    }
+}
+
+impl std::fmt::Display for AsOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AsOf::Number(n) => write!(f, "{n}"),
+            AsOf::Time(ms) => match chrono::DateTime::from_timestamp_millis(*ms) {
+                Some(t) => write!(f, "{}", t.format("%Y-%m-%dT%H:%M:%S%.3fZ")),
+                None => write!(f, "{ms} ms"),
+            },
+        }
+    }
 }
 
 /// Options that mount(8), fstab and systemd hand to every filesystem.
@@ -975,21 +1022,27 @@ pub(crate) static SPECS: &[Spec] = &[
     },
     Spec {
         name: "version",
-        form: "version=N",
+        form: "version=N|TIME",
         role: Role::Dataset,
         default: "the latest",
-        help: "a table's version: Delta version, Iceberg snapshot id, Hudi instant",
+        help: "a table's version: Delta version, Iceberg snapshot id, Hudi instant, or an ISO 8601 time",
         example: "3",
         set: Setter::Value(|o, k, v| {
-            let v = v
-                .parse::<u64>()
-                .map_err(|_| bad(k, v, "expected a table version, a whole number"))?;
-            {
-                o.version = Some(v);
-                Ok(())
-            }
+            let at = AsOf::parse(v).ok_or_else(|| {
+                bad(
+                    k,
+                    v,
+                    "expected a table version (a whole number) or an ISO 8601 time, as 2026-11-01T00:00:00Z",
+                )
+            })?;
+            o.version = Some(at);
+            Ok(())
         }),
-        get: |o| json!(o.version),
+        get: |o| match o.version {
+            Some(AsOf::Number(n)) => json!(n),
+            Some(AsOf::Time(ms)) => json!(AsOf::Time(ms).to_string()),
+            None => json!(null),
+        },
     },
     Spec {
         name: "where",
@@ -1228,6 +1281,22 @@ pub(crate) fn is_secret(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_is_a_number_or_a_time() {
+        assert_eq!(AsOf::parse("42"), Some(AsOf::Number(42)));
+        let noon = Some(AsOf::Time(1_761_998_400_000));
+        assert_eq!(AsOf::parse("2025-11-01T12:00:00Z"), noon);
+        assert_eq!(AsOf::parse("2025-11-01T14:00:00+02:00"), noon);
+        assert_eq!(AsOf::parse("2025-11-01 12:00:00"), noon);
+        assert_eq!(AsOf::parse("2025-11-01T12:00:00.000"), noon);
+        assert_eq!(
+            AsOf::parse("2025-11-01"),
+            Some(AsOf::Time(1_761_955_200_000))
+        );
+        assert_eq!(AsOf::parse("yesterday"), None);
+        assert_eq!(AsOf::Time(1_761_998_400_000).to_string(), "2025-11-01T12:00:00.000Z");
+    }
 
     fn err(args: &[&str]) -> String {
         Options::parse(args).unwrap_err().to_string()

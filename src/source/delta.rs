@@ -39,7 +39,7 @@ pub(crate) fn is_table<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
 pub(crate) async fn read(
     store: Arc<dyn ObjectStore>,
     root: &Path,
-    version: Option<u64>,
+    version: Option<crate::options::AsOf>,
     with_stats: bool,
 ) -> Result<Table> {
     let snapshot = delta_log::snapshot(&store, root, version, with_stats)

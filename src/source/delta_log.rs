@@ -426,7 +426,7 @@ fn newest_checkpoint(files: &BTreeSet<LogFile>, version: u64) -> Option<(u64, Ve
 pub(crate) async fn snapshot(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    version: Option<u64>,
+    version: Option<crate::options::AsOf>,
     with_stats: bool,
 ) -> Result<Snapshot> {
     let log = root.clone().join(super::delta::LOG);
@@ -454,7 +454,11 @@ pub(crate) async fn snapshot(
     let (Some(first), Some(latest)) = (first, latest) else {
         bail!("its _delta_log/ holds no commit");
     };
-    let version = version.unwrap_or(latest);
+    let version = match version {
+        None => latest,
+        Some(crate::options::AsOf::Number(n)) => n,
+        Some(at @ crate::options::AsOf::Time(t)) => as_of_time(&log, &listed, at, t)?,
+    };
     let checkpoint = newest_checkpoint(&files, version);
     let from = checkpoint.as_ref().map_or(0, |(v, _)| v + 1);
     if checkpoint.as_ref().is_none_or(|(v, _)| *v != version) && !commits.contains(&version) {
@@ -585,6 +589,40 @@ fn apply_json_lines(bytes: &[u8], replay: &mut Replay) -> Result<()> {
         replay.apply_json(&action)?;
     }
     Ok(())
+}
+
+/// The version current at time `t` (ms since the Unix epoch): the last commit whose file was
+/// written at or before it, as the Delta protocol times a version (in-commit timestamps are not
+/// read).
+fn as_of_time(
+    log: &Path,
+    listed: &[object_store::ObjectMeta],
+    at: crate::options::AsOf,
+    t: i64,
+) -> Result<u64> {
+    let times: std::collections::BTreeMap<u64, i64> = (listed.iter())
+        .filter_map(|m| {
+            let part = m.location.prefix_match(log)?.next()?;
+            match log_file(part.as_ref())? {
+                LogFile::Commit(v) => Some((v, m.last_modified.timestamp_millis())),
+                _ => None,
+            }
+        })
+        .collect();
+    if let Some((&v, _)) = times.iter().rev().find(|&(_, &ms)| ms <= t) {
+        return Ok(v);
+    }
+    let first = match times.iter().next() {
+        Some((v, ms)) => format!(
+            ": its first, version {v}, was committed at {}",
+            crate::options::AsOf::Time(*ms)
+        ),
+        None => String::new(),
+    };
+    Err(NoVersion(format!(
+        "the Delta table has no version at or before {at}{first}"
+    ))
+    .into())
 }
 
 /// Applies the actions of one log file: newline-delimited JSON, or Parquet.

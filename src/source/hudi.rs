@@ -46,13 +46,40 @@ struct Instant {
     file: String,
 }
 
+/// Time `t` (ms since the Unix epoch) as an instant of the timeline: `yyyyMMddHHmmssSSS`, or
+/// `yyyyMMddHHmmss` where the timeline's instants (`like`) have seconds only; in UTC or in the
+/// local time zone, as the table's `hoodie.table.timeline.timezone` says (local by default).
+fn instant_of(t: i64, utc: bool, like: u64) -> u64 {
+    let secs = t.div_euclid(1000) as libc::time_t;
+    let ms = t.rem_euclid(1000) as u64;
+    // SAFETY: a zeroed tm is a valid out-parameter; gmtime_r and localtime_r fill it.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        match utc {
+            true => libc::gmtime_r(&secs, &mut tm),
+            false => libc::localtime_r(&secs, &mut tm),
+        };
+        tm
+    };
+    let seconds = (tm.tm_year as u64 + 1900) * 10_000_000_000
+        + (tm.tm_mon as u64 + 1) * 100_000_000
+        + tm.tm_mday as u64 * 1_000_000
+        + tm.tm_hour as u64 * 10_000
+        + tm.tm_min as u64 * 100
+        + tm.tm_sec as u64;
+    match like >= 10_000_000_000_000_000 {
+        true => seconds * 1000 + ms,
+        false => seconds,
+    }
+}
+
 /// Reads instant `version` (the latest completed when `None`) of the Hudi table at `root`;
 /// `names` are the objects under it (relative to it), as listed.
 pub(crate) async fn read(
     store: Arc<dyn ObjectStore>,
     root: &Path,
     names: &[&str],
-    version: Option<u64>,
+    version: Option<crate::options::AsOf>,
 ) -> Result<Table> {
     let props_path = root.clone().join(HOODIE).join("hoodie.properties");
     let props = store
@@ -92,10 +119,26 @@ pub(crate) async fn read(
     };
     let as_of = match version {
         None => latest,
-        Some(v) if commits.iter().any(|i| i.time == v) => v,
-        Some(v) => bail!(
+        Some(crate::options::AsOf::Number(v)) if commits.iter().any(|i| i.time == v) => v,
+        Some(crate::options::AsOf::Number(v)) => bail!(
             "it has no completed commit at instant {v} (its latest is {latest}): version= names a commit's instant time"
         ),
+        Some(at @ crate::options::AsOf::Time(t)) => {
+            let utc = get("hoodie.table.timeline.timezone")
+                .is_some_and(|z| z.eq_ignore_ascii_case("utc"));
+            let first = commits.iter().map(|i| i.time).min().unwrap_or(latest);
+            let then = instant_of(t, utc, first);
+            match (commits.iter())
+                .map(|i| i.time)
+                .filter(|&c| c <= then)
+                .max()
+            {
+                Some(c) => c,
+                None => bail!(
+                    "it has no completed commit at or before {at} (instant {then}): its first is {first}"
+                ),
+            }
+        }
     };
     let written: HashSet<u64> = (commits.iter())
         .filter(|i| i.time <= as_of)

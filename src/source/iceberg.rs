@@ -51,7 +51,7 @@ pub(crate) async fn read(
     root: &Path,
     names: &[&str],
     metadata: Option<&str>,
-    version: Option<u64>,
+    version: Option<crate::options::AsOf>,
 ) -> Result<Table> {
     let metadata = match metadata {
         Some(m) => m.to_string(),
@@ -78,7 +78,11 @@ pub(crate) async fn read(
         .get("current-snapshot-id")
         .and_then(Value::as_i64)
         .filter(|&id| id >= 0);
-    let wanted = version.map(|v| v as i64).or(current);
+    let wanted = match version {
+        None => current,
+        Some(crate::options::AsOf::Number(v)) => Some(v as i64),
+        Some(at @ crate::options::AsOf::Time(t)) => Some(snapshot_at(&json, at, t)?),
+    };
     let Some(id) = wanted else {
         bail!("it has no snapshot: it holds no data");
     };
@@ -271,6 +275,30 @@ pub(crate) async fn read(
         deletes,
         bounds,
     })
+}
+
+/// The snapshot current at time `t` (ms since the Unix epoch), as the metadata's
+/// `snapshot-log` says (pyiceberg's `snapshot_as_of_timestamp`): its last entry at or before `t`.
+fn snapshot_at(json: &Value, at: crate::options::AsOf, t: i64) -> Result<i64> {
+    let log = (json.get("snapshot-log").and_then(Value::as_array))
+        .cloned()
+        .unwrap_or_default();
+    let entries: Vec<(i64, i64)> = (log.iter())
+        .filter_map(|e| {
+            let ms = e.get("timestamp-ms")?.as_i64()?;
+            Some((ms, e.get("snapshot-id")?.as_i64()?))
+        })
+        .collect();
+    if let Some(&(_, id)) = entries.iter().rev().find(|&&(ms, _)| ms <= t) {
+        return Ok(id);
+    }
+    match entries.first() {
+        Some(&(ms, id)) => bail!(
+            "it has no snapshot at or before {at}: its first, {id}, was made at {}",
+            crate::options::AsOf::Time(ms)
+        ),
+        None => bail!("it has no snapshot at or before {at}: its snapshot log is empty"),
+    }
 }
 
 /// The metadata file of a table whose root holds `names`: the one `version-hint.text` names,

@@ -221,7 +221,7 @@ impl Progress {
 #[derive(Clone, Copy, Default)]
 pub struct Listing<'a> {
     pub footers: Option<&'a std::path::Path>,
-    pub version: Option<u64>,
+    pub version: Option<crate::options::AsOf>,
     pub from: Option<&'a Pinned>,
     /// `where=`: only the rows it keeps (PRODUCT.md §11).
     pub filter: Option<&'a filter::Filter>,
@@ -521,7 +521,7 @@ impl Source {
         store_options: &[(String, String)],
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
-        version: Option<u64>,
+        version: Option<crate::options::AsOf>,
         filter: Option<&filter::Filter>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
@@ -540,7 +540,7 @@ impl Source {
     pub(crate) async fn open_from(
         source: &str,
         store_options: &[(String, String)],
-        version: Option<u64>,
+        version: Option<crate::options::AsOf>,
         from: &Pinned,
         stats: Arc<Stats>,
         filter: Option<&filter::Filter>,

@@ -4,6 +4,7 @@ batch for batch, written by pyarrow, polars and duckdb."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -914,3 +915,71 @@ def test_a_snapshot_and_another_version_are_refused_together(mounter, tmp_path):
     assert proc.returncode != 0 and "version=9 disagrees with snapshot" in line and "pins version 8" in line, line
     m = mounter(src, f"snapshot={pin}", "version=8", "columns=id")
     assert m.dataset()["origin"]["version"] == 8
+
+
+# --------------------------------------------------------------------------------------------
+# Time travel by time: version= as an ISO 8601 time (PRODUCT.md §8)
+# --------------------------------------------------------------------------------------------
+
+
+def iso(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_delta_version_by_time_is_the_last_commit_at_or_before_it(mounter, tmp_path):
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
+    import datetime as dt
+
+    path = tmp_path / "delta-times"
+    for k in range(4):
+        dl.write_deltalake(str(path), delta_rows(100 * k, 50), mode="append")
+    # Commits a day apart, as a table appended daily has them (a version's time is its commit
+    # file's, by the protocol).
+    day0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc).timestamp()
+    for k in range(4):
+        t = day0 + k * 86400
+        os.utime(path / "_delta_log" / f"{k:020}.json", (t, t))
+    for when, version in [("2026-11-02T12:00:00Z", 1), ("2026-11-03", 2), ("2026-11-09T00:00:00+02:00", 3)]:
+        m = mounter(path, f"version={when}", "columns=id", "shuffle=none")
+        dj = m.dataset()
+        assert dj["origin"]["version"] == version, when
+        t = dl.DeltaTable(str(path))
+        t.load_as_version(dt.datetime.fromisoformat(when.replace("Z", "+00:00")) if "T" in when else dt.datetime(2026, 11, 3, tzinfo=dt.timezone.utc))
+        assert t.version() == version
+        assert dj["rows"] == t.to_pyarrow_table().num_rows
+        m.unmount()
+    line = tfs.refused_mount(mounter, path, "version=2026-10-01T00:00:00Z", "columns=id")
+    assert "no version at or before 2026-10-01T00:00:00.000Z" in line and "its first, version 0" in line, line
+
+
+def test_an_iceberg_snapshot_by_time_is_the_one_current_then(mounter, iceberg_table):
+    root, table = iceberg_table
+    log = table.metadata.snapshot_log
+    assert len(log) >= 3
+    for entry in log[1:]:
+        at = entry.timestamp_ms
+        for t in (at, at + 1):
+            m = mounter(root, f"version={iso(t)}", "columns=id", "shuffle=none")
+            assert m.dataset()["origin"]["version"] == table.snapshot_as_of_timestamp(t).snapshot_id
+            m.unmount()
+    line = tfs.refused_mount(mounter, root, f"version={iso(log[0].timestamp_ms - 1000)}", "columns=id")
+    assert "no snapshot at or before" in line, line
+
+
+def test_a_hudi_instant_by_time_is_the_last_completed_at_or_before_it(mounter, tmp_path, monkeypatch):
+    import datetime as dt
+
+    # The fixtures' timelines are in local time (Hudi's default): the daemon's zone is UTC.
+    monkeypatch.setenv("TZ", "UTC")
+    path = hudi_table(tmp_path, "cow_v8_complexkeygen_hivestyle")
+    instants = hudi_instants(path)
+    assert instants
+    for instant in instants:
+        s = str(instant)
+        t = dt.datetime.strptime(s[:14], "%Y%m%d%H%M%S").replace(tzinfo=dt.timezone.utc)
+        when = (t + dt.timedelta(milliseconds=int(s[14:] or 0))).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        m = mounter(path, f"version={when}", "columns=intField", "shuffle=none")
+        assert m.dataset()["origin"]["version"] == instant, when
+        m.unmount()
