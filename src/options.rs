@@ -1295,7 +1295,10 @@ mod tests {
             Some(AsOf::Time(1_761_955_200_000))
         );
         assert_eq!(AsOf::parse("yesterday"), None);
-        assert_eq!(AsOf::Time(1_761_998_400_000).to_string(), "2025-11-01T12:00:00.000Z");
+        assert_eq!(
+            AsOf::Time(1_761_998_400_000).to_string(),
+            "2025-11-01T12:00:00.000Z"
+        );
     }
 
     fn err(args: &[&str]) -> String {

@@ -513,7 +513,11 @@ pub(crate) fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
     (table.fields().iter())
         .map(|f| match id(f).filter(|_| file_has_ids) {
             Some(want) => (file.fields().iter()).position(|g| id(g).as_ref() == Some(&want)),
-            None => file.index_of(f.name()).ok(),
+            // A Delta table's column under column mapping is stored by its physical name.
+            None => {
+                let stored = f.metadata().get(PHYSICAL_NAME).unwrap_or(f.name());
+                file.index_of(stored).ok()
+            }
         })
         .collect()
 }
@@ -521,6 +525,10 @@ pub(crate) fn by_name(table: &Schema, file: &Schema) -> Vec<Option<usize>> {
 /// The key under which Parquet's field ids are in an Arrow field's metadata (the parquet
 /// crate puts them there).
 pub(crate) const FIELD_ID: &str = "PARQUET:field_id";
+
+/// The key under which a Delta table's column under column mapping keeps the name its files
+/// store it by (the Delta protocol's own field metadata key).
+pub(crate) const PHYSICAL_NAME: &str = "delta.columnMapping.physicalName";
 
 fn null_fact(
     files: &[(&str, &ArrowReaderMetadata)],

@@ -2,10 +2,12 @@
 //! from the table's log ([`crate::source::delta_log`]); a reader feature not read here is
 //! refused, naming it.
 //!
-//! Deletion vectors are applied ([`crate::source::deletes`]); column mapping is refused in one
-//! line. The table's schema decides the types, not each
+//! Deletion vectors are applied ([`crate::source::deletes`]); column mapping (`name` and `id`)
+//! finds each column by its physical name or field id. The table's schema decides the types,
+//! not each
 //! file's: `Source` casts what a file stores to the table's type as it decodes.
 
+use crate::source::catalog::{FIELD_ID, PHYSICAL_NAME};
 use crate::source::delta_log::{self, Added};
 use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
 use crate::source::partition::{Partitions, Value};
@@ -49,16 +51,19 @@ pub(crate) async fn read(
             None => anyhow!("its Delta log cannot be read: {e:#}"),
         })?;
     let version = snapshot.version;
-    if let Some(mode) = snapshot.configuration.get("delta.columnMapping.mode")
-        && snapshot.column_mapping
-        && !mode.eq_ignore_ascii_case("none")
-    {
-        bail!(
-            "Delta table version {version} uses column mapping (delta.columnMapping.mode = {mode}), which tensorfs does not read"
-        );
-    }
+    let mapping = match snapshot.configuration.get("delta.columnMapping.mode") {
+        Some(mode) if snapshot.column_mapping => match mode.to_ascii_lowercase().as_str() {
+            "none" => Mapping::None,
+            "name" => Mapping::Name,
+            "id" => Mapping::Id,
+            other => bail!(
+                "Delta table version {version} maps its columns in mode '{other}' (delta.columnMapping.mode), which the Delta protocol does not define"
+            ),
+        },
+        _ => Mapping::None,
+    };
     let arrow_schema =
-        arrow_schema(&snapshot.schema).context("its schema has no Arrow equivalent")?;
+        arrow_schema(&snapshot.schema, mapping).context("its schema has no Arrow equivalent")?;
     let mut found = snapshot.files;
     found.sort_by(|a, b| a.path.cmp(&b.path));
     // The partition columns, in the table's order (every file's values come from the log; a
@@ -88,6 +93,7 @@ pub(crate) async fn read(
         })
         .collect::<Result<_>>()?;
     let data_schema = Schema::new(data);
+    // Statistics name the physical columns.
     let bounds = (found.iter())
         .map(|f| f.stats.as_deref().and_then(|s| bounds_of(s, &data_schema)))
         .collect();
@@ -104,11 +110,54 @@ pub(crate) async fn read(
     })
 }
 
+/// How a table's columns are found in its files (`delta.columnMapping.mode`): by their names
+/// (none), by the physical names the schema gives them (`name`), or by their field ids (`id`,
+/// the physical names where a file has no ids). Columns are served by their logical names
+/// either way, through renames; partition values and statistics name the physical columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mapping {
+    None,
+    Name,
+    Id,
+}
+
 /// The Arrow schema of a table's schema (`schemaString`), as the Delta project's kernel maps
 /// it: timestamps in microseconds (with time zone UTC, or none for `timestamp_ntz`), lists of
-/// `element`, maps of `key_value` entries.
-fn arrow_schema(schema: &serde_json::Value) -> Result<Schema> {
-    Ok(Schema::new(struct_fields(schema)?))
+/// `element`, maps of `key_value` entries. Under column mapping, each top-level field carries
+/// its physical name (and, in `id` mode, its field id) in its metadata, as the file reads
+/// need it (`catalog::by_name`).
+fn arrow_schema(schema: &serde_json::Value, mapping: Mapping) -> Result<Schema> {
+    let fields = struct_fields(schema)?;
+    if mapping == Mapping::None {
+        return Ok(Schema::new(fields));
+    }
+    let described = (schema.get("fields").and_then(serde_json::Value::as_array))
+        .context("a struct without fields")?;
+    let fields: Vec<Field> = (fields.iter().zip(described))
+        .map(|(f, d)| {
+            let meta = d.get("metadata");
+            let get = |k: &str| meta.and_then(|m| m.get(k));
+            let mut metadata = f.metadata().clone();
+            if let Some(physical) = get(PHYSICAL_NAME).and_then(serde_json::Value::as_str) {
+                metadata.insert(PHYSICAL_NAME, physical);
+            }
+            if mapping == Mapping::Id
+                && let Some(id) = get("delta.columnMapping.id").and_then(serde_json::Value::as_i64)
+            {
+                metadata.insert(FIELD_ID, id.to_string());
+            }
+            f.as_ref().clone().with_metadata(metadata)
+        })
+        .collect();
+    Ok(Schema::new(fields))
+}
+
+/// The name of a table's column in its files and log: its physical name under column mapping.
+fn physical(field: &Field) -> &str {
+    field
+        .metadata()
+        .get(PHYSICAL_NAME)
+        .map_or(field.name().as_str(), String::as_str)
 }
 
 fn struct_fields(s: &serde_json::Value) -> Result<Fields> {
@@ -188,7 +237,7 @@ fn arrow_type(t: &serde_json::Value) -> Result<DataType> {
 
 /// A partition value as the log writes it (a string; none for null), as the field's type.
 fn partition_value(file: &Added, field: &FieldRef) -> Result<Value> {
-    let Some(raw) = file.partition_values.get(field.name()) else {
+    let Some(raw) = file.partition_values.get(physical(field)) else {
         return Ok(Value::Null);
     };
     let bad = || {
@@ -242,14 +291,14 @@ fn bounds_of(stats: &str, schema: &Schema) -> Option<FileBounds> {
     let of = |what: &str, name: &str| v.get(what).and_then(|m| m.get(name));
     let mut columns = std::collections::HashMap::new();
     for f in schema.fields() {
-        let (name, t) = (f.name(), f.data_type());
+        let (name, t) = (physical(f), f.data_type());
         let bounds = ColumnBounds {
             min: of("minValues", name).and_then(|x| stat_value(x, t, false)),
             max: of("maxValues", name).and_then(|x| stat_value(x, t, true)),
             nulls: of("nullCount", name).and_then(serde_json::Value::as_u64),
         };
         if bounds.min.is_some() || bounds.max.is_some() || bounds.nulls.is_some() {
-            columns.insert(name.clone(), bounds);
+            columns.insert(f.name().clone(), bounds);
         }
     }
     Some(FileBounds {

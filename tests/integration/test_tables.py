@@ -4,6 +4,7 @@ batch for batch, written by pyarrow, polars and duckdb."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -233,8 +234,10 @@ def test_a_delta_table_is_refused_in_one_line_where_it_must_be(mounter, delta_ta
     # A list column the table's schema has (Delta has no fixed-size arrays) needs pad=.
     line = tfs.refused_mount(mounter, delta_table)
     assert "emb" in line and "pad=emb" in line, line
+    # A Databricks table with column mapping: read, its columns by their logical names (strings,
+    # which no tensor serves).
     line = tfs.refused_mount(mounter, FIXTURES / "table_with_column_mapping")
-    assert "column mapping" in line, line
+    assert "'Super Name' (string)" in line and "no tensor mapping" in line, line
     line = tfs.refused_mount(mounter, FIXTURES / "delta-0.8.0-partitioned")
     assert "'month' (string)" in line and "no tensor mapping" in line, line
     data = tmp_path / "plain"
@@ -983,3 +986,77 @@ def test_a_hudi_instant_by_time_is_the_last_completed_at_or_before_it(mounter, t
         m = mounter(path, f"version={when}", "columns=intField", "shuffle=none")
         assert m.dataset()["origin"]["version"] == instant, when
         m.unmount()
+
+
+# --------------------------------------------------------------------------------------------
+# Delta column mapping (name mode, as deltalake and Databricks write it)
+# --------------------------------------------------------------------------------------------
+
+
+def mapped_rows(path, columns) -> list[tuple]:
+    """The table's rows as its files hold them, each file read by its physical column names
+    and mapped back to the logical names of the latest schema (deltalake 1.6 reads such tables
+    back as nulls), partition values added."""
+    import deltalake
+
+    t = deltalake.DeltaTable(str(path))
+    logs = sorted((path / "_delta_log").glob("*.json"))
+    meta = None
+    for log in logs:
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "metaData" in action:
+                meta = action["metaData"]
+    schema = json.loads(meta["schemaString"])
+    physical = {f["metadata"]["delta.columnMapping.physicalName"]: f["name"] for f in schema["fields"]}
+    rows = []
+    for uri in t.file_uris():
+        file = Path(uri.removeprefix("file://"))
+        data = pq.read_table(file)
+        data = data.rename_columns([physical.get(c, c) for c in data.column_names])
+        rows += list(zip(*[data.column(c).to_pylist() for c in columns]))
+    return sorted(rows)
+
+
+def test_a_delta_table_with_column_mapping_is_read_by_its_logical_names(mounter, tmp_path):
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
+    path = tmp_path / "mapped"
+
+    def rows(start, n):
+        ids = np.arange(start, start + n, dtype=np.int64)
+        return pa.table({"id": ids, "x": (ids / 4).astype(np.float64), "part": [f"p{i % 2}" for i in ids]})
+
+    config = {"delta.columnMapping.mode": "name"}
+    dl.write_deltalake(str(path), rows(0, 300), partition_by=["part"], configuration=config)
+    dl.write_deltalake(str(path), rows(300, 200), mode="append", partition_by=["part"])
+    # A rename, as Databricks commits one: the schema's logical name changes, the physical one
+    # (what the files store) stays.
+    log = path / "_delta_log"
+    meta = [json.loads(l) for l in (log / f"{0:020}.json").read_text().splitlines()]
+    meta = next(a["metaData"] for a in meta if "metaData" in a)
+    schema = json.loads(meta["schemaString"])
+    for f in schema["fields"]:
+        if f["name"] == "x":
+            f["name"] = "score"
+    meta["schemaString"] = json.dumps(schema)
+    (log / f"{2:020}.json").write_text(json.dumps({"metaData": meta}) + "\n")
+    m = mounter(path, "columns=id:score", "shuffle=none")
+    assert m.dataset()["origin"]["version"] == 2
+    got = epoch_columns(m, ["id", "score"])
+    assert sorted(zip(got["id"].tolist(), got["score"].tolist())) == mapped_rows(path, ["id", "score"])
+    assert len(got["id"]) == 500
+    # Before the rename the column is x; partition values and statistics (physical names) still
+    # rule files out.
+    old = mounter(path, "version=1", "columns=id:x", "shuffle=none", "where=part = 'p1' and x < 50")
+    want = sorted(i for i in range(500) if i % 2 == 1 and i / 4 < 50)
+    assert sorted(epoch_columns(old, ["id"])["id"].tolist()) == want
+    assert old.dataset()["where"]["objects_ruled_out"] >= 1
+    # Mode id: the files' field ids find the columns, whatever their names.
+    meta["configuration"]["delta.columnMapping.mode"] = "id"
+    for f in schema["fields"]:
+        f["metadata"]["delta.columnMapping.physicalName"] = "not-" + f["metadata"]["delta.columnMapping.physicalName"]
+    meta["schemaString"] = json.dumps(schema)
+    (log / f"{3:020}.json").write_text(json.dumps({"metaData": meta}) + "\n")
+    by_id = mounter(path, "columns=id:score", "shuffle=none")
+    got_id = epoch_columns(by_id, ["id", "score"])
+    assert sorted(zip(got_id["id"].tolist(), got_id["score"].tolist())) == sorted(zip(got["id"].tolist(), got["score"].tolist()))
