@@ -23,6 +23,12 @@
 //!   decoding fails ("EOF"). [`padded`] extends every chunk up to the start of the next one
 //!   (at most 100 bytes, as C++ pads), used where a row group fails to decode as the footer
 //!   says. Upstream: the crate's own `TODO: fix PARQUET-816`.
+//! - parquet-cpp before Arrow 3.0 (ARROW-10353) wrote `is_compressed = false` in every data
+//!   page v2 header, compressed or not (ARROW-17100): the crate then takes compressed bytes as
+//!   values ("EOF"). For a file such a writer made ([`pages_v2_flag_unreliable`]) and a
+//!   compressed column, [`pages_v2_compressed`] sets the flag in the chunk's page headers (one
+//!   nibble each: the flag is the field header's own type) before decoding, as C++ does.
+//!   Upstream: the crate could check `created_by` as C++ does.
 
 use anyhow::{Result, bail};
 use parquet::file::metadata::{
@@ -351,6 +357,64 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether a file `created_by` this writer marked compressed data pages v2 uncompressed:
+/// parquet-cpp before Arrow 3.0.0 (`parquet-cpp version 1.x`, `parquet-cpp-arrow version 2.x`
+/// and older), as C++'s `PARQUET_CPP_10353_FIXED_VERSION` check says.
+pub(crate) fn pages_v2_flag_unreliable(created_by: Option<&str>) -> bool {
+    let Some(by) = created_by else { return false };
+    let Some(version) = (by.strip_prefix("parquet-cpp-arrow version "))
+        .or_else(|| by.strip_prefix("parquet-cpp version "))
+    else {
+        return false;
+    };
+    let major: u32 = (version.split(['.', '-', ' ']).next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(u32::MAX);
+    by.starts_with("parquet-cpp version ") || major < 3
+}
+
+/// A column chunk's bytes (its pages, each a Thrift `PageHeader` then the page) with every data
+/// page v2 header's `is_compressed` set to true; `None` where none said false (or the chunk
+/// does not walk as pages).
+pub(crate) fn pages_v2_compressed(chunk: &[u8]) -> Option<Vec<u8>> {
+    let mut flags = Vec::new();
+    let mut r = Reader { b: chunk, pos: 0 };
+    while r.pos < chunk.len() {
+        let mut last = 0;
+        let mut page_size = None;
+        while let Some((id, t)) = r.field_header(&mut last).ok()? {
+            match (id, t) {
+                (3, I32) => {
+                    let z = r.varint().ok()?;
+                    page_size = Some(((z >> 1) as i64 ^ -((z & 1) as i64)) as u64);
+                }
+                // data_page_header_v2: is_compressed is its field 7, a bool whose value is the
+                // field header's type.
+                (8, STRUCT) => {
+                    let mut inner = 0;
+                    while let Some((id, t)) = r.field_header(&mut inner).ok()? {
+                        if id == 7 && t == BOOL_FALSE {
+                            flags.push(r.pos - 1);
+                        } else {
+                            r.skip(t, 1).ok()?;
+                        }
+                    }
+                }
+                (_, t) => r.skip(t, 1).ok()?,
+            }
+        }
+        r.take(page_size?).ok()?;
+    }
+    if flags.is_empty() {
+        return None;
+    }
+    let mut patched = chunk.to_vec();
+    for at in flags {
+        patched[at] = (patched[at] & 0xf0) | BOOL_TRUE;
+    }
+    Some(patched)
+}
+
 fn write_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
@@ -429,6 +493,20 @@ fn without_mistyped_fields(metadata: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writers_before_arrow_3_are_known_by_their_created_by() {
+        for (by, old) in [
+            ("parquet-cpp version 1.5.1-SNAPSHOT", true),
+            ("parquet-cpp-arrow version 2.0.0", true),
+            ("parquet-cpp-arrow version 3.0.0", false),
+            ("parquet-cpp-arrow version 14.0.2", false),
+            ("parquet-mr version 1.12.3 (build abc)", false),
+        ] {
+            assert_eq!(pages_v2_flag_unreliable(Some(by)), old, "{by}");
+        }
+        assert!(!pages_v2_flag_unreliable(None));
+    }
     use proptest::prelude::*;
 
     proptest! {

@@ -1727,11 +1727,33 @@ impl Source {
             ),
             _ => format!("file '{}' row group {rg}", f.name),
         };
+        let md = metadata.metadata();
+        let chunks = match footer::pages_v2_flag_unreliable(md.file_metadata().created_by()) {
+            false => chunks,
+            // Compressed chunks' data pages v2, marked uncompressed by their writer (see footer).
+            true => (chunks.into_iter())
+                .map(|(range, bytes)| {
+                    let compressed = (md.row_group(rg).columns().iter()).any(|c| {
+                        let (start, len) = c.byte_range();
+                        start == range.start
+                            && len == range.end - range.start
+                            && c.compression() != parquet::basic::Compression::UNCOMPRESSED
+                    });
+                    match compressed
+                        .then(|| footer::pages_v2_compressed(&bytes))
+                        .flatten()
+                    {
+                        Some(patched) => (range, Bytes::from(patched)),
+                        None => (range, bytes),
+                    }
+                })
+                .collect(),
+        };
         let reader = Prefetched {
             chunks,
             inner: self.reader(file),
         };
-        let rows = metadata.metadata().row_group(rg).num_rows() as usize;
+        let rows = md.row_group(rg).num_rows() as usize;
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone())
             .with_row_groups(vec![rg])
             .with_projection(mask)

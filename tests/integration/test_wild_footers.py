@@ -144,3 +144,17 @@ def test_a_column_compressed_with_lzo_is_refused_at_mount(mounter, tmp_path):
     for name in want.column_names:
         got = np.load(m.p("epoch-0", "all", f"{name}.npy"))
         np.testing.assert_array_equal(got, want.column(name).to_numpy(), err_msg=name)
+
+
+def test_pages_v2_an_old_parquet_cpp_marked_uncompressed_are_read_as_pyarrow_reads_them(mounter, tmp_path):
+    """ARROW-17100.parquet (tests/fixtures/wild/NOTES.md): parquet-cpp 1.5.1 wrote compressed
+    data pages v2 whose headers say they are not."""
+    src = tfs.REPO / "tests" / "fixtures" / "wild" / "ARROW-17100.parquet"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / src.name).write_bytes(src.read_bytes())
+    want = pq.read_table(src)
+    m = mounter(data, "shuffle=none", "columns=col1:col3")
+    for name in ("col1", "col3"):
+        got = np.load(m.p("epoch-0", "all", f"{name}.npy"))
+        np.testing.assert_array_equal(got, want.column(name).to_numpy(), err_msg=name)
