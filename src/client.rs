@@ -73,10 +73,25 @@ pub fn warm(
     mountpoint: &Path,
     epochs: Option<&str>,
     ranks: &[String],
+    all_ranks: bool,
     format: Format,
     jobs: usize,
 ) -> Result<()> {
     let ds = read_json(&mountpoint.join("dataset.json"))?;
+    // A mount split into partitions is read by many hosts, each its own share: building the
+    // whole epoch on one host is rarely what its user meant.
+    let partitions = ds["partitions"].as_u64().unwrap_or(1);
+    if partitions > 1 && ranks.is_empty() && !all_ranks {
+        let world = ds["world_size"].as_u64();
+        let example = match world {
+            Some(w) => format!("--rank R-of-{w}"),
+            None => "--rank R-of-W".to_string(),
+        };
+        bail!(
+            "{} splits the dataset into {partitions} partitions, one share per host: give {example} for each of this host's ranks, or --all-ranks to build every host's share here",
+            mountpoint.display()
+        );
+    }
     let batches = ds["batches_per_epoch"]
         .as_u64()
         .context("dataset.json has no batches_per_epoch")?;

@@ -35,13 +35,18 @@ enum Command {
         /// Epochs to warm: A..B (B excluded), A..=B, or N. Default: the epochs the mount lists.
         #[arg(long)]
         epochs: Option<String>,
-        /// Which files to materialise.
-        #[arg(long, value_enum, default_value = "safetensors")]
+        /// Which files to materialise: by default each directory's all/NAME.npy, what
+        /// `tensorfs.torch.BatchDataset` and `tensorfs.numpy` read.
+        #[arg(long, value_enum, default_value = "all-npy")]
         format: tensorfs::client::Format,
         /// Warm one rank's view only, R-of-W (e.g. 3-of-8): the batches of
         /// `epoch-N/rank-R-of-W/`; repeat for each local rank.
         #[arg(long, value_name = "R-of-W")]
         rank: Vec<String>,
+        /// On a mount split into partitions, warm every host's share here (without --rank,
+        /// refused unless given: each host warms its own ranks).
+        #[arg(long)]
+        all_ranks: bool,
         /// Files opened at once.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
         jobs: u16,
@@ -170,11 +175,13 @@ fn main() -> ExitCode {
             epochs,
             format,
             rank,
+            all_ranks,
             jobs,
         } => match tensorfs::client::warm(
             &mountpoint,
             epochs.as_deref(),
             &rank,
+            all_ranks,
             format,
             jobs as usize,
         ) {

@@ -140,7 +140,7 @@ def test_shuffled_epochs_write_no_batch_file_unless_warm_asks(mounter, shuf_ds):
     assert s["cache_bytes"] <= limit, s
 
     w = mounter(shuf_ds.path, *opts, "epochs=3")
-    proc = tfs.run(["warm", w.path, "--epochs", "1..2"])
+    proc = tfs.run(["warm", w.path, "--epochs", "1..2", "--format", "safetensors"])
     assert proc.returncode == 0, proc.stderr
     assert tfs.stats(w)["batch_files_written"] == N and len(cached(w, 1)) == N, tfs.stats(w)
     before = tfs.stats(w)

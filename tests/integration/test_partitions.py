@@ -152,7 +152,7 @@ def test_a_resized_job_fetches_nothing_it_has(mounter, shuf_ds, tmp_path):
 
 def test_warm_materialises_one_ranks_share(mounter, shuf_ds):
     m = mounter(shuf_ds.path, "shuffle=window", f"batch_size={BS}", "partitions=4", "world_size=4", "prefetch=0")
-    proc = tfs.run(["warm", m.path, "--epochs", "0", "--rank", "1-of-4", "--rank", "3-of-4"])
+    proc = tfs.run(["warm", m.path, "--epochs", "0", "--rank", "1-of-4", "--rank", "3-of-4", "--format", "safetensors"])
     assert proc.returncode == 0, proc.stderr
     s = tfs.stats(m)
     assert s["batch_files_written"] == 20, s
@@ -433,3 +433,20 @@ def test_global_shuffle_needs_only_a_ranks_share_in_the_cache(mounter, hosts_ds)
     got = tfs.load_safetensors(m.p("epoch-0/rank-1-of-4", "all.safetensors"))["id"]
     # Partition 1: 8 of the 32 row groups of 1000 rows, drawn from both files.
     assert len(np.unique(got // HOSTS_RG)) == 8 and len(np.unique(got)) == len(got) == 31 * HOSTS_BS
+
+
+def test_warm_builds_what_the_python_package_reads_and_asks_before_every_host_s_share(mounter, shuf_ds):
+    m = mounter(shuf_ds.path, f"batch_size={BS}", "partitions=4", "world_size=2", "prefetch=0")
+    bad = tfs.run(["warm", m.path, "--epochs", "0"])
+    line = tfs.error_line(bad)
+    assert "4 partitions" in line and "--rank R-of-2" in line and "--all-ranks" in line, line
+    assert tfs.stats(m)["row_groups_decoded"] == 0
+    proc = tfs.run(["warm", m.path, "--epochs", "0", "--rank", "0-of-2"])
+    assert proc.returncode == 0, proc.stderr
+    s = tfs.stats(m)
+    # By default the rank's all/NAME.npy, which tensorfs.torch and tensorfs.numpy read, built
+    # whole on the cache; no batch file.
+    assert s["ahead_files_built"] == len(m.dataset()["tensors"]) and s["batch_files_written"] == 0, s
+    whole = mounter(shuf_ds.path, f"batch_size={BS}", "partitions=4", "prefetch=0")
+    proc = tfs.run(["warm", whole.path, "--epochs", "0", "--all-ranks"])
+    assert proc.returncode == 0, proc.stderr
