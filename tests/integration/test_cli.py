@@ -3,6 +3,7 @@ lexicographic order, non-Parquet files ignored), daemon life cycle."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -235,3 +236,26 @@ def test_stats_command_prints_every_line_docs_stats_md_lists(mounter, shuf_ds):
     assert re.match(r"served\s+3 batches", served), served
     cache = next(line for line in lines if line.startswith("cache "))
     assert "MB written" in cache and "writes failed" in cache, cache
+
+
+def test_the_readme_quick_start_runs_as_written():
+    """The README's first block, its commands taken from the README itself (but `scripts/test`,
+    which is what runs this): a newcomer's first command mounts the example and trains on it,
+    and leaves the mount up."""
+    text = (tfs.REPO / "README.md").read_text()
+    block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    commands = [c for c in commands if c != "scripts/test"]
+    assert commands, block
+    mnt = tfs.REPO / "example-mnt"
+    try:
+        for command in commands:
+            proc = subprocess.run(
+                ["bash", "-c", command], cwd=tfs.REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800
+            )
+            assert proc.returncode == 0, f"{command}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert "epoch 2:" in proc.stdout and "umount" in proc.stdout, proc.stdout[-2000:]
+        assert tfs.is_mounted(mnt)
+    finally:
+        if tfs.is_mounted(mnt):
+            tfs.unmount(mnt)
