@@ -24,7 +24,7 @@ use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use fuser::{Config, MountOption, SessionACL};
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -498,17 +498,16 @@ pub fn one_line(e: &anyhow::Error) -> String {
     crate::describe(e).replace('\n', " ")
 }
 
+/// A pipe (close-on-exec) as its two ends.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (read_end, write_end) = std::io::pipe()?;
+    Ok((OwnedFd::from(read_end), OwnedFd::from(write_end)))
+}
+
 /// Forks: the parent waits until the child reports the mount live (exit 0) or fails (prints
 /// the child's error line, exit 1). Must be called before any thread exists.
 pub fn daemonize(log_file: &Path) -> Result<Ready> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid array of two ints for pipe to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        bail!("pipe: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) = pipe().context("pipe")?;
     // SAFETY: the process is single-threaded here (no runtime exists yet), so the child may
     // go on running arbitrary code.
     match unsafe { libc::fork() } {
@@ -928,14 +927,7 @@ struct Watcher(std::fs::File);
 impl Watcher {
     fn start(mountpoint: &Path, ready: &Ready) -> Result<Watcher> {
         use std::os::fd::AsRawFd;
-        let mut fds = [0; 2];
-        // SAFETY: fds is a valid array of two ints for pipe2 to fill.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            bail!("auto_unmount: pipe: {}", std::io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
-        let (read_end, write_end) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read_end, write_end) = pipe().context("auto_unmount: pipe")?;
         // SAFETY: called before the runtime exists, so this process has one thread and the
         // child may run ordinary code.
         match unsafe { libc::fork() } {

@@ -1067,7 +1067,18 @@ mod tests {
         if child == 0 {
             unsafe { libc::_exit(0) };
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // Waited for until it has exited, but left unreaped (WNOWAIT): a zombie.
+        // SAFETY: siginfo is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let waited = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                child as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        assert_eq!(waited, 0, "{}", std::io::Error::last_os_error());
         assert!(!pid_alive(child as u32));
         unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
         assert!(!pid_alive(child as u32));
