@@ -13,7 +13,9 @@
 //! partition columns are only in its paths (`hoodie.datasource.write.drop.partition.columns`).
 //! Hudi's meta columns (`_hoodie_commit_time`, …: strings) are left out of the dataset.
 
+use crate::source::lake::{ColumnBounds, FileBounds};
 use anyhow::{Context, Result, anyhow, bail};
+use arrow::datatypes::DataType;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -35,6 +37,19 @@ pub(crate) struct Table {
     pub(crate) files: Vec<String>,
     /// The one written last: its schema is the table's.
     pub(crate) newest: Option<String>,
+    /// How a file's partition path names its partition columns' values, where it does.
+    pub(crate) paths: Option<PartitionPaths>,
+}
+
+/// A table's partition paths as values of its columns: what a simple or complex key generator
+/// writes (`FIELD=VALUE/…` hive-style, else `VALUE/…`, one segment a field, percent-encoded
+/// where the table says so). Other key generators (timestamp-based, custom) format the values,
+/// and their paths are not read as values.
+#[derive(Clone, Debug)]
+pub(crate) struct PartitionPaths {
+    fields: Vec<String>,
+    hive_style: bool,
+    url_encoded: bool,
 }
 
 /// An instant of the timeline.
@@ -200,11 +215,100 @@ pub(crate) async fn read(
     let last = newest.values().max().map(|(_, name)| name.clone());
     let mut files: Vec<String> = newest.into_values().map(|(_, name)| name).collect();
     files.sort();
+    let keygen = (get("hoodie.table.keygenerator.class"))
+        .or(get("hoodie.table.keygenerator.type"))
+        .unwrap_or("");
+    let plain = [
+        "SimpleKeyGenerator",
+        "ComplexKeyGenerator",
+        "SIMPLE",
+        "COMPLEX",
+    ]
+    .iter()
+    .any(|k| keygen.ends_with(k));
+    let fields: Vec<String> = (get("hoodie.table.partition.fields").unwrap_or(""))
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(String::from)
+        .collect();
+    let paths = (plain && !fields.is_empty()).then(|| PartitionPaths {
+        fields,
+        hive_style: get("hoodie.datasource.write.hive_style_partitioning") == Some("true"),
+        url_encoded: get("hoodie.datasource.write.partitionpath.urlencode") == Some("true"),
+    });
     Ok(Table {
         version: as_of,
         files,
         newest: last,
+        paths,
     })
+}
+
+/// Each file's partition values as bounds of the table's columns of `schema` (integers,
+/// strings and booleans, whose paths are their values as written), for a `where=` to rule
+/// files out before their footers.
+pub(crate) fn partition_bounds(
+    t: &Table,
+    schema: &arrow::datatypes::Schema,
+) -> Vec<Option<FileBounds>> {
+    let Some(paths) = &t.paths else {
+        return Vec::new();
+    };
+    (t.files.iter())
+        .map(|file| {
+            let (partition, _) = split_partition(file)?;
+            let segments: Vec<&str> = partition.split('/').filter(|s| !s.is_empty()).collect();
+            let values: Vec<(&str, &str)> = match paths.hive_style {
+                true => segments.iter().filter_map(|s| s.split_once('=')).collect(),
+                false if segments.len() == paths.fields.len() => {
+                    (paths.fields.iter().map(String::as_str))
+                        .zip(segments)
+                        .collect()
+                }
+                false => return None,
+            };
+            let mut columns = HashMap::new();
+            for (field, raw) in values {
+                let raw = match paths.url_encoded {
+                    true => percent_encoding::percent_decode_str(raw)
+                        .decode_utf8_lossy()
+                        .into_owned(),
+                    false => raw.to_string(),
+                };
+                let Some((_, f)) = schema.column_with_name(field) else {
+                    continue;
+                };
+                let t = f.data_type();
+                let plain = t.is_integer()
+                    || matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Boolean);
+                if !plain || raw == "__HIVE_DEFAULT_PARTITION__" || raw == "default" {
+                    continue;
+                }
+                let text: arrow::array::ArrayRef =
+                    Arc::new(arrow::array::StringArray::from(vec![raw.as_str()]));
+                let strict = arrow::compute::CastOptions {
+                    safe: false,
+                    ..Default::default()
+                };
+                let Ok(value) = arrow::compute::cast_with_options(&text, t, &strict) else {
+                    continue;
+                };
+                columns.insert(
+                    field.to_string(),
+                    ColumnBounds {
+                        min: Some(value.clone()),
+                        max: Some(value),
+                        nulls: Some(0),
+                    },
+                );
+            }
+            Some(FileBounds {
+                rows: None,
+                columns,
+            })
+        })
+        .collect()
 }
 
 /// Java properties (`key=value` lines, `#` comments, `\` escapes), as Hudi writes them.

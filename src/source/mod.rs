@@ -646,6 +646,7 @@ impl Source {
                     .collect();
                 let data_schema =
                     Self::hudi_schema(&store, url, &t, &metas, footers, &stats).await?;
+                let bounds = hudi::partition_bounds(&t, &data_schema);
                 Some(lake::Table {
                     version: lake::Version {
                         kind: lake::Kind::Hudi,
@@ -654,7 +655,7 @@ impl Source {
                     data_schema,
                     partitions: Partitions::default(),
                     deletes: vec![None; t.files.len()],
-                    bounds: Vec::new(),
+                    bounds,
                     files: t.files,
                 })
             }

@@ -1,17 +1,17 @@
-"""The Python blocks of the user docs (README.md, docs/reading.md, docs/many-hosts.md) run as
-written against a real mount, so the docs cannot drift from the product.
+"""The Python blocks of the user docs (README.md, docs/reading.md, docs/many-hosts.md,
+docs/python.md) run as written against a real mount, so the docs cannot drift from the product.
 
 Each ```python fenced block of those files, parsed out of the markdown at collection time, is one
 test case, with an id `FILE:N-HEADING` (N counts the file's Python blocks from 1). For each:
 
 - The mount. A small dataset holding every column the blocks read (see `snippet_ds`) is
   mounted with the options the doc states first before the block: the first `-o OPTS` in the
-  file above it (README and many-hosts.md: the `tensorfs mount` shell line; reading.md: "mounted
-  with `-o batch_size=1024,epochs=10`"). Adapted for a one-host test: `cache_dir=` is the
-  test's own; `snapshot=` is a snapshot the test takes of the dataset with `tensorfs snapshot`;
-  `world_size=` is WORLD (the doc's `$W`), `partitions=` is PARTITIONS (the doc's 1920, scaled
-  down to a multiple of WORLD whose partitions each hold full batches); `pad=tokens:PAD` is added,
-  since the dataset's `tokens` column is a variable-length list. Every other option (batch_size,
+  file above it (README, many-hosts.md and python.md: the `tensorfs mount` shell line;
+  reading.md: "mounted with `-o batch_size=1024,epochs=10`"). Adapted for a one-host test:
+  `cache_dir=` is the test's own; `snapshot=` is a snapshot the test takes of the dataset with
+  `tensorfs snapshot`; `world_size=` is WORLD (the doc's `$W`), `partitions=` is PARTITIONS (the
+  doc's 1920, scaled down to a multiple of WORLD whose partitions each hold full batches);
+  `pad=tokens:PAD` is added, since the dataset's `tokens` column is a variable-length list. Every other option (batch_size,
   epochs, ...) is the doc's, so the blocks' `range(10)` epoch loops and `B = 1024` stand as written.
 - The code. "/mnt/train" (the mount point the docs use) becomes the real mount point; nothing
   else of the block is changed.
@@ -59,7 +59,7 @@ import tfs
 
 sys.path.insert(0, str(tfs.REPO / "python"))  # the tensorfs package, as the wheel installs it
 
-DOCS = ["README.md", "docs/reading.md", "docs/many-hosts.md"]
+DOCS = ["README.md", "docs/reading.md", "docs/many-hosts.md", "docs/python.md"]
 DOC_MOUNT = "/mnt/train"  # the mount point the docs' blocks use
 WORLD = 2  # the processes of a torchrun job, on this one host
 PARTITIONS = 4  # a multiple of WORLD; each partition holds 2 full batches of 1024 rows
