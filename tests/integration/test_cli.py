@@ -1,5 +1,6 @@
 """The command line: the mount(8) helper form, --foreground, sources (one file, file:// URL,
-lexicographic order, non-Parquet files ignored), daemon life cycle."""
+lexicographic order, non-Parquet files ignored), daemon life cycle, and docs/cli.md against what
+each command's --help prints."""
 
 import json
 import os
@@ -259,3 +260,53 @@ def test_the_readme_quick_start_runs_as_written():
     finally:
         if tfs.is_mounted(mnt):
             tfs.unmount(mnt)
+
+
+# Every command of the CLI and the arguments that print its help (`tensorfs help --help` is no
+# command line: `tensorfs help` prints the top-level help).
+CLI_HELP = {
+    "": ["--help"],
+    "mount": ["mount", "--help"],
+    "inspect": ["inspect", "--help"],
+    "warm": ["warm", "--help"],
+    "stats": ["stats", "--help"],
+    "snapshot": ["snapshot", "--help"],
+    "help": ["help"],
+}
+
+
+def _flag_in(flag: str, text: str) -> bool:
+    return re.search(r"(?<![\w-])" + re.escape(flag) + r"(?![\w-])", text) is not None
+
+
+def test_docs_cli_md_names_every_command_and_flag_the_help_prints():
+    """docs/cli.md cannot drift from the declarations in src/main.rs: every command the top-level
+    help lists has a `tensorfs COMMAND` section there, and every long flag (`--something`), short
+    flag (`-x` of an option line) and `--format` value each command's `--help` prints appears in
+    it."""
+    doc = (tfs.REPO / "docs" / "cli.md").read_text()
+    top = tfs.run(["--help"])
+    assert top.returncode == 0, top.stderr
+    commands = top.stdout.split("Commands:", 1)[1].split("Options:", 1)[0]
+    listed = re.findall(r"^  ([a-z]+)  ", commands, re.M)
+    assert sorted(listed) == sorted(c for c in CLI_HELP if c), f"--help lists {listed}; CLI_HELP has {list(CLI_HELP)}"
+    missing = []
+    for command, args in CLI_HELP.items():
+        if command:
+            heading = f"## `tensorfs {command}`"
+            if heading not in doc:
+                missing.append(f"the section {heading!r}")
+        proc = tfs.run(args)
+        assert proc.returncode == 0, f"tensorfs {' '.join(args)}: {proc.stderr}"
+        out = proc.stdout
+        long_flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out))
+        short_flags = set(re.findall(r"^\s+(-[A-Za-z])(?:,|\s)", out, re.M))
+        values = set(re.findall(r"^\s+- ([a-z][a-z0-9-]*): ", out, re.M))  # clap's "Possible values"
+        assert long_flags, f"tensorfs {' '.join(args)} printed no long flag:\n{out}"
+        for flag in sorted(long_flags | short_flags):
+            if not _flag_in(flag, doc):
+                missing.append(f"{flag} (tensorfs {' '.join(args)})")
+        for value in sorted(values):
+            if f"`{value}`" not in doc:
+                missing.append(f"the value `{value}` (tensorfs {' '.join(args)})")
+    assert not missing, "docs/cli.md lacks: " + ", ".join(missing)

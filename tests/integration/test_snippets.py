@@ -11,8 +11,9 @@ test case, with an id `FILE:N-HEADING` (N counts the file's Python blocks from 1
   `cache_dir=` is the test's own; `snapshot=` is a snapshot the test takes of the dataset with
   `tensorfs snapshot`; `world_size=` is WORLD (the doc's `$W`), `partitions=` is PARTITIONS (the
   doc's 1920, scaled down to a multiple of WORLD whose partitions each hold full batches);
-  `pad=tokens:PAD` is added, since the dataset's `tokens` column is a variable-length list. Every other option (batch_size,
-  epochs, ...) is the doc's, so the blocks' `range(10)` epoch loops and `B = 1024` stand as written.
+  `pad=tokens:PAD` is added, since the dataset's `tokens` column is a variable-length list. Every
+  other option (batch_size, epochs, ...) is the doc's, so the blocks' `range(10)` epoch loops and
+  `B = 1024` stand as written.
 - The code. "/mnt/train" (the mount point the docs use) becomes the real mount point; nothing
   else of the block is changed.
 - Continuations. A block that uses names it does not bind (the docs' fragments: the token
