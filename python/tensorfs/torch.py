@@ -74,19 +74,16 @@ class BatchDataset(torch.utils.data.Dataset):
 
     @property
     def start(self) -> int:
+        """The first batch of the directory this dataset serves (set by `load_state_dict`,
+        reset by `set_epoch`; read-only, since the place a resume saves goes with it)."""
         return int(self._place[1])
 
-    @start.setter
-    def start(self, value: int) -> None:
-        self._place[1] = int(value)
+    def _set_place(self, start: int, done: int) -> None:
+        self._place[1], self._place[2] = int(start), int(done)
 
     @property
     def _done(self) -> int:
         return int(self._place[2])
-
-    @_done.setter
-    def _done(self, value: int) -> None:
-        self._place[2] = int(value)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -121,7 +118,7 @@ class BatchDataset(torch.utils.data.Dataset):
         """Serve epoch `epoch` from its first batch, in this process and in every DataLoader
         worker, persistent ones included."""
         self._view.set_epoch(epoch)
-        self.start = self._done = 0
+        self._set_place(0, 0)
         self._place[0] = self._view.epoch
 
     def __len__(self) -> int:
@@ -218,4 +215,4 @@ class BatchDataset(torch.utils.data.Dataset):
                 f"the state has read {done} global batches of epoch {self.epoch}, past the {shared} "
                 f"that {who}: resume with a world size that shares them, or go on with the next epoch"
             )
-        self.start, self._done = self._view.first_at(done), done
+        self._set_place(self._view.first_at(done), done)
