@@ -53,9 +53,13 @@ impl Dataset {
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
         let stats = Arc::new(Stats::default());
         let filter = where_filter(opts)?;
-        let source = match &opts.snapshot {
+        // A table a REST catalog names is read at the metadata file the catalog gives.
+        let name = source;
+        let (located, store) = crate::source::iceberg_rest::resolve(name, &opts.store).await?;
+        let source = located.as_str();
+        let mut source = match &opts.snapshot {
             Some(at) => {
-                let pinned = crate::source::snapshot::read(at, &opts.store).await?;
+                let pinned = crate::source::snapshot::read(at, &store).await?;
                 // The rows a snapshot keeps are pinned with it: a mount may name its where=,
                 // never another.
                 if let Some(f) = &filter
@@ -82,13 +86,13 @@ impl Dataset {
                         "version={v} disagrees with snapshot '{at}', which pins {pinned_what}: leave version= out"
                     );
                 }
-                Source::pinned(source, &opts.store, pinned, footers, stats.clone())?
+                Source::pinned(source, &store, pinned, footers, stats.clone())?
             }
             None => {
-                let (store, version) = (&opts.store, opts.version);
+                let version = opts.version;
                 Source::open(
                     source,
-                    store,
+                    &store,
                     footers,
                     stats.clone(),
                     version,
@@ -97,6 +101,7 @@ impl Dataset {
                 .await?
             }
         };
+        source.display = name.to_string();
         Dataset::over(Arc::new(source), opts, stats).await
     }
 
@@ -695,15 +700,19 @@ pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) ->
             let open = || {
                 runtime.block_on(async {
                     let stats = Arc::new(Stats::default());
-                    let source = Source::open_from(
-                        source,
-                        &opts.store,
+                    let (located, store) =
+                        crate::source::iceberg_rest::resolve(source, &opts.store).await?;
+                    let mut opened = Source::open_from(
+                        &located,
+                        &store,
                         opts.version,
                         &earlier,
                         stats.clone(),
                         where_filter(opts)?.as_ref(),
                     )
                     .await?;
+                    opened.display = source.to_string();
+                    let source = opened;
                     Dataset::over(Arc::new(source), opts, stats).await
                 })
             };

@@ -191,7 +191,8 @@ const GENERIC: &[&str] = &[
 ];
 
 /// Prefixes of object_store configuration keys.
-const STORE_PREFIXES: &[&str] = &["aws_", "google_", "azure_", "http_", "client_"];
+/// Keys passed to the store (and `iceberg_`, a REST catalog's: source/iceberg_rest.rs).
+const STORE_PREFIXES: &[&str] = &["aws_", "google_", "azure_", "http_", "client_", "iceberg_"];
 
 fn is_generic(key: &str) -> bool {
     GENERIC.contains(&key) || key.starts_with("x-") || key == "comment"

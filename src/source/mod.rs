@@ -8,7 +8,8 @@
 //! (what a mount knows of each object), `snapshot` (the file that pins it), `footer` (footers
 //! from the wild), `petastorm`, `delta` (Delta Lake tables), `partition` (hive partitions),
 //! `view` (schema → tensors), `filter` and `select` (`where=`: the expression, and the rows it
-//! keeps of a source), `bucket` (Iceberg's bucket transform).
+//! keeps of a source), `bucket` (Iceberg's bucket transform), `iceberg_rest` (a REST catalog's
+//! tables), `aws_profile` (the AWS CLI's profiles).
 
 pub(crate) mod aws_profile;
 pub(crate) mod bucket;
@@ -20,6 +21,7 @@ pub mod filter;
 pub(crate) mod footer;
 pub(crate) mod hudi;
 pub(crate) mod iceberg;
+pub(crate) mod iceberg_rest;
 pub(crate) mod lake;
 pub(crate) mod partition;
 pub(crate) mod petastorm;
@@ -376,7 +378,7 @@ macro_rules! cloud_store {
 /// `AZURE_*`) and from the object_store keys among the mount options.
 /// Installs ring as rustls's crypto provider, once, before the first TLS client is built (the
 /// HTTP client is built without one of its own, see Cargo.toml).
-fn install_tls_provider() {
+pub(crate) fn install_tls_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // An error means a provider is installed already, which serves as well.
@@ -386,6 +388,8 @@ fn install_tls_provider() {
 
 fn open_store(url: &Url, options: &[(String, String)]) -> Result<(Arc<dyn ObjectStore>, Path)> {
     install_tls_provider();
+    // A REST catalog's options are the catalog's, not the store's (iceberg_rest).
+    let options = &iceberg_rest::store_options(options)[..];
     let (scheme, path) = ObjectStoreScheme::parse(url)?;
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::Local => {
@@ -546,8 +550,7 @@ impl Source {
         filter: Option<&filter::Filter>,
     ) -> Result<Source> {
         let (store, url, prefix) = Self::store_for(source, store_options)?;
-        let same = |u: &Url| u.as_str().trim_end_matches('/').to_string();
-        if same(&url) != same(&from.url) {
+        if pinned_key(&url) != pinned_key(&from.url) {
             bail!(
                 "snapshot '{}' pins the dataset at '{}', not source '{source}'",
                 from.at,
@@ -1066,8 +1069,7 @@ impl Source {
         footers: Option<&std::path::Path>,
         stats: Arc<Stats>,
     ) -> Result<Source> {
-        let same = |u: &Url| u.as_str().trim_end_matches('/').to_string();
-        if same(url) != same(&pinned.url) {
+        if pinned_key(url) != pinned_key(&pinned.url) {
             bail!(
                 "snapshot '{}' pins the dataset at '{}', not source '{source}'",
                 pinned.at,
@@ -1775,6 +1777,17 @@ impl Source {
             );
         }
         Ok(pieces)
+    }
+}
+
+/// What a snapshot's source must match: its URL, where an Iceberg table named by a metadata
+/// file (as catalogs hand them out) is the same table whichever of its metadata files names
+/// it, its root.
+fn pinned_key(u: &Url) -> String {
+    let s = u.as_str().trim_end_matches('/');
+    match s.ends_with(".metadata.json") {
+        true => s.rsplitn(3, '/').nth(2).unwrap_or(s).to_string(),
+        false => s.to_string(),
     }
 }
 

@@ -1060,3 +1060,76 @@ def test_a_delta_table_with_column_mapping_is_read_by_its_logical_names(mounter,
     by_id = mounter(path, "columns=id:score", "shuffle=none")
     got_id = epoch_columns(by_id, ["id", "score"])
     assert sorted(zip(got_id["id"].tolist(), got_id["score"].tolist())) == sorted(zip(got["id"].tolist(), got["score"].tolist()))
+
+
+# --------------------------------------------------------------------------------------------
+# Iceberg tables behind a REST catalog (tests/iceberg_rest_server.py over a pyiceberg SQL catalog)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rest_catalog(tmp_path):
+    """A REST catalog on loopback holding db.events (two appends and a delete), its URL, and
+    the SQL catalog behind it."""
+    import subprocess
+    import sys
+
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    uri, warehouse = f"sqlite:///{tmp_path}/catalog.db", f"file://{tmp_path}/warehouse"
+    backing = SqlCatalog("backing", uri=uri, warehouse=warehouse)
+    backing.create_namespace("db")
+    rows = lambda s, n: pa.table({"id": np.arange(s, s + n, dtype=np.int64), "x": (np.arange(s, s + n) / 2).astype(np.float32)})
+    t = backing.create_table("db.events", schema=rows(0, 1).schema)
+    t.append(rows(0, 300))
+    t.append(rows(300, 200))
+    t.delete("id < 40")
+    proc = subprocess.Popen(
+        [sys.executable, str(tfs.REPO / "tests" / "iceberg_rest_server.py"), uri, warehouse,
+         "--token", "tok-1", "--credential", "trainer:s3cret", "--prefix", "w1"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        yield url, backing
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_an_iceberg_table_is_read_through_a_rest_catalog_as_pyiceberg_reads_it(mounter, rest_catalog, tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    url, backing = rest_catalog
+    reference = load_catalog("rest", type="rest", uri=url, token="tok-1").load_table("db.events")
+    want = sorted(reference.scan().to_arrow().column("id").to_pylist())
+    for auth in ("iceberg_token=tok-1", "iceberg_credential=trainer:s3cret"):
+        m = mounter("iceberg:db.events", f"iceberg_uri={url}", auth, "columns=id", "shuffle=none")
+        dj = m.dataset()
+        assert dj["source"] == "iceberg:db.events"
+        assert dj["origin"]["version"] == reference.current_snapshot().snapshot_id
+        assert sorted(np.load(m.p("epoch-0", "all", "id.npy")).tolist()) == want
+        # Credentials stay out of dataset.json.
+        assert "tok-1" not in json.dumps(dj) and "s3cret" not in json.dumps(dj)
+        m.unmount()
+    # A snapshot of it, and a mount of the snapshot after the table moved on.
+    pin = tmp_path / "events.snapshot"
+    proc = tfs.run(["snapshot", "iceberg:db.events", pin, "-o", f"iceberg_uri={url},iceberg_token=tok-1,columns=id"])
+    assert proc.returncode == 0, proc.stderr
+    backing.load_table("db.events").append(pa.table({"id": np.arange(900, 950, dtype=np.int64), "x": np.zeros(50, np.float32)}))
+    pinned = mounter("iceberg:db.events", f"iceberg_uri={url}", "iceberg_token=tok-1", f"snapshot={pin}", "columns=id", "shuffle=none")
+    assert sorted(np.load(pinned.p("epoch-0", "all", "id.npy")).tolist()) == want
+    now = mounter("iceberg:db.events", f"iceberg_uri={url}", "iceberg_token=tok-1", "columns=id", "shuffle=none")
+    assert now.dataset()["rows"] == len(want) + 50
+
+
+def test_a_rest_catalog_that_says_no_is_refused_in_one_line(mounter, rest_catalog):
+    url, _ = rest_catalog
+    line = tfs.refused_mount(mounter, "iceberg:db.nothing", f"iceberg_uri={url}", "iceberg_token=tok-1")
+    assert "table db.nothing: HTTP 404: NoSuchTableException" in line, line
+    line = tfs.refused_mount(mounter, "iceberg:db.events", f"iceberg_uri={url}", "iceberg_token=wrong")
+    assert "HTTP 401: NotAuthorizedException" in line, line
+    line = tfs.refused_mount(mounter, "iceberg:db.events")
+    assert "-o iceberg_uri=URL" in line, line
