@@ -103,6 +103,7 @@ pub(crate) async fn read(
             number: version,
         },
         bounds,
+        ruled_out: 0,
         data_schema: Arc::new(data_schema),
         partitions: Partitions { fields, values },
         deletes: found.iter().map(|f| f.deletion_vector.clone()).collect(),

@@ -52,6 +52,7 @@ pub(crate) async fn read(
     names: &[&str],
     metadata: Option<&str>,
     version: Option<crate::options::AsOf>,
+    filter: Option<&crate::source::filter::Filter>,
 ) -> Result<Table> {
     let metadata = match metadata {
         Some(m) => m.to_string(),
@@ -116,8 +117,16 @@ pub(crate) async fn read(
     let manifests = avro_records(&get(&store, root, &relative(list)?).await?)
         .with_context(|| format!("its manifest list '{list}'"))?;
     let mut entries: Vec<Entry> = Vec::new();
+    let mut ruled_out = 0;
     for m in &manifests {
         let path = str_of(m, "manifest_path")?;
+        // A manifest of data files whose partitions' summaries rule a where= out is not read.
+        if let Some(filter) = filter
+            && let Some(files) = manifest_ruled_out(m, &json, &data_schema, filter)
+        {
+            ruled_out += files;
+            continue;
+        }
         // A manifest's own sequence number is what its added entries inherit.
         let inherited = m
             .get("sequence_number")
@@ -274,6 +283,7 @@ pub(crate) async fn read(
         files,
         deletes,
         bounds,
+        ruled_out,
     })
 }
 
@@ -547,6 +557,67 @@ impl parquet::arrow::async_reader::AsyncFileReader for Ranged {
         }
         .boxed()
     }
+}
+
+/// Where a manifest of data files (content 0) holds only partitions `filter` rules out, by the
+/// manifest list's summaries of its spec's identity-partitioned columns (`partitions`: each
+/// field's `contains_null`, `lower_bound`, `upper_bound`): the data files it holds, as the list
+/// counts them. `None` where it must be read. A manifest of deletes is always read: its deletes
+/// may apply to files kept.
+fn manifest_ruled_out(
+    m: &Value,
+    json: &Value,
+    schema: &Schema,
+    filter: &crate::source::filter::Filter,
+) -> Option<u64> {
+    use crate::source::filter::{Decision, Known, Nulls};
+    if m.get("content").and_then(Value::as_i64).unwrap_or(0) != 0 {
+        return None;
+    }
+    let summaries = m.get("partitions")?.as_array()?;
+    let spec_id = m
+        .get("partition_spec_id")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let spec = (json.get("partition-specs").and_then(Value::as_array))?
+        .iter()
+        .find(|s| s.get("spec-id").and_then(Value::as_i64) == Some(spec_id))?;
+    let fields = spec.get("fields")?.as_array()?;
+    let checked = filter.check(schema, true).ok()?;
+    let known = |column: usize| -> anyhow::Result<Known> {
+        let f = schema.field(column);
+        let Some(id) = field_id(f) else {
+            return Ok(Known::Unknown);
+        };
+        let at = fields.iter().position(|p| {
+            p.get("source-id").and_then(Value::as_i64) == Some(id)
+                && p.get("transform").and_then(Value::as_str) == Some("identity")
+        });
+        let Some(summary) = at.and_then(|i| summaries.get(i)) else {
+            return Ok(Known::Unknown);
+        };
+        let bound = |k: &str| -> arrow::array::ArrayRef {
+            let bytes: Option<Vec<u8>> = (summary.get(k).and_then(Value::as_array))
+                .and_then(|a| a.iter().map(|b| b.as_u64().map(|b| b as u8)).collect());
+            (bytes.and_then(|b| single_value(&b, f.data_type())))
+                .unwrap_or_else(|| arrow::array::new_null_array(f.data_type(), 1))
+        };
+        let nulls = match summary.get("contains_null").and_then(Value::as_bool) {
+            Some(false) => Nulls::None,
+            _ => Nulls::Some,
+        };
+        Ok(Known::Bounds {
+            min: bound("lower_bound"),
+            max: bound("upper_bound"),
+            nulls: vec![nulls],
+        })
+    };
+    let decided = checked.decide(1, &known).ok()?;
+    if decided.first() != Some(&Decision::None) {
+        return None;
+    }
+    let count = |k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
+    Some(count("added_files_count") + count("existing_files_count"))
 }
 
 /// What a manifest says of a data file's columns (`record_count`, `lower_bounds`,

@@ -72,6 +72,9 @@ pub(crate) struct Table {
     /// What the table's metadata says of each file's columns (empty: nothing), for a
     /// `where=` to rule files out before their footers.
     pub(crate) bounds: Vec<Option<FileBounds>>,
+    /// Data files a `where=` ruled out before they were even listed (an Iceberg manifest left
+    /// unread).
+    pub(crate) ruled_out: u64,
 }
 
 /// What a table's metadata says of one data file's columns without reading it (Delta's

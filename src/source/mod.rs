@@ -659,12 +659,20 @@ impl Source {
                     partitions: Partitions::default(),
                     deletes: vec![None; t.files.len()],
                     bounds,
+                    ruled_out: 0,
                     files: t.files,
                 })
             }
             (Some(lake::Kind::Iceberg), version) => {
                 let names: Vec<&str> = listed.names.iter().map(String::as_str).collect();
-                let t = iceberg::read(store.clone(), &prefix, &names, metadata.as_deref(), version);
+                let t = iceberg::read(
+                    store.clone(),
+                    &prefix,
+                    &names,
+                    metadata.as_deref(),
+                    version,
+                    filter,
+                );
                 Some(t.await.map_err(in_source)?)
             }
             (None, Some(v)) => bail!(
@@ -709,6 +717,7 @@ impl Source {
                 Partitions::hive(&names)
             }
         };
+        let listed_out = table.as_ref().map_or(0, |t| t.ruled_out);
         let (objects, ruled_out) = match filter {
             None => (objects, 0),
             Some(filter) => {
@@ -729,7 +738,7 @@ impl Source {
                         filter.text
                     );
                 }
-                (objects, ruled_out)
+                (objects, listed_out + ruled_out)
             }
         };
         let progress = &Progress::new(started, objects.len());

@@ -390,3 +390,37 @@ def test_a_hudi_table_s_partition_paths_rule_files_out_before_their_footers(moun
     # The other partitions' files, ruled out by their paths (the non-hive-style table's latest
     # version holds one partition).
     assert (m.dataset()["where"]["objects_ruled_out"] >= 1) == (len(values) >= 2), values
+
+
+def test_an_iceberg_manifest_whose_partitions_are_ruled_out_is_never_read(mounter, tmp_path):
+    """The manifest list's partition summaries rule manifests out: their files are never even
+    listed. Shown by removing those manifests: the mount with where= still reads the table."""
+    tfs.require("pyiceberg", "pyiceberg is not installed (scripts/setup installs it)")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("default", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("db")
+
+    def rows(part, n=400):
+        ids = np.arange(part * 1000, part * 1000 + n, dtype=np.int64)
+        return pa.table({"id": ids, "part": np.full(n, part, dtype=np.int32)})
+
+    t = catalog.create_table("db.m", schema=rows(0).schema)
+    with t.update_spec() as spec:
+        spec.add_identity("part")
+    for part in range(3):
+        t.append(rows(part))
+    t = catalog.load_table("db.m")
+    root = Path(t.metadata.location.removeprefix("file://"))
+    want = sorted(t.scan(row_filter="part = 1").to_arrow().column("id").to_pylist())
+    manifests = t.current_snapshot().manifests(t.io)
+    others = [m for m in manifests if m.partitions and m.partitions[0].lower_bound != (1).to_bytes(4, "little")]
+    assert len(others) == 2, manifests
+    for m in others:
+        Path(m.manifest_path.removeprefix("file://")).unlink()
+    m = mounter(root, "columns=id", "shuffle=none", "where=part = 1")
+    assert sorted(served_ids(m).tolist()) == want
+    assert m.dataset()["where"]["objects_ruled_out"] == 2
+    # Without where=, those manifests are needed: their loss is a refusal.
+    line = tfs.refused_mount(mounter, root, "columns=id")
+    assert "manifest" in line, line
