@@ -53,6 +53,11 @@ impl Dataset {
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
         let stats = Arc::new(Stats::default());
         let filter = where_filter(opts)?;
+        if source.ends_with(".toml") {
+            bail!(
+                "source '{source}' is a mixture of sources (a .toml SOURCE), which this tensorfs does not implement yet: mount each source on its own"
+            );
+        }
         // A table a REST catalog names is read at the metadata file the catalog gives.
         let name = source;
         let (located, store) = crate::source::iceberg_rest::resolve(name, &opts.store).await?;
