@@ -457,7 +457,7 @@ pub(crate) async fn snapshot(
     let version = match version {
         None => latest,
         Some(crate::options::AsOf::Number(n)) => n,
-        Some(at @ crate::options::AsOf::Time(t)) => as_of_time(&log, &listed, at, t)?,
+        Some(at @ crate::options::AsOf::Time(t)) => as_of_time(store, &log, &listed, at, t).await?,
     };
     let checkpoint = newest_checkpoint(&files, version);
     let from = checkpoint.as_ref().map_or(0, |(v, _)| v + 1);
@@ -591,10 +591,13 @@ fn apply_json_lines(bytes: &[u8], replay: &mut Replay) -> Result<()> {
     Ok(())
 }
 
-/// The version current at time `t` (ms since the Unix epoch): the last commit whose file was
-/// written at or before it, as the Delta protocol times a version (in-commit timestamps are not
-/// read).
-fn as_of_time(
+/// The version current at time `t` (ms since the Unix epoch), as the Delta protocol times a
+/// version: its commit's `inCommitTimestamp` where the table writes in-commit timestamps (as
+/// Databricks does by default), else its commit file's modification time. In-commit timestamps
+/// only grow, so where the newest commit has one the version is found by a binary search, a
+/// few commits read; else it is the last commit whose file was written at or before `t`.
+async fn as_of_time(
+    store: &Arc<dyn ObjectStore>,
     log: &Path,
     listed: &[object_store::ObjectMeta],
     at: crate::options::AsOf,
@@ -609,6 +612,37 @@ fn as_of_time(
             }
         })
         .collect();
+    let versions: Vec<u64> = times.keys().copied().collect();
+    let newest = versions.last().copied();
+    let timed = match newest {
+        Some(v) => in_commit_timestamp(store, log, v).await?.is_some(),
+        None => false,
+    };
+    if timed {
+        let times = &times;
+        let time_of = |v: u64| async move {
+            let ict = in_commit_timestamp(store, log, v).await?;
+            anyhow::Ok(ict.unwrap_or(times[&v]))
+        };
+        // The first version timed after `t`.
+        let (mut lo, mut hi) = (0, versions.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match time_of(versions[mid]).await? <= t {
+                true => lo = mid + 1,
+                false => hi = mid,
+            }
+        }
+        if lo > 0 {
+            return Ok(versions[lo - 1]);
+        }
+        let first = versions[0];
+        let when = crate::options::AsOf::Time(time_of(first).await?);
+        return Err(NoVersion(format!(
+            "the Delta table has no version at or before {at}: its first, version {first}, was committed at {when}"
+        ))
+        .into());
+    }
     if let Some((&v, _)) = times.iter().rev().find(|&(_, &ms)| ms <= t) {
         return Ok(v);
     }
@@ -623,6 +657,31 @@ fn as_of_time(
         "the Delta table has no version at or before {at}{first}"
     ))
     .into())
+}
+
+/// Commit `v`'s in-commit timestamp, where its first action (its `commitInfo`, which a table
+/// with in-commit timestamps writes first) holds one.
+async fn in_commit_timestamp(
+    store: &Arc<dyn ObjectStore>,
+    log: &Path,
+    v: u64,
+) -> Result<Option<i64>> {
+    let path = log.clone().join(format!("{v:020}.json").as_str());
+    // The first line is enough, and a commit of many files is large: its head first.
+    let head = store.get_range(&path, 0..65536).await;
+    let bytes = match head {
+        Ok(b) if b.contains(&b'\n') => b,
+        _ => store.get(&path).await?.bytes().await?,
+    };
+    let first = bytes.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let action: Value = match serde_json::from_slice(first) {
+        Ok(v) => v,
+        Err(_) => return Ok(None),
+    };
+    Ok(action
+        .get("commitInfo")
+        .and_then(|c| c.get("inCommitTimestamp"))
+        .and_then(Value::as_i64))
 }
 
 /// Applies the actions of one log file: newline-delimited JSON, or Parquet.

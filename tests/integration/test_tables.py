@@ -1133,3 +1133,31 @@ def test_a_rest_catalog_that_says_no_is_refused_in_one_line(mounter, rest_catalo
     assert "HTTP 401: NotAuthorizedException" in line, line
     line = tfs.refused_mount(mounter, "iceberg:db.events")
     assert "-o iceberg_uri=URL" in line, line
+
+
+def test_a_delta_version_by_time_follows_in_commit_timestamps(mounter, tmp_path):
+    """A table with in-commit timestamps (Databricks writes them by default) times a version
+    by its commitInfo's inCommitTimestamp, not by its commit file's modification time.
+    deltalake 1.6 cannot write them: the commits are given them here as such a writer does
+    (its commitInfo first), and their files all one modification time, now."""
+    dl = tfs.require("deltalake", "the deltalake package is not installed (scripts/setup installs it)")
+    import datetime as dt
+
+    path = tmp_path / "delta-ict"
+    for k in range(4):
+        dl.write_deltalake(str(path), delta_rows(100 * k, 50), mode="append")
+    day0 = int(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc).timestamp() * 1000)
+    for k in range(4):
+        commit = path / "_delta_log" / f"{k:020}.json"
+        actions = [json.loads(line) for line in commit.read_text().splitlines() if line.strip()]
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        info["inCommitTimestamp"] = day0 + k * 86_400_000
+        rest = [a for a in actions if "commitInfo" not in a]
+        commit.write_text("\n".join(json.dumps(a) for a in [{"commitInfo": info}, *rest]) + "\n")
+    for when, version in [("2026-01-02T12:00:00Z", 1), ("2026-01-03", 2), ("2026-02-01", 3)]:
+        m = mounter(path, f"version={when}", "columns=id", "shuffle=none")
+        assert m.dataset()["origin"]["version"] == version, when
+        assert m.dataset()["rows"] == 50 * (version + 1)
+        m.unmount()
+    line = tfs.refused_mount(mounter, path, "version=2025-12-31T00:00:00Z", "columns=id")
+    assert "its first, version 0, was committed at 2026-01-01T00:00:00.000Z" in line, line
