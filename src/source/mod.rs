@@ -2023,7 +2023,14 @@ pub(crate) fn decode_footer(footer: &[u8]) -> Result<ArrowReaderMetadata> {
         let metadata = crate::source::footer::decode(&metadata)?;
         arrow_metadata(Arc::new(metadata))
     });
-    decoded.unwrap_or_else(|panic| Err(anyhow!("the footer is malformed ({panic})")))
+    let decoded = decoded.unwrap_or_else(|panic| Err(anyhow!("the footer is malformed ({panic})")));
+    // A refusal is one line: a mangled footer's names may hold line breaks the decoder quotes.
+    decoded.map_err(|e| {
+        let line = crate::describe(&e)
+            .replace('\n', "\\n")
+            .replace('\r', "\\r");
+        anyhow!("{line}")
+    })
 }
 
 /// The Arrow view of a file, as pyarrow reads it. INT96 timestamps are nanoseconds with no
