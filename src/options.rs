@@ -267,7 +267,7 @@ impl Default for Options {
 }
 
 /// Edits (insertions, deletions, substitutions) between two names.
-fn distance(a: &str, b: &str) -> usize {
+pub(crate) fn distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

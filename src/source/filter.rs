@@ -452,7 +452,10 @@ enum Side {
 /// `, nearest: a, b` for the names of `names` closest to `name`.
 fn nearest(name: &str, names: &[&str]) -> String {
     let mut scored: Vec<(usize, &str)> = (names.iter())
-        .map(|n| (edit_distance(&name.to_lowercase(), &n.to_lowercase()), *n))
+        .map(|n| {
+            let d = crate::options::distance(&name.to_lowercase(), &n.to_lowercase());
+            (d, *n)
+        })
         .collect();
     scored.sort();
     let close: Vec<&str> = (scored.iter())
@@ -464,21 +467,6 @@ fn nearest(name: &str, names: &[&str]) -> String {
         true => format!(" (columns: {})", names.join(", ")),
         false => format!(" (nearest: {})", close.join(", ")),
     }
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let here = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(here + 1);
-            prev = here;
-        }
-    }
-    row[b.len()]
 }
 
 /// The literal `l` as a value of a column of type `column` (`what` names it): the literal in
