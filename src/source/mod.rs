@@ -1363,8 +1363,19 @@ impl Source {
         rg: usize,
         roots: &[usize],
     ) -> Result<RecordBatch> {
+        self.read_rows(file, rg, roots, true).await
+    }
+
+    /// [`Source::read_row_group`], with the rows the table deletes dropped (`live`) or kept.
+    async fn read_rows(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+        live: bool,
+    ) -> Result<RecordBatch> {
         let fetched = self.fetch_row_group(file, rg, roots).await?;
-        let pieces = self.decode_row_group(fetched).await?;
+        let pieces = self.decode_stored_or_live(fetched, live).await?;
         let schema = match pieces.first() {
             Some(p) => p.schema(),
             None => Arc::new(self.schema.project(roots)?),
@@ -1454,21 +1465,7 @@ impl Source {
         rg: usize,
         roots: &[usize],
     ) -> Result<RecordBatch> {
-        let fetched = self.fetch_row_group(file, rg, roots).await?;
-        let pieces = self.decode_stored_or_live(fetched, false).await?;
-        let mut fields: Vec<_> = roots
-            .iter()
-            .map(|&r| self.schema.field(r).clone())
-            .collect();
-        if let Some(p) = pieces.first() {
-            fields = p
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone())
-                .collect();
-        }
-        let batch = arrow::compute::concat_batches(&Arc::new(Schema::new(fields)), &pieces)?;
+        let batch = self.read_rows(file, rg, roots, false).await?;
         // Decoded in the order fetch_row_group asks (the file's columns, then partition
         // columns): put back in the order asked.
         let order: Vec<usize> = (roots.iter())
