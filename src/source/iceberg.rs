@@ -39,7 +39,8 @@ struct Entry {
     /// applies to the data files of its partition (of every partition where its spec has none).
     spec_id: i64,
     partition: Value,
-    /// The manifest's record count, column bounds and null counts of the file, as read.
+    /// The manifest's record of the file (its record count, column bounds and null counts),
+    /// kept only for a `where=`.
     file: Value,
 }
 
@@ -166,7 +167,10 @@ pub(crate) async fn read(
                 equality_ids,
                 spec_id,
                 partition: file.get("partition").cloned().unwrap_or(Value::Null),
-                file: file.clone(),
+                file: match filter {
+                    Some(_) => file.clone(),
+                    None => Value::Null,
+                },
             });
         }
     }
@@ -259,12 +263,18 @@ pub(crate) async fn read(
     let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
     files.sort();
     files.dedup();
-    let bounds_of: HashMap<&str, FileBounds> = (data.iter())
-        .map(|e| (e.path.as_str(), file_bounds(&e.file, &data_schema)))
-        .collect();
-    let bounds = (files.iter())
-        .map(|f| bounds_of.get(f.as_str()).cloned())
-        .collect();
+    // Bounds are for a where= alone: a mount without one makes none.
+    let bounds = match filter {
+        None => Vec::new(),
+        Some(_) => {
+            let bounds_of: HashMap<&str, FileBounds> = (data.iter())
+                .map(|e| (e.path.as_str(), file_bounds(&e.file, &data_schema)))
+                .collect();
+            (files.iter())
+                .map(|f| bounds_of.get(f.as_str()).cloned())
+                .collect()
+        }
+    };
     let deletes = (files.iter())
         .map(|f| {
             positions

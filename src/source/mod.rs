@@ -649,7 +649,10 @@ impl Source {
                     .collect();
                 let data_schema =
                     Self::hudi_schema(&store, url, &t, &metas, footers, &stats).await?;
-                let bounds = hudi::partition_bounds(&t, &data_schema);
+                let bounds = match filter {
+                    Some(_) => hudi::partition_bounds(&t, &data_schema),
+                    None => Vec::new(),
+                };
                 Some(lake::Table {
                     version: lake::Version {
                         kind: lake::Kind::Hudi,
