@@ -98,7 +98,7 @@ from benchlib.limits import print_rows as print_limits
 from benchlib.limits import run_rows as limits_rows
 from benchlib.methods import (check_permutation, open_cost_us, read_file_sequentially, read_npy_dirs, read_npy_slices,
                               read_pyarrow, read_safetensors_files, verify)
-from benchlib.mounts import Caches, Mount, S3Server
+from benchlib.mounts import Caches, Mount, S3Server, close_all
 from benchlib.petastorm_dataset import print_rows as print_petastorm_dataset
 from benchlib.petastorm_dataset import run_rows as petastorm_dataset_rows
 from benchlib.petastorm_side import SIDE_VENV, petastorm_epochs, petastorm_python, petastorm_s3fs, petastorm_worker
@@ -601,13 +601,7 @@ def run(a) -> int:
                 stalls.append(stall_experiment(binary, s3.source, [*opts, *s3.mount_options()], scratch, caches,
                                                cold_s3["mb_s"], n_batches, "s3", a.stall_prefetch, B, rg_first_rows))
     finally:
-        for m in mounts:
-            try:
-                m.unmount()
-            except Exception:
-                pass
-        if s3 is not None:
-            s3.stop()
+        close_all(mounts, s3)
         if own_scratch and not a.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 

@@ -139,6 +139,18 @@ class Mount:
             time.sleep(0.05)
 
 
+def close_all(mounts: list, s3) -> None:
+    """Unmounts every mount of MOUNTS (one that fails to unmount left as it is) and stops the S3
+    server S3, if any: the end of a bench run, whatever failed before it."""
+    for m in mounts:
+        try:
+            m.unmount()
+        except Exception:
+            pass
+    if s3 is not None:
+        s3.stop()
+
+
 def faultproxy():
     """tests/faultproxy.py as a module, loaded from its path (tests/ is not on sys.path)."""
     import importlib.util

@@ -27,7 +27,7 @@ if __name__ == "__main__" and not __package__:
     __package__ = "benchlib"
 
 from .common import MB, log  # noqa: E402
-from .mounts import Mount, S3Server  # noqa: E402
+from .mounts import Mount, S3Server, close_all  # noqa: E402
 
 DAYS, FILES_PER_DAY, RG_PER_FILE, EMB = 10, 2, 4, 16
 TENSORS = ("id", "x", "emb")
@@ -226,13 +226,7 @@ def main() -> int:
         s3 = S3Server(None, scratch)
         vr = run_rows(a, binary, s3, scratch, mounts)
     finally:
-        for m in mounts:
-            try:
-                m.unmount()
-            except Exception:
-                pass
-        if s3 is not None:
-            s3.stop()
+        close_all(mounts, s3)
         if a.out_dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
     print_rows(vr)
