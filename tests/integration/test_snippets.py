@@ -473,7 +473,9 @@ def test_doc_block_runs_against_a_mount(block: Block, snippet_ds, mounter, tmp_p
     assert meta["rows"] == ROWS
 
     script = tmp_path / "snippet.py"
-    script.write_text(code.replace(DOC_MOUNT, str(m.path)) + epilogue(code))
+    # A block that hangs prints every thread's stack before the test gives up on it.
+    watchdog = f"import faulthandler; faulthandler.dump_traceback_later({PROC_TIMEOUT - 15}, exit=True)\n"
+    script.write_text(watchdog + code.replace(DOC_MOUNT, str(m.path)) + epilogue(code))
 
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tfs.REPO / "python"), env.get("PYTHONPATH")]))
@@ -490,6 +492,9 @@ def test_doc_block_runs_against_a_mount(block: Block, snippet_ds, mounter, tmp_p
                 "GROUP_RANK": "0",
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": port,
+                # gloo binds the address the host name resolves to; on a machine whose name
+                # resolves to an address it cannot reach, the ranks wait for each other forever.
+                "GLOO_SOCKET_IFNAME": "lo",
             }
             for r in range(WORLD)
         ]
