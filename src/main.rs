@@ -243,6 +243,40 @@ fn main() -> ExitCode {
 }
 
 fn print_view(d: &Dataset, opts: &Options) {
+    match &d.mixture {
+        Some(m) => print_mixture(d, m),
+        None => print_source(d),
+    }
+    print_order_and_tensors(d, opts);
+}
+
+/// A mixture's sources: what each keeps and draws.
+fn print_mixture(d: &Dataset, m: &tensorfs::mount::Mixture) {
+    println!(
+        "mixture      {} ({} sources, {} rows; an epoch draws {})",
+        m.path,
+        m.members.len(),
+        d.plan.rows(),
+        d.plan.drawn_rows()
+    );
+    println!("fingerprint  {}", d.fingerprint());
+    for (i, member) in m.members.iter().enumerate() {
+        let s = &member.source;
+        let rows = member.rows();
+        let selected = (s.selected.as_ref()).map(|w| format!(", where {}", w.text));
+        println!(
+            "source {:<6}{} ({} files, {rows} rows{}): {}, {} drawn an epoch",
+            i + 1,
+            member.spec.url,
+            s.files.len(),
+            selected.unwrap_or_default(),
+            member.spec.size,
+            member.drawn
+        );
+    }
+}
+
+fn print_source(d: &Dataset) {
     let files = d.source.files.len();
     println!(
         "source       {} ({files} file{}, {} rows, {} row groups)",
@@ -314,6 +348,9 @@ fn print_view(d: &Dataset, opts: &Options) {
         ),
         None => {}
     }
+}
+
+fn print_order_and_tensors(d: &Dataset, opts: &Options) {
     println!(
         "batches      {} per epoch of {} rows (last: {} rows), shuffle={}",
         d.plan.batches(),

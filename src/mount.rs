@@ -35,14 +35,134 @@ fn where_filter(opts: &Options) -> Result<Option<crate::source::filter::Filter>>
         .transpose()
 }
 
+/// Opens one source (listed, or as `snapshot=` pinned it) under `opts`.
+async fn open_source(
+    source: &str,
+    opts: &Options,
+    footers: Option<&Path>,
+    stats: Arc<Stats>,
+) -> Result<Source> {
+    let filter = where_filter(opts)?;
+    // A table a REST catalog names is read at the metadata file the catalog gives.
+    let name = source;
+    let (located, store) = crate::source::iceberg_rest::resolve(name, &opts.store).await?;
+    let source = located.as_str();
+    let mut source = match &opts.snapshot {
+        Some(at) => {
+            let pinned = crate::source::snapshot::read(at, &store).await?;
+            // The rows a snapshot keeps are pinned with it: a mount may name its where=,
+            // never another.
+            if let Some(f) = &filter
+                && pinned.catalog.selection.as_deref() != Some(f.text.as_str())
+            {
+                let pinned_what = match &pinned.catalog.selection {
+                    Some(p) => format!("where={p}"),
+                    None => "every row (no where=)".to_string(),
+                };
+                bail!(
+                    "where={} disagrees with snapshot '{at}', which pins {pinned_what}: leave where= out, or take a snapshot with it",
+                    f.text
+                );
+            }
+            let pins = pinned.catalog.table.map(|v| v.number);
+            if let Some(v) = opts.version
+                && (pins.map(crate::options::AsOf::Number) != Some(v))
+            {
+                let pinned_what = match pins {
+                    Some(p) => format!("version {p}"),
+                    None => "no table version".to_string(),
+                };
+                bail!(
+                    "version={v} disagrees with snapshot '{at}', which pins {pinned_what}: leave version= out"
+                );
+            }
+            Source::pinned(source, &store, pinned, footers, stats.clone())?
+        }
+        None => {
+            let version = opts.version;
+            Source::open(
+                source,
+                &store,
+                footers,
+                stats.clone(),
+                version,
+                filter.as_ref(),
+            )
+            .await?
+        }
+    };
+    source.display = name.to_string();
+    Ok(source)
+}
+
 /// A dataset opened under a set of options: what a mount would show.
 pub struct Dataset {
+    /// The source; a mixture's first.
     pub source: Arc<Source>,
+    /// The source's view: the tensors every source of a mixture serves.
     pub view: Arc<View>,
+    /// A mixture's sources (a `.toml` SOURCE), `source` first.
+    pub mixture: Option<Mixture>,
     pub plan: Plan,
     pub stats: Arc<Stats>,
     /// The user's transform (`transform=`), tried on the first row group.
     pub udf: Option<Arc<crate::udf::Applied>>,
+}
+
+/// The sources of a mixture, in the `.toml`'s order.
+pub struct Mixture {
+    /// The `.toml` as named.
+    pub path: String,
+    pub members: Vec<Member>,
+    /// The mixture's identity: its sources' fingerprints and sizes.
+    fingerprint: String,
+}
+
+/// One source of a mixture.
+pub struct Member {
+    pub spec: crate::source::mixture::Spec,
+    pub source: Arc<Source>,
+    pub view: Arc<View>,
+    /// Its rows an epoch draws.
+    pub drawn: u64,
+}
+
+impl Member {
+    /// Its rows (those its `where` keeps).
+    pub fn rows(&self) -> u64 {
+        self.source.files.iter().map(|f| f.live_rows()).sum()
+    }
+}
+
+/// Why a mixture's source cannot join it: the first tensor it serves otherwise than the first
+/// source, or in another place (the batch files hold the tensors in one order).
+fn tensors_differ(first: &View, other: &View) -> Option<String> {
+    let say = |t: &crate::source::view::Tensor| format!("'{}' ({} {:?})", t.name, t.dtype, t.inner);
+    for (i, t) in first.tensors.iter().enumerate() {
+        let same = |o: &&crate::source::view::Tensor| {
+            o.name == t.name && o.dtype == t.dtype && o.inner == t.inner && o.part == t.part
+        };
+        match other.tensors.get(i) {
+            Some(o) if same(&o) => continue,
+            Some(o) if o.name == t.name => {
+                return Some(format!(
+                    "serves tensor {}, where source 1 serves {}",
+                    say(o),
+                    say(t)
+                ));
+            }
+            _ => {}
+        }
+        return Some(match other.tensors.iter().find(|o| o.name == t.name) {
+            Some(_) => format!(
+                "serves tensor '{}' in another place than source 1 does: give both one order with columns=",
+                t.name
+            ),
+            None => format!("serves no tensor '{}', which source 1 serves", t.name),
+        });
+    }
+    (other.tensors.get(first.tensors.len()))
+        .map(|o| format!("serves tensor '{}', which source 1 does not", o.name))
 }
 
 impl Dataset {
@@ -51,63 +171,135 @@ impl Dataset {
     /// them into the refusal. `footers`: where footers are kept between mounts (none for
     /// `inspect`).
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
-        let stats = Arc::new(Stats::default());
-        let filter = where_filter(opts)?;
         if source.ends_with(".toml") {
+            return Dataset::mixed(source, opts, footers).await;
+        }
+        if let Some(n) = opts.epoch_rows {
             bail!(
-                "source '{source}' is a mixture of sources (a .toml SOURCE), which this tensorfs does not implement yet: mount each source on its own"
+                "epoch_rows={n} sizes the epochs of a mixture of sources (a .toml SOURCE), and '{source}' is one source: leave epoch_rows= out"
             );
         }
-        // A table a REST catalog names is read at the metadata file the catalog gives.
-        let name = source;
-        let (located, store) = crate::source::iceberg_rest::resolve(name, &opts.store).await?;
-        let source = located.as_str();
-        let mut source = match &opts.snapshot {
-            Some(at) => {
-                let pinned = crate::source::snapshot::read(at, &store).await?;
-                // The rows a snapshot keeps are pinned with it: a mount may name its where=,
-                // never another.
-                if let Some(f) = &filter
-                    && pinned.catalog.selection.as_deref() != Some(f.text.as_str())
-                {
-                    let pinned_what = match &pinned.catalog.selection {
-                        Some(p) => format!("where={p}"),
-                        None => "every row (no where=)".to_string(),
-                    };
-                    bail!(
-                        "where={} disagrees with snapshot '{at}', which pins {pinned_what}: leave where= out, or take a snapshot with it",
-                        f.text
-                    );
-                }
-                let pins = pinned.catalog.table.map(|v| v.number);
-                if let Some(v) = opts.version
-                    && (pins.map(crate::options::AsOf::Number) != Some(v))
-                {
-                    let pinned_what = match pins {
-                        Some(p) => format!("version {p}"),
-                        None => "no table version".to_string(),
-                    };
-                    bail!(
-                        "version={v} disagrees with snapshot '{at}', which pins {pinned_what}: leave version= out"
-                    );
-                }
-                Source::pinned(source, &store, pinned, footers, stats.clone())?
-            }
-            None => {
-                let version = opts.version;
-                Source::open(
-                    source,
-                    &store,
-                    footers,
-                    stats.clone(),
-                    version,
-                    filter.as_ref(),
-                )
-                .await?
-            }
-        };
-        source.display = name.to_string();
+        let stats = Arc::new(Stats::default());
+        let source = open_source(source, opts, footers, stats.clone()).await?;
         Dataset::over(Arc::new(source), opts, stats).await
+    }
+
+    /// A mixture: each source of the `.toml` at `path` opened under `opts` (its own `where`
+    /// joining the mount's), checked to serve the same tensors, and drawn as sized.
+    async fn mixed(path: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
+        let unfinished = |what: &str| {
+            anyhow!(
+                "{what} with a mixture of sources (a .toml SOURCE) is not implemented yet: mount each source on its own"
+            )
+        };
+        if opts.partitions > 1 {
+            return Err(unfinished(&format!("partitions={}", opts.partitions)));
+        }
+        if opts.udf().is_some() {
+            return Err(unfinished("transform="));
+        }
+        if opts.snapshot.is_some() {
+            bail!(
+                "snapshot= pins one source, and '{path}' is a mixture: give each source its snapshot in its [[source]] table"
+            );
+        }
+        let specs = crate::source::mixture::read(path)?;
+        let stats = Arc::new(Stats::default());
+        let mut members: Vec<Member> = Vec::new();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let mut own = opts.clone();
+            own.selection = match (&opts.selection, &spec.selection) {
+                (Some(a), Some(b)) => Some(format!("({a}) and ({b})")),
+                (a, b) => a.clone().or(b.clone()),
+            };
+            own.version = spec.version.or(opts.version);
+            own.snapshot = spec.snapshot.clone();
+            let which = format!("mixture '{path}' source {} ('{}')", i + 1, spec.url);
+            let source = open_source(&spec.location, &own, footers, stats.clone())
+                .await
+                .map_err(|e| anyhow!("{which}: {e:#}"))?;
+            let source = Arc::new(source);
+            let view = Arc::new(view::build_with(&source, &own, None).await?);
+            if let Some(line) = view.refusal("`tensorfs inspect` of that source lists them") {
+                bail!("{which}: {line}");
+            }
+            if let Some(first) = members.first()
+                && let Some(why) = tensors_differ(&first.view, &view)
+            {
+                bail!("{which} {why}");
+            }
+            members.push(Member {
+                spec,
+                source,
+                view,
+                drawn: 0,
+            });
+        }
+        let rows: Vec<u64> = members.iter().map(Member::rows).collect();
+        let sizes: Vec<_> = members.iter().map(|m| m.spec.size).collect();
+        let drawn = crate::model::mix::drawn(&rows, &sizes, opts.epoch_rows)
+            .map_err(|e| anyhow!("mixture '{path}': {e}"))?;
+        for (m, n) in members.iter_mut().zip(drawn) {
+            m.drawn = n;
+        }
+        let live: Vec<Vec<Vec<u64>>> = (members.iter())
+            .map(|m| m.source.files.iter().map(|f| f.live_rg_rows()).collect())
+            .collect();
+        let sources: Vec<(Vec<PlanFile>, u64)> = (members.iter().zip(&live))
+            .map(|(m, live)| {
+                let files = (m.source.files.iter().zip(live))
+                    .map(|(f, rg_rows)| PlanFile {
+                        key: &f.name,
+                        rg_rows,
+                    })
+                    .collect();
+                (files, m.drawn)
+            })
+            .collect();
+        let plan = Plan::mixed(&sources, opts.order());
+        let identity: Vec<String> = (members.iter())
+            .map(|m| format!("{} {}", m.source.fingerprint(), m.spec.size))
+            .collect();
+        let refs: Vec<&[u8]> = identity.iter().map(|i| i.as_bytes()).collect();
+        // 64 hex digits, as a source's: what fingerprint= takes.
+        let fingerprint: String = (crate::model::kept::identity(&refs).iter())
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if let Some(want) = &opts.fingerprint
+            && *want != fingerprint
+        {
+            bail!("mixture '{path}' is dataset {fingerprint}, not {want} (fingerprint=)");
+        }
+        Ok(Dataset {
+            source: members[0].source.clone(),
+            view: members[0].view.clone(),
+            mixture: Some(Mixture {
+                path: path.to_string(),
+                members,
+                fingerprint,
+            }),
+            plan,
+            stats,
+            udf: None,
+        })
+    }
+
+    /// Identifies the dataset's content: the source's fingerprint, or the mixture's.
+    pub fn fingerprint(&self) -> &str {
+        match &self.mixture {
+            Some(m) => &m.fingerprint,
+            None => self.source.fingerprint(),
+        }
+    }
+
+    /// Every source the mount reads, with its view: the one, or a mixture's in order.
+    pub(crate) fn sources(&self) -> Vec<(Arc<Source>, Arc<View>)> {
+        match &self.mixture {
+            Some(m) => (m.members.iter())
+                .map(|m| (m.source.clone(), m.view.clone()))
+                .collect(),
+            None => vec![(self.source.clone(), self.view.clone())],
+        }
     }
 
     /// The dataset of an opened source (its `stats` are the source's) under `opts`.
@@ -153,6 +345,7 @@ impl Dataset {
         Ok(Dataset {
             source,
             view,
+            mixture: None,
             plan,
             stats,
             udf,
@@ -170,6 +363,34 @@ impl Dataset {
         let mut json = view::dataset_json(&self.source, &self.view, &self.plan, opts);
         if let Some(a) = &self.udf {
             json["transform"] = a.json();
+        }
+        json["epoch_rows"] = serde_json::json!(self.plan.drawn_rows());
+        if let Some(m) = &self.mixture {
+            // The first source's own facts give way to the mixture's.
+            json["source"] = serde_json::json!(m.path);
+            json["fingerprint"] = serde_json::json!(m.fingerprint);
+            json["origin"] = serde_json::json!({"kind": "mixture"});
+            json["where"] = serde_json::Value::Null;
+            json["petastorm"] = serde_json::Value::Null;
+            let files: Vec<serde_json::Value> = (m.members.iter())
+                .flat_map(|member| view::files_json(&member.source))
+                .collect();
+            json["files"] = serde_json::json!(files);
+            json["mixture"] = (m.members.iter())
+                .map(|member| {
+                    let s = &member.source;
+                    serde_json::json!({
+                        "url": member.spec.url,
+                        "size": member.spec.size.to_string(),
+                        "rows": member.rows(),
+                        "drawn": member.drawn,
+                        "fingerprint": s.fingerprint(),
+                        "where": s.selected.as_ref().map(|w| &w.text),
+                        "version": s.table.map(|v| v.number),
+                        "origin": view::origin_json(s),
+                    })
+                })
+                .collect();
         }
         json
     }
@@ -250,8 +471,10 @@ impl Dataset {
         placement: &Placement,
     ) -> Result<DiskCache> {
         let content = opts.content();
-        let fingerprint = self.source.fingerprint();
-        let decode = self.source.decode_identity();
+        let fingerprint = self.fingerprint();
+        let sources = self.sources();
+        let decode: Vec<String> = sources.iter().map(|(s, _)| s.decode_identity()).collect();
+        let decode = decode.join(" ");
         let columns = content.columns.to_string();
         let order = content.order.to_string();
         // The transform's own identity: its sources' digest (the options name it only).
@@ -269,7 +492,7 @@ impl Dataset {
             order.as_bytes(),
             udf.as_bytes(),
         ]);
-        let names = (self.source.files.iter())
+        let names = (sources.iter().flat_map(|(s, _)| &s.files))
             .flat_map(|f| (0..f.rg_rows.len()).map(|rg| crate::cache::columns_name(&f.id, rg)))
             .collect();
         let capacity = match opts.cache_size {
@@ -311,7 +534,7 @@ impl Dataset {
         ));
         let builder = Arc::new(Builder::new(
             Parts {
-                source: self.source.clone(),
+                sources: self.sources(),
                 view: self.view.clone(),
                 placement,
                 layout: layout.clone(),
@@ -369,12 +592,15 @@ impl Dataset {
     /// docs/dev/scale.md; a mount of a snapshot loads those its reads need, at most all) and
     /// `dataset.json`. Refused where that takes more than half the limit.
     pub(crate) fn buffer_memory(&self, opts: &Options, dataset_json: u64) -> Result<u64> {
-        let held = self.source.facts.footer_memory + dataset_json;
+        let sources = self.sources();
+        let footers: u64 = sources.iter().map(|(s, _)| s.facts.footer_memory).sum();
+        let files: usize = sources.iter().map(|(s, _)| s.files.len()).sum();
+        let held = footers + dataset_json;
         let Some(buffers) = crate::read::build::budget::buffers(opts.memory_limit, held) else {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             bail!(
                 "the footers of the dataset's {} files and dataset.json take {} of memory_limit={}: raise memory_limit to at least {}",
-                self.source.files.len(),
+                files,
                 mib(held),
                 mib(opts.memory_limit),
                 mib(2 * held)
@@ -670,7 +896,9 @@ fn open_for_mount(
     create_cache_dir(&opts.cache_dir)?;
     let footers = opts.cache_dir.join("v1").join("footers");
     let d = open_checked(source, opts, runtime, Some(&footers))?;
-    crate::source::snapshot::record(&d.source, &d.view, &opts.cache_dir);
+    for (source, view) in d.sources() {
+        crate::source::snapshot::record(&source, &view, &opts.cache_dir);
+    }
     Ok(d)
 }
 
@@ -697,6 +925,11 @@ fn open_checked(
 /// options would (with the same line), and pins the dataset in `dest` (a local path or an
 /// object URL the store options reach). Returns its fingerprint.
 pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) -> Result<String> {
+    if source.ends_with(".toml") {
+        bail!(
+            "a snapshot of a whole mixture (a .toml SOURCE) is not implemented yet: take one of each source and name it in its [[source]] table (snapshot = \"…\")"
+        );
+    }
     let runtime = runtime(opts.threads)?;
     let d = match from {
         None => open_checked(source, opts, &runtime, None)?,

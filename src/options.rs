@@ -106,6 +106,8 @@ pub struct Options {
     pub(crate) version: Option<AsOf>,
     /// `where=EXPR`: only the rows EXPR keeps (PRODUCT.md §11), as written (`\,` a comma).
     pub(crate) selection: Option<String>,
+    /// `epoch_rows=N`: the rows of an epoch of a mixture (PRODUCT.md §11).
+    pub(crate) epoch_rows: Option<u64>,
     /// object_store configuration keys, passed to the store as they are.
     pub(crate) store: Vec<(String, String)>,
 }
@@ -261,6 +263,7 @@ impl Default for Options {
             fingerprint: None,
             version: None,
             selection: None,
+            epoch_rows: None,
             store: Vec::new(),
         }
     }
@@ -600,6 +603,19 @@ pub(crate) static SPECS: &[Spec] = &[
             Ok(())
         }),
         get: |o| json!(o.seed),
+    },
+    Spec {
+        name: "epoch_rows",
+        form: "epoch_rows=N",
+        role: Role::Order,
+        default: "the sources' rows",
+        help: "the rows of an epoch of a mixture of sources (a .toml SOURCE)",
+        example: "1000000",
+        set: Setter::Value(|o, k, v| {
+            o.epoch_rows = Some(whole(k, v)?);
+            Ok(())
+        }),
+        get: |o| json!(o.epoch_rows),
     },
     Spec {
         name: "shuffle",
@@ -1144,10 +1160,6 @@ impl Options {
                 "mount option {key} needs a value: {key}=VALUE"
             ))),
             (None, _) if is_generic(key) => Ok(()),
-            // PRODUCT.md §11 names it; mixtures are not built yet: said so, not "unknown".
-            (None, _) if key == "epoch_rows" => Err(OptionError(
-                "mount option epoch_rows= sizes the epochs of a mixture of sources (a .toml SOURCE), which this tensorfs does not implement yet".into(),
-            )),
             (None, Some(v)) if STORE_PREFIXES.iter().any(|p| key.starts_with(p)) => {
                 self.store.push((key.into(), v.into()));
                 Ok(())

@@ -22,7 +22,13 @@
 //! Streaming's default shuffle (`py1e`) mixes over the same span, and a dataset smaller than a
 //! block is shuffled whole. `window` shuffles rows inside windows of `window` row groups (cheap,
 //! a few thousand rows: thin slices of the table); `global` permutes each partition whole.
+//!
+//! **Mixtures.** A plan of several sources ([`Plan::mixed`]) names rows by their canonical index
+//! over the sources one after the other, and orders each source by a plan of its own: an epoch
+//! draws each source's rows as [`crate::model::mix`] says, every pass over a source in an order
+//! of its own, and merges the sources into batches in their shares.
 
+use crate::model::mix::Merge;
 use crate::model::partitions::{self, PlanFile};
 use rand_chacha::ChaCha20Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
@@ -134,6 +140,104 @@ pub struct Plan {
     /// entry holding their count.
     leftover_start: Vec<u64>,
     opts: OrderOptions,
+    /// The sources of a mixture, each with its own plan.
+    mix: Option<Box<Mixture>>,
+}
+
+/// The sources of a mixture and their draws.
+#[derive(Clone, Debug)]
+struct Mixture {
+    members: Vec<Member>,
+    merge: Merge,
+}
+
+/// One source of a mixture.
+#[derive(Clone, Debug)]
+struct Member {
+    /// Its rows' order, as if it were mounted alone (its own seed).
+    plan: Plan,
+    /// Its rows drawn an epoch.
+    drawn: u64,
+    /// Where its rows and row groups start in the mixture's canonical order.
+    row_offset: u64,
+    rg_offset: usize,
+}
+
+impl Mixture {
+    /// The stretches of the sources' orders that epoch positions `positions` draw from, as
+    /// (source, pass, positions of that pass's order).
+    fn spans(&self, epoch: u64, positions: Range<u64>) -> Vec<(usize, u64, Range<u64>)> {
+        let (from, to) = (
+            self.merge.counts_before(positions.start),
+            self.merge.counts_before(positions.end),
+        );
+        let mut out = Vec::new();
+        for (s, member) in self.members.iter().enumerate() {
+            let mut j = from[s];
+            while j < to[s] {
+                let rows = member.rows();
+                // Up to the end of this pass, or of the draw.
+                let pass_end = ((j / rows + 1) * rows).min(to[s]);
+                let (pass, x) = member.place(epoch, j);
+                // A pass that starts elsewhere (`shuffle=none`, cut short) wraps at its end.
+                let run = (pass_end - j).min(rows - x);
+                out.push((s, pass, x..x + run));
+                j += run;
+            }
+        }
+        out
+    }
+}
+
+impl Member {
+    /// The items of an epoch's draw (contiguous runs of them) that positions `span` of pass
+    /// `pass`'s order are.
+    fn items_at(&self, epoch: u64, pass: u64, span: Range<u64>) -> Vec<Range<u64>> {
+        let rows = self.rows();
+        let base = pass * rows;
+        // The draw's items in this pass, as positions of its order (the inverse of `place`).
+        let taken = (self.drawn - base.min(self.drawn)).min(rows);
+        let (_, start) = self.place(epoch, base);
+        let mut out = Vec::new();
+        // Positions start.. hold items base.., wrapping at the order's end.
+        let pieces = [(start..rows, base), (0..start, base + (rows - start))];
+        for (at, first) in pieces {
+            let (a, b) = (span.start.max(at.start), span.end.min(at.end));
+            if a >= b {
+                continue;
+            }
+            let (j0, j1) = (first + (a - at.start), first + (b - at.start));
+            let (j0, j1) = (j0, j1.min(base + taken));
+            if j0 < j1 {
+                out.push(j0..j1);
+            }
+        }
+        out
+    }
+
+    fn rows(&self) -> u64 {
+        self.plan.rows()
+    }
+
+    /// Passes over the source an epoch: the last cut short where the draw is not a multiple of
+    /// its rows.
+    fn passes(&self) -> u64 {
+        self.drawn.div_ceil(self.rows().max(1))
+    }
+
+    /// Where item `j` of an epoch's draw is: (pass, position in that pass's order). Under
+    /// `shuffle=none` the pass cut short starts where the last epoch's stopped, so a source
+    /// drawn down shows other rows each epoch as under the shuffles.
+    fn place(&self, epoch: u64, j: u64) -> (u64, u64) {
+        let rows = self.rows();
+        let (pass, x) = (j / rows, j % rows);
+        let cut = self.drawn % rows;
+        if self.plan.opts.shuffle == Shuffle::None && cut != 0 && pass == self.drawn / rows {
+            let start = ((epoch as u128 * cut as u128) % rows as u128) as u64;
+            return (pass, (start + x) % rows);
+        }
+        (pass, x)
+    }
 }
 
 /// A set of batch indices `first, first + step, …` (`count` of them).
@@ -209,7 +313,40 @@ impl Plan {
             whole_objects: partitions::whole_objects(files, opts.partitions),
             leftover_start,
             opts,
+            mix: None,
         }
+    }
+
+    /// The plan of a mixture: `sources` (each one's files, and its rows drawn an epoch), each
+    /// ordered by its own plan under these options and a seed of its own. One partition.
+    pub fn mixed(sources: &[(Vec<PlanFile>, u64)], opts: OrderOptions) -> Plan {
+        assert_eq!(opts.partitions, 1, "a mixture is one partition");
+        let all: Vec<PlanFile> = sources.iter().flat_map(|(f, _)| f.clone()).collect();
+        let mut plan = Plan::new(&all, opts);
+        let (mut row_offset, mut rg_offset) = (0, 0);
+        let members: Vec<Member> = (sources.iter().enumerate())
+            .map(|(s, (files, drawn))| {
+                let own = OrderOptions {
+                    seed: mix(opts.seed ^ mix(s as u64 + 1)),
+                    ..opts
+                };
+                let member = Member {
+                    plan: Plan::new(files, own),
+                    drawn: *drawn,
+                    row_offset,
+                    rg_offset,
+                };
+                row_offset += member.rows();
+                rg_offset += member.plan.row_groups();
+                member
+            })
+            .collect();
+        let merge = Merge::new(members.iter().map(|m| m.drawn).collect());
+        let total = merge.len();
+        plan.per_partition = total / opts.batch_size;
+        plan.leftover_start = vec![0, total - plan.per_partition * opts.batch_size];
+        plan.mix = Some(Box::new(Mixture { members, merge }));
+        plan
     }
 
     /// A plan of one object with these row groups (in-process tests).
@@ -225,7 +362,10 @@ impl Plan {
     /// Whether every epoch has epoch 0's order (`shuffle=none`): its batches are then the same
     /// files in every epoch, built and kept once.
     pub(crate) fn epochs_repeat(&self) -> bool {
-        self.opts.shuffle == Shuffle::None
+        // A mixture's source drawn down shows other rows each epoch, whatever the order.
+        let drawn_anew =
+            (self.mix.iter().flat_map(|m| &m.members)).any(|m| m.drawn % m.rows().max(1) != 0);
+        self.opts.shuffle == Shuffle::None && !drawn_anew
     }
 
     /// The epoch whose batches epoch `epoch`'s are, byte for byte: 0 where epochs repeat.
@@ -326,12 +466,20 @@ impl Plan {
         (i < self.single_partition_batches()).then(|| i % self.opts.partitions)
     }
 
-    /// Rows served per epoch: all of them, less the final partial batch with `drop_last`.
+    /// Rows an epoch draws: every row once, or a mixture's draws.
+    pub fn drawn_rows(&self) -> u64 {
+        match &self.mix {
+            Some(m) => m.merge.len(),
+            None => self.rows(),
+        }
+    }
+
+    /// Rows served per epoch: those drawn, less the final partial batch with `drop_last`.
     pub(crate) fn epoch_rows(&self) -> u64 {
         if self.opts.drop_last {
-            self.rows() / self.opts.batch_size * self.opts.batch_size
+            self.drawn_rows() / self.opts.batch_size * self.opts.batch_size
         } else {
-            self.rows()
+            self.drawn_rows()
         }
     }
 
@@ -385,10 +533,29 @@ impl Plan {
     /// The per-epoch state the order needs (each partition's shuffled row groups), computed
     /// once per epoch.
     pub fn epoch(&self, epoch: u64) -> EpochOrder {
+        if let Some(m) = &self.mix {
+            // Each pass over a source in an order of its own: pass k of epoch e is the
+            // member's epoch e × passes + k.
+            let passes = (m.members.iter())
+                .map(|member| {
+                    let n = member.passes();
+                    (0..n).map(|k| member.plan.epoch(epoch * n + k)).collect()
+                })
+                .collect();
+            return EpochOrder {
+                epoch,
+                parts: Vec::new(),
+                passes,
+            };
+        }
         let parts = (0..self.opts.partitions)
             .map(|p| self.partition_order(epoch, p))
             .collect();
-        EpochOrder { epoch, parts }
+        EpochOrder {
+            epoch,
+            parts,
+            passes: Vec::new(),
+        }
     }
 
     fn partition_order(&self, epoch: u64, p: u64) -> Order {
@@ -463,6 +630,9 @@ impl Plan {
     pub fn batch_rows(&self, order: &EpochOrder, i: u64) -> Vec<u64> {
         let first = i * self.opts.batch_size;
         let len = self.batch_len(i);
+        if let Some(m) = &self.mix {
+            return self.mixed_rows(m, order, first..first + len);
+        }
         // A batch's positions lie in one or two windows of a partition: the last window's
         // permutation is kept (a hash map of them cost more than the permutations).
         let mut last: Option<((usize, usize), Permutation)> = None;
@@ -481,7 +651,12 @@ impl Plan {
         // gather are most of the CPU of an epoch built from cached columns.
         let (p, x0) = self.partition_position(first);
         debug_assert_eq!(p as u64, p_single);
-        let positions = x0..x0 + len;
+        self.partition_rows(order, p, x0..x0 + len)
+    }
+
+    /// The canonical rows at `positions` of partition `p`'s order.
+    fn partition_rows(&self, order: &EpochOrder, p: usize, positions: Range<u64>) -> Vec<u64> {
+        let len = positions.end - positions.start;
         let part = &self.parts[p];
         match &order.parts[p] {
             Order::Global(perm) => {
@@ -527,6 +702,25 @@ impl Plan {
     pub(crate) fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
         let first = i * self.opts.batch_size;
         let end = first + self.batch_len(i);
+        if let Some(m) = &self.mix {
+            let mut out = std::collections::BTreeSet::new();
+            for (s, pass, positions) in m.spans(order.epoch, first..end) {
+                let member = &m.members[s];
+                let orders = &order.passes[s][pass as usize];
+                let groups = member.plan.span_row_groups(orders, positions);
+                out.extend(groups.into_iter().map(|g| g + member.rg_offset));
+            }
+            return out.into_iter().collect();
+        }
+        self.span_row_groups(order, first..end)
+    }
+
+    /// The row groups epoch positions `first..end` may draw from, sorted.
+    fn span_row_groups(
+        &self,
+        order: &EpochOrder,
+        Range { start: first, end }: Range<u64>,
+    ) -> Vec<usize> {
         let leftovers = self.single_partition_batches() * self.opts.batch_size;
         let mut out = std::collections::BTreeSet::new();
         let mut pos = first;
@@ -573,7 +767,9 @@ impl Plan {
         let first = i * self.opts.batch_size;
         let len = self.batch_len(i);
         let mut out: Vec<(usize, usize)> = Vec::new();
-        if len == 0 {
+        // A mixture's batches draw from blocks of several orders: none is decoded ahead as a
+        // whole (each batch's row groups are).
+        if len == 0 || self.mix.is_some() {
             return out;
         }
         if self.partition_of_batch(i).is_some() {
@@ -669,10 +865,45 @@ impl Plan {
     /// The batches of the epoch that may need rows of row group `rg`: the cache uses it to know
     /// when a row group is needed next.
     pub(crate) fn row_group_batches(&self, order: &EpochOrder, rg: usize) -> Vec<Stride> {
+        if let Some(m) = &self.mix {
+            return self.mixed_row_group_batches(m, order, rg);
+        }
         let bs = self.opts.batch_size;
         let parts = self.opts.partitions;
         let single_rows = self.per_partition * bs;
         let batches = self.batches();
+        let mut out = Vec::new();
+        for (p, span) in self.row_group_spans(order, rg) {
+            if span.start < single_rows {
+                let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+                out.push(Stride {
+                    first: k0 * parts + p as u64,
+                    step: parts,
+                    count: k1 - k0 + 1,
+                });
+            }
+            if span.end > single_rows {
+                let at = self.single_partition_batches() * bs + self.leftover_start[p];
+                let (a, b) = (
+                    at + span.start.max(single_rows) - single_rows,
+                    at + span.end - single_rows,
+                );
+                let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
+                if first <= last && first < batches {
+                    out.push(Stride {
+                        first,
+                        step: 1,
+                        count: last - first + 1,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The positions of each partition's order where row group `rg`'s rows may be, as
+    /// (partition, positions), none empty.
+    fn row_group_spans(&self, order: &EpochOrder, rg: usize) -> Vec<(usize, Range<u64>)> {
         let mut out = Vec::new();
         // Only the pieces of the row group: the eviction asks this for every cached row group,
         // and a scan of every segment made that quadratic in the row groups.
@@ -699,27 +930,56 @@ impl Plan {
                     windows[w0]..windows[w1 + 1]
                 }
             };
-            if span.start < single_rows {
-                let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
-                out.push(Stride {
-                    first: k0 * parts + p as u64,
-                    step: parts,
-                    count: k1 - k0 + 1,
-                });
+            if !span.is_empty() {
+                out.push((p, span));
             }
-            if span.end > single_rows {
-                let at = self.single_partition_batches() * bs + self.leftover_start[p];
-                let (a, b) = (
-                    at + span.start.max(single_rows) - single_rows,
-                    at + span.end - single_rows,
-                );
-                let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
-                if first <= last && first < batches {
-                    out.push(Stride {
-                        first,
-                        step: 1,
-                        count: last - first + 1,
-                    });
+        }
+        out
+    }
+
+    /// A mixture's batch rows at epoch positions `positions`, in order.
+    fn mixed_rows(&self, m: &Mixture, order: &EpochOrder, positions: Range<u64>) -> Vec<u64> {
+        // Each source's rows in draw order, then taken in the merged order.
+        let mut drawn: Vec<std::vec::IntoIter<u64>> = vec![Vec::new().into_iter(); m.members.len()];
+        let mut rows: Vec<Vec<u64>> = vec![Vec::new(); m.members.len()];
+        for (s, pass, span) in m.spans(order.epoch, positions.clone()) {
+            let member = &m.members[s];
+            let orders = &order.passes[s][pass as usize];
+            let found = member.plan.partition_rows(orders, 0, span);
+            rows[s].extend(found.into_iter().map(|r| r + member.row_offset));
+        }
+        for (s, r) in rows.into_iter().enumerate() {
+            drawn[s] = r.into_iter();
+        }
+        (m.merge.items(positions).into_iter())
+            .map(|(s, _)| drawn[s].next().expect("a row for each item"))
+            .collect()
+    }
+
+    /// A mixture's batches that may need row group `rg`.
+    fn mixed_row_group_batches(&self, m: &Mixture, order: &EpochOrder, rg: usize) -> Vec<Stride> {
+        let owns = |member: &Member| {
+            (member.rg_offset..member.rg_offset + member.plan.row_groups()).contains(&rg)
+        };
+        let Some(s) = m.members.iter().position(owns) else {
+            return Vec::new();
+        };
+        let member = &m.members[s];
+        let (bs, batches) = (self.opts.batch_size, self.batches());
+        let mut out = Vec::new();
+        for (pass, orders) in order.passes[s].iter().enumerate() {
+            for (_, span) in member.plan.row_group_spans(orders, rg - member.rg_offset) {
+                for items in member.items_at(order.epoch, pass as u64, span) {
+                    let first = m.merge.position(s, items.start) / bs;
+                    let last =
+                        (m.merge.position(s, items.end - 1) / bs).min(batches.saturating_sub(1));
+                    if first <= last && first < batches {
+                        out.push(Stride {
+                            first,
+                            step: 1,
+                            count: last - first + 1,
+                        });
+                    }
                 }
             }
         }
@@ -771,6 +1031,8 @@ impl Orders {
 pub struct EpochOrder {
     epoch: u64,
     parts: Vec<Order>,
+    /// A mixture's: each source's order in each of its passes.
+    passes: Vec<Vec<EpochOrder>>,
 }
 
 #[derive(Clone, Debug)]
@@ -1539,6 +1801,107 @@ mod tests {
                 .collect();
             let ks = mean_ks(&batches, plan.rows());
             assert!(ks <= 1.25 * 0.36, "seed {seed}: mean KS {ks:.4}");
+        }
+    }
+
+    fn mixed_of(sources: &[(Vec<u64>, u64)], o: OrderOptions) -> Plan {
+        let keys: Vec<String> = (0..sources.len()).map(|i| format!("s{i}")).collect();
+        let files: Vec<(Vec<PlanFile>, u64)> = (keys.iter().zip(sources))
+            .map(|(key, (rg_rows, drawn))| (vec![PlanFile { key, rg_rows }], *drawn))
+            .collect();
+        Plan::mixed(&files, o)
+    }
+
+    proptest! {
+        #[test]
+        fn a_mixture_draws_each_source_as_sized(
+            sources in prop::collection::vec((prop::collection::vec(1u64..20, 1..4), 0u64..3, 0u64..25), 1..4),
+            batch_size in 1u64..17,
+            shuffle in shuffle_strategy(),
+            seed in 0u64..3,
+        ) {
+            // Each source: its row groups, and drawn k × rows + f.
+            let sized: Vec<(Vec<u64>, u64)> = sources
+                .iter()
+                .map(|(rg, k, f)| {
+                    let rows: u64 = rg.iter().sum();
+                    (rg.clone(), k * rows + f % (rows + 1))
+                })
+                .collect();
+            let plan = mixed_of(&sized, opts(batch_size, shuffle, 2, seed));
+            let total: u64 = sized.iter().map(|(_, d)| d).sum();
+            prop_assert_eq!(plan.epoch_rows(), total);
+            let mut start = 0;
+            let mut bounds = Vec::new();
+            for (rg, _) in &sized {
+                let rows: u64 = rg.iter().sum();
+                bounds.push(start..start + rows);
+                start += rows;
+            }
+            let mut drawn_anew = Vec::new();
+            for epoch in 0..3 {
+                let order = plan.epoch(epoch);
+                let mut times = vec![0u64; plan.rows() as usize];
+                for i in 0..plan.batches() {
+                    let rows = plan.batch_rows(&order, i);
+                    prop_assert_eq!(rows.len() as u64, plan.batch_len(i));
+                    let groups = plan.batch_row_groups(&order, i);
+                    for &r in &rows {
+                        times[r as usize] += 1;
+                        let g = plan.locate(r).0;
+                        prop_assert!(groups.contains(&g), "batch {} row {} not in its row groups", i, r);
+                        prop_assert!(plan.row_group_batches(&order, g).iter().any(|s| s.from(i).next() == Some(i)), "batch {} rg {}", i, g);
+                    }
+                }
+                // Every row k or k + 1 times, f of them k + 1 times.
+                let mut extra = Vec::new();
+                for ((_, drawn), b) in sized.iter().zip(&bounds) {
+                    let rows = b.end - b.start;
+                    let (k, f) = (drawn / rows, drawn % rows);
+                    let here = &times[b.start as usize..b.end as usize];
+                    prop_assert!(here.iter().all(|&t| t == k || t == k + 1), "{:?} for k {}", here, k);
+                    prop_assert_eq!(here.iter().filter(|&&t| t == k + 1).count() as u64, f);
+                    extra.push(here.iter().map(|&t| t > k).collect::<Vec<_>>());
+                }
+                drawn_anew.push(extra);
+            }
+            prop_assert!(plan.epochs_repeat() == (drawn_anew[0] == drawn_anew[1] && shuffle == Shuffle::None));
+        }
+    }
+
+    #[test]
+    fn a_source_drawn_down_shows_other_rows_each_epoch() {
+        for shuffle in [
+            Shuffle::None,
+            Shuffle::Block,
+            Shuffle::Window,
+            Shuffle::Global,
+        ] {
+            // 100 rows drawn 30 an epoch, beside 10 rows drawn whole.
+            let plan = mixed_of(&[(vec![25; 4], 30), (vec![10], 10)], opts(8, shuffle, 2, 1));
+            let seen = |epoch| -> HashSet<u64> {
+                let order = plan.epoch(epoch);
+                (0..plan.batches())
+                    .flat_map(|i| plan.batch_rows(&order, i))
+                    .filter(|&r| r < 100)
+                    .collect()
+            };
+            let (a, b) = (seen(0), seen(1));
+            assert_eq!((a.len(), b.len()), (30, 30));
+            assert_ne!(a, b, "{shuffle:?}");
+            // Every batch holds the sources in their shares: 3 : 1.
+            let order = plan.epoch(0);
+            for i in 0..plan.batches() - 1 {
+                let small = plan
+                    .batch_rows(&order, i)
+                    .iter()
+                    .filter(|&&r| r >= 100)
+                    .count();
+                assert!(
+                    (1..=3).contains(&small),
+                    "batch {i}: {small} of 8 from the small source"
+                );
+            }
         }
     }
 }

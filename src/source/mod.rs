@@ -23,6 +23,7 @@ pub(crate) mod hudi;
 pub(crate) mod iceberg;
 pub(crate) mod iceberg_rest;
 pub(crate) mod lake;
+pub mod mixture;
 pub(crate) mod partition;
 pub(crate) mod petastorm;
 pub mod select;

@@ -943,7 +943,7 @@ pub(crate) const TOUCHED_PLACEHOLDER: &str = "0                   ";
 
 /// Where the dataset came from: a listing, a summary file, or a snapshot (with its path and,
 /// live, how many of its objects this host has touched).
-fn origin_json(source: &Source) -> serde_json::Value {
+pub(crate) fn origin_json(source: &Source) -> serde_json::Value {
     use crate::source::Origin;
     let columns: Vec<&str> = (source.partitions.fields.iter())
         .map(|f| f.name().as_str())
@@ -969,6 +969,13 @@ fn origin_json(source: &Source) -> serde_json::Value {
 }
 
 /// The content of `dataset.json`.
+/// The source's files, as dataset.json lists them.
+pub(crate) fn files_json(source: &Source) -> Vec<serde_json::Value> {
+    (source.files.iter())
+        .map(|f| json!({"path": f.name, "rows": f.live_rows(), "row_groups": f.rg_rows.len(), "size": f.size}))
+        .collect()
+}
+
 pub(crate) fn dataset_json(
     source: &Source,
     view: &View,
@@ -993,11 +1000,7 @@ pub(crate) fn dataset_json(
             v
         })
         .collect();
-    let files: Vec<serde_json::Value> = source
-        .files
-        .iter()
-        .map(|f| json!({"path": f.name, "rows": f.live_rows(), "row_groups": f.rg_rows.len(), "size": f.size}))
-        .collect();
+    let files = files_json(source);
     let world = opts.world_size;
     json!({
         "source": source.display,

@@ -426,11 +426,7 @@ def test_an_iceberg_manifest_whose_partitions_are_ruled_out_is_never_read(mounte
     assert "manifest" in line, line
 
 
-def test_mixtures_are_refused_in_one_line_as_not_implemented(mounter, tmp_path, hive):
-    """PRODUCT.md §11's mixtures are not built yet: a .toml SOURCE and epoch_rows= say so."""
-    mix = tmp_path / "mix.toml"
-    mix.write_text(f'[[source]]\nurl = "{hive}"\nproportion = 1\n')
-    line = tfs.refused_mount(mounter, mix, "columns=id")
-    assert "mixture of sources" in line and "not implement" in line, line
+def test_epoch_rows_without_a_mixture_is_refused_in_one_line(mounter, hive):
+    """epoch_rows= sizes a mixture's epochs (tests/integration/test_mix.py): one source has none."""
     line = tfs.refused_mount(mounter, hive, "columns=id", "epoch_rows=100")
-    assert "epoch_rows=" in line and "not implement" in line, line
+    assert "epoch_rows=100" in line and "mixture" in line, line

@@ -461,7 +461,9 @@ pub(crate) struct Limits {
 }
 
 pub(crate) struct Builder {
-    source: Arc<Source>,
+    /// The sources read, each with its view (one, or a mixture's: the same tensors).
+    sources: Vec<(Arc<Source>, Arc<View>)>,
+    /// The tensors built: every source's view serves them.
     view: Arc<View>,
     /// Where each of the view's tensors is among a row group's parts.
     placement: Arc<Placement>,
@@ -489,8 +491,8 @@ pub(crate) struct Builder {
     threads: usize,
     /// Where row groups decoded ahead are fetched.
     background: Background,
-    /// Global row-group index → (file, row group in file).
-    row_groups: Vec<(usize, usize)>,
+    /// Global row-group index → (source, file, row group in file).
+    row_groups: Vec<(usize, usize, usize)>,
     decoded: Memo<usize, Columns>,
     batches: Memo<BatchRef, Batch>,
     tensors: Memo<(BatchRef, usize), TensorRows>,
@@ -515,7 +517,7 @@ const READ_TOGETHER_FOR: std::time::Duration = std::time::Duration::from_secs(5)
 
 /// What a builder works from.
 pub(crate) struct Parts {
-    pub(crate) source: Arc<Source>,
+    pub(crate) sources: Vec<(Arc<Source>, Arc<View>)>,
     pub(crate) view: Arc<View>,
     pub(crate) placement: Arc<Placement>,
     pub(crate) layout: Arc<Layout>,
@@ -529,7 +531,7 @@ pub(crate) struct Parts {
 impl Builder {
     pub(crate) fn new(parts: Parts, runtime: Handle, limits: Limits) -> Result<Builder> {
         let Parts {
-            source,
+            sources,
             view,
             placement,
             layout,
@@ -539,11 +541,11 @@ impl Builder {
             eviction,
             udf,
         } = parts;
-        let row_groups = source
-            .files
-            .iter()
-            .enumerate()
-            .flat_map(|(f, file)| (0..file.rg_rows.len()).map(move |rg| (f, rg)))
+        let row_groups = (sources.iter().enumerate())
+            .flat_map(|(s, (source, _))| {
+                (source.files.iter().enumerate())
+                    .flat_map(move |(f, file)| (0..file.rg_rows.len()).map(move |rg| (s, f, rg)))
+            })
             .collect();
         let batch_size = orders.plan().options().batch_size;
         let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
@@ -556,7 +558,7 @@ impl Builder {
             limits.prefetch,
         );
         Ok(Builder {
-            source,
+            sources,
             view,
             placement,
             udf,
@@ -978,8 +980,10 @@ impl Builder {
     /// decoded and transformed on one (CPU work on a blocking thread, never on the async
     /// workers), and kept in the local cache.
     async fn decode_row_group(&self, g: usize, ahead: bool) -> Result<Columns> {
-        let (file, rg) = self.row_groups[g];
-        let (source, view) = (self.source.clone(), self.view.clone());
+        let (s, file, rg) = self.row_groups[g];
+        // Each source's rows are read through its own view (its columns in its own places),
+        // into the tensors every source serves.
+        let (source, view) = self.sources[s].clone();
         let (runtime, cache, stats) =
             (self.runtime.clone(), self.cache.clone(), self.stats.clone());
         let distance = self.eviction.distance_fn();
@@ -1022,7 +1026,7 @@ impl Builder {
             true => Some(self.decodes_ahead.acquire().await?),
             false => None,
         };
-        let name = self.source.files[file].name.clone();
+        let name = source.files[file].name.clone();
         // A transform's call waits on a Python worker: it holds no worker of the daemon's, so
         // that `transform_workers` calls run at once beside the daemon's own work.
         let (fetched, transformed) = match udf {
