@@ -192,9 +192,6 @@ impl Dataset {
                 "{what} with a mixture of sources (a .toml SOURCE) is not implemented yet: mount each source on its own"
             )
         };
-        if opts.partitions > 1 {
-            return Err(unfinished(&format!("partitions={}", opts.partitions)));
-        }
         if opts.udf().is_some() {
             return Err(unfinished("transform="));
         }

@@ -94,7 +94,7 @@ pub fn drawn(rows: &[u64], sizes: &[Size], epoch_rows: Option<u64>) -> Result<Ve
 
 /// `total` shared out in proportion to `weights` (non-negative, some positive): whole parts
 /// adding up to `total`, by the largest remainders, ties to the earlier.
-fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
+pub(crate) fn apportion(total: u64, weights: &[f64]) -> Vec<u64> {
     let sum: f64 = weights.iter().sum();
     let exact: Vec<f64> = (weights.iter()).map(|w| total as f64 * w / sum).collect();
     let mut out: Vec<u64> = exact.iter().map(|x| x.floor() as u64).collect();

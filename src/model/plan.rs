@@ -148,7 +148,8 @@ pub struct Plan {
 #[derive(Clone, Debug)]
 struct Mixture {
     members: Vec<Member>,
-    merge: Merge,
+    /// Each partition's draws, merged.
+    merges: Vec<Merge>,
 }
 
 /// One source of a mixture.
@@ -156,29 +157,30 @@ struct Mixture {
 struct Member {
     /// Its rows' order, as if it were mounted alone (its own seed).
     plan: Plan,
-    /// Its rows drawn an epoch.
-    drawn: u64,
+    /// Its rows drawn an epoch from each partition.
+    drawn: Vec<u64>,
     /// Where its rows and row groups start in the mixture's canonical order.
     row_offset: u64,
     rg_offset: usize,
 }
 
 impl Mixture {
-    /// The stretches of the sources' orders that epoch positions `positions` draw from, as
-    /// (source, pass, positions of that pass's order).
-    fn spans(&self, epoch: u64, positions: Range<u64>) -> Vec<(usize, u64, Range<u64>)> {
+    /// The stretches of the sources' orders that positions `positions` of partition `p`'s
+    /// draws are, as (source, pass, positions of that pass's order of partition `p`).
+    fn spans(&self, epoch: u64, p: usize, positions: Range<u64>) -> Vec<(usize, u64, Range<u64>)> {
+        let merge = &self.merges[p];
         let (from, to) = (
-            self.merge.counts_before(positions.start),
-            self.merge.counts_before(positions.end),
+            merge.counts_before(positions.start),
+            merge.counts_before(positions.end),
         );
         let mut out = Vec::new();
         for (s, member) in self.members.iter().enumerate() {
+            let rows = member.rows(p);
             let mut j = from[s];
             while j < to[s] {
-                let rows = member.rows();
                 // Up to the end of this pass, or of the draw.
                 let pass_end = ((j / rows + 1) * rows).min(to[s]);
-                let (pass, x) = member.place(epoch, j);
+                let (pass, x) = member.place(epoch, p, j);
                 // A pass that starts elsewhere (`shuffle=none`, cut short) wraps at its end.
                 let run = (pass_end - j).min(rows - x);
                 out.push((s, pass, x..x + run));
@@ -190,14 +192,49 @@ impl Mixture {
 }
 
 impl Member {
-    /// The items of an epoch's draw (contiguous runs of them) that positions `span` of pass
-    /// `pass`'s order are.
-    fn items_at(&self, epoch: u64, pass: u64, span: Range<u64>) -> Vec<Range<u64>> {
-        let rows = self.rows();
+    /// Rows of partition `p`.
+    fn rows(&self, p: usize) -> u64 {
+        self.plan.partition_len(p as u64)
+    }
+
+    /// Whether some partition's draw is not a whole number of passes over it.
+    fn drawn_anew(&self) -> bool {
+        (self.drawn.iter().enumerate()).any(|(p, &n)| n % self.rows(p).max(1) != 0)
+    }
+
+    /// Passes over a partition an epoch, at most: the last cut short where the draw is not a
+    /// multiple of its rows.
+    fn passes(&self) -> u64 {
+        (self.drawn.iter().enumerate())
+            .map(|(p, &n)| n.div_ceil(self.rows(p).max(1)))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Where item `j` of partition `p`'s draw is: (pass, position in that pass's order).
+    /// Under `shuffle=none` the pass cut short starts where the last epoch's stopped, so a
+    /// source drawn down shows other rows each epoch as under the shuffles.
+    fn place(&self, epoch: u64, p: usize, j: u64) -> (u64, u64) {
+        let (rows, drawn) = (self.rows(p), self.drawn[p]);
+        let (pass, x) = (j / rows, j % rows);
+        let cut = drawn % rows;
+        if self.plan.opts.shuffle == Shuffle::None && cut != 0 && pass == drawn / rows {
+            let start = ((epoch as u128 * cut as u128) % rows as u128) as u64;
+            return (pass, (start + x) % rows);
+        }
+        (pass, x)
+    }
+
+    /// The items of partition `p`'s draw (runs of them) that positions `span` of pass
+    /// `pass`'s order are: the inverse of [`Member::place`].
+    fn items_at(&self, epoch: u64, p: usize, pass: u64, span: Range<u64>) -> Vec<Range<u64>> {
+        let (rows, drawn) = (self.rows(p), self.drawn[p]);
         let base = pass * rows;
-        // The draw's items in this pass, as positions of its order (the inverse of `place`).
-        let taken = (self.drawn - base.min(self.drawn)).min(rows);
-        let (_, start) = self.place(epoch, base);
+        if base >= drawn {
+            return Vec::new();
+        }
+        let taken = (drawn - base).min(rows);
+        let (_, start) = self.place(epoch, p, base);
         let mut out = Vec::new();
         // Positions start.. hold items base.., wrapping at the order's end.
         let pieces = [(start..rows, base), (0..start, base + (rows - start))];
@@ -207,36 +244,12 @@ impl Member {
                 continue;
             }
             let (j0, j1) = (first + (a - at.start), first + (b - at.start));
-            let (j0, j1) = (j0, j1.min(base + taken));
+            let j1 = j1.min(base + taken);
             if j0 < j1 {
                 out.push(j0..j1);
             }
         }
         out
-    }
-
-    fn rows(&self) -> u64 {
-        self.plan.rows()
-    }
-
-    /// Passes over the source an epoch: the last cut short where the draw is not a multiple of
-    /// its rows.
-    fn passes(&self) -> u64 {
-        self.drawn.div_ceil(self.rows().max(1))
-    }
-
-    /// Where item `j` of an epoch's draw is: (pass, position in that pass's order). Under
-    /// `shuffle=none` the pass cut short starts where the last epoch's stopped, so a source
-    /// drawn down shows other rows each epoch as under the shuffles.
-    fn place(&self, epoch: u64, j: u64) -> (u64, u64) {
-        let rows = self.rows();
-        let (pass, x) = (j / rows, j % rows);
-        let cut = self.drawn % rows;
-        if self.plan.opts.shuffle == Shuffle::None && cut != 0 && pass == self.drawn / rows {
-            let start = ((epoch as u128 * cut as u128) % rows as u128) as u64;
-            return (pass, (start + x) % rows);
-        }
-        (pass, x)
     }
 }
 
@@ -260,16 +273,21 @@ impl Stride {
     }
 }
 
+/// The canonical index of each row group's first row; one more entry holding the row count.
+fn row_group_starts(files: &[PlanFile]) -> Vec<u64> {
+    let mut rg_start = vec![0];
+    let mut total = 0u64;
+    for rows in files.iter().flat_map(|f| f.rg_rows) {
+        total += rows;
+        rg_start.push(total);
+    }
+    rg_start
+}
+
 impl Plan {
     pub fn new(files: &[PlanFile], opts: OrderOptions) -> Plan {
         assert!(opts.batch_size > 0 && opts.window > 0 && opts.block > 0 && opts.partitions > 0);
-        let mut rg_start = Vec::new();
-        let mut total = 0u64;
-        rg_start.push(0);
-        for rows in files.iter().flat_map(|f| f.rg_rows) {
-            total += rows;
-            rg_start.push(total);
-        }
+        let rg_start = row_group_starts(files);
         let assigned = partitions::assign(
             files,
             &rg_start,
@@ -278,6 +296,19 @@ impl Plan {
             opts.seed,
         );
         let parts: Vec<Part> = assigned.into_iter().map(Part::new).collect();
+        let whole_objects = partitions::whole_objects(files, opts.partitions);
+        let lens: Vec<u64> = parts.iter().map(Part::len).collect();
+        Plan::from_parts(rg_start, parts, &lens, whole_objects, opts)
+    }
+
+    /// The plan of these partitions, partition `p` serving `lens[p]` rows an epoch.
+    fn from_parts(
+        rg_start: Vec<u64>,
+        parts: Vec<Part>,
+        lens: &[u64],
+        whole_objects: bool,
+        opts: OrderOptions,
+    ) -> Plan {
         let groups = rg_start.len() - 1;
         let mut count = vec![0usize; groups + 1];
         for part in &parts {
@@ -296,12 +327,14 @@ impl Plan {
                 count[*g] += 1;
             }
         }
-        let per_partition = total / (opts.partitions * opts.batch_size);
+        // Full batches each partition serves: as many as the shortest holds (partitions are
+        // drawn to within a batch of one another).
+        let per_partition = lens.iter().min().copied().unwrap_or(0) / opts.batch_size;
         let mut leftover_start = Vec::with_capacity(parts.len() + 1);
         let mut left = 0;
         leftover_start.push(0);
-        for part in &parts {
-            left += part.len() - per_partition * opts.batch_size;
+        for len in lens {
+            left += len - per_partition * opts.batch_size;
             leftover_start.push(left);
         }
         Plan {
@@ -310,7 +343,7 @@ impl Plan {
             rg_piece_start,
             rg_pieces,
             per_partition,
-            whole_objects: partitions::whole_objects(files, opts.partitions),
+            whole_objects,
             leftover_start,
             opts,
             mix: None,
@@ -318,34 +351,54 @@ impl Plan {
     }
 
     /// The plan of a mixture: `sources` (each one's files, and its rows drawn an epoch), each
-    /// ordered by its own plan under these options and a seed of its own. One partition.
+    /// ordered by its own plan under these options and a seed of its own. Partition `p` of the
+    /// mixture is partition `p` of every source, each drawn in proportion to its rows there, so
+    /// a host reading its partitions fetches its share of every source.
     pub fn mixed(sources: &[(Vec<PlanFile>, u64)], opts: OrderOptions) -> Plan {
-        assert_eq!(opts.partitions, 1, "a mixture is one partition");
         let all: Vec<PlanFile> = sources.iter().flat_map(|(f, _)| f.clone()).collect();
-        let mut plan = Plan::new(&all, opts);
+        let rg_start = row_group_starts(&all);
+        let parts_n = opts.partitions as usize;
         let (mut row_offset, mut rg_offset) = (0, 0);
-        let members: Vec<Member> = (sources.iter().enumerate())
-            .map(|(s, (files, drawn))| {
-                let own = OrderOptions {
-                    seed: mix(opts.seed ^ mix(s as u64 + 1)),
-                    ..opts
-                };
-                let member = Member {
-                    plan: Plan::new(files, own),
-                    drawn: *drawn,
-                    row_offset,
-                    rg_offset,
-                };
-                row_offset += member.rows();
-                rg_offset += member.plan.row_groups();
-                member
-            })
+        let mut segments: Vec<Vec<(usize, Range<u64>)>> = vec![Vec::new(); parts_n];
+        let members: Vec<Member> =
+            (sources.iter().enumerate())
+                .map(|(s, (files, drawn))| {
+                    let own = OrderOptions {
+                        seed: mix(opts.seed ^ mix(s as u64 + 1)),
+                        ..opts
+                    };
+                    let plan = Plan::new(files, own);
+                    for (p, part) in plan.parts.iter().enumerate() {
+                        segments[p].extend(part.segments.iter().map(|(g, r)| {
+                            (g + rg_offset, r.start + row_offset..r.end + row_offset)
+                        }));
+                    }
+                    let lens: Vec<f64> = (0..own.partitions)
+                        .map(|p| plan.partition_len(p) as f64)
+                        .collect();
+                    let drawn = match lens.iter().sum::<f64>() > 0.0 {
+                        true => crate::model::mix::apportion(*drawn, &lens),
+                        false => vec![0; parts_n],
+                    };
+                    let member = Member {
+                        drawn,
+                        row_offset,
+                        rg_offset,
+                        plan,
+                    };
+                    row_offset += member.plan.rows();
+                    rg_offset += member.plan.row_groups();
+                    member
+                })
+                .collect();
+        let merges: Vec<Merge> = (0..parts_n)
+            .map(|p| Merge::new(members.iter().map(|m| m.drawn[p]).collect()))
             .collect();
-        let merge = Merge::new(members.iter().map(|m| m.drawn).collect());
-        let total = merge.len();
-        plan.per_partition = total / opts.batch_size;
-        plan.leftover_start = vec![0, total - plan.per_partition * opts.batch_size];
-        plan.mix = Some(Box::new(Mixture { members, merge }));
+        let lens: Vec<u64> = merges.iter().map(Merge::len).collect();
+        let whole = members.iter().all(|m| m.plan.whole_objects);
+        let parts = segments.into_iter().map(Part::new).collect();
+        let mut plan = Plan::from_parts(rg_start, parts, &lens, whole, opts);
+        plan.mix = Some(Box::new(Mixture { members, merges }));
         plan
     }
 
@@ -363,8 +416,7 @@ impl Plan {
     /// files in every epoch, built and kept once.
     pub(crate) fn epochs_repeat(&self) -> bool {
         // A mixture's source drawn down shows other rows each epoch, whatever the order.
-        let drawn_anew =
-            (self.mix.iter().flat_map(|m| &m.members)).any(|m| m.drawn % m.rows().max(1) != 0);
+        let drawn_anew = (self.mix.iter().flat_map(|m| &m.members)).any(Member::drawn_anew);
         self.opts.shuffle == Shuffle::None && !drawn_anew
     }
 
@@ -433,6 +485,14 @@ impl Plan {
         self.parts[p as usize].len()
     }
 
+    /// Rows partition `p` serves an epoch: its rows, or a mixture's draws from it.
+    pub fn partition_drawn(&self, p: u64) -> u64 {
+        match &self.mix {
+            Some(m) => m.merges[p as usize].len(),
+            None => self.partition_len(p),
+        }
+    }
+
     /// The row groups partition `p` holds rows of, in canonical order (one split between
     /// partitions counts in each).
     pub fn partition_row_groups(&self, p: u64) -> impl Iterator<Item = usize> + '_ {
@@ -469,7 +529,7 @@ impl Plan {
     /// Rows an epoch draws: every row once, or a mixture's draws.
     pub fn drawn_rows(&self) -> u64 {
         match &self.mix {
-            Some(m) => m.merge.len(),
+            Some(m) => m.merges.iter().map(Merge::len).sum(),
             None => self.rows(),
         }
     }
@@ -631,7 +691,9 @@ impl Plan {
         let first = i * self.opts.batch_size;
         let len = self.batch_len(i);
         if let Some(m) = &self.mix {
-            return self.mixed_rows(m, order, first..first + len);
+            return (self.partition_runs(first..first + len).into_iter())
+                .flat_map(|(p, xs)| self.mixed_rows(m, order, p, xs))
+                .collect();
         }
         // A batch's positions lie in one or two windows of a partition: the last window's
         // permutation is kept (a hash map of them cost more than the permutations).
@@ -702,31 +764,58 @@ impl Plan {
     pub(crate) fn batch_row_groups(&self, order: &EpochOrder, i: u64) -> Vec<usize> {
         let first = i * self.opts.batch_size;
         let end = first + self.batch_len(i);
-        if let Some(m) = &self.mix {
-            let mut out = std::collections::BTreeSet::new();
-            for (s, pass, positions) in m.spans(order.epoch, first..end) {
+        let mut out = std::collections::BTreeSet::new();
+        for (p, xs) in self.partition_runs(first..end) {
+            let Some(m) = &self.mix else {
+                self.partition_row_groups_at(order, p, xs, &mut out);
+                continue;
+            };
+            for (s, pass, span) in m.spans(order.epoch, p, xs) {
                 let member = &m.members[s];
+                let mut groups = std::collections::BTreeSet::new();
                 let orders = &order.passes[s][pass as usize];
-                let groups = member.plan.span_row_groups(orders, positions);
+                member
+                    .plan
+                    .partition_row_groups_at(orders, p, span, &mut groups);
                 out.extend(groups.into_iter().map(|g| g + member.rg_offset));
             }
-            return out.into_iter().collect();
         }
-        self.span_row_groups(order, first..end)
+        out.into_iter().collect()
     }
 
-    /// The row groups epoch positions `first..end` may draw from, sorted.
-    fn span_row_groups(
+    /// Epoch positions as runs of consecutive positions of one partition's order: (partition,
+    /// positions in its order).
+    fn partition_runs(&self, positions: Range<u64>) -> Vec<(usize, Range<u64>)> {
+        let bs = self.opts.batch_size;
+        let leftovers = self.single_partition_batches() * bs;
+        let mut out = Vec::new();
+        let mut pos = positions.start;
+        while pos < positions.end {
+            let (p, x) = self.partition_position(pos);
+            // A single-partition batch is consecutive positions of its partition; the leftover
+            // rows are each partition's in turn.
+            let stop = match pos < leftovers {
+                true => ((pos / bs + 1) * bs).min(leftovers),
+                false => leftovers + self.leftover_start[p + 1],
+            };
+            let stop = stop.min(positions.end);
+            out.push((p, x..x + (stop - pos)));
+            pos = stop;
+        }
+        out
+    }
+
+    /// Adds the row groups that positions `xs` of partition `p`'s order may draw from.
+    fn partition_row_groups_at(
         &self,
         order: &EpochOrder,
-        Range { start: first, end }: Range<u64>,
-    ) -> Vec<usize> {
-        let leftovers = self.single_partition_batches() * self.opts.batch_size;
-        let mut out = std::collections::BTreeSet::new();
-        let mut pos = first;
-        while pos < end {
-            let (p, x) = self.partition_position(pos);
-            let part = &self.parts[p];
+        p: usize,
+        xs: Range<u64>,
+        out: &mut std::collections::BTreeSet<usize>,
+    ) {
+        let part = &self.parts[p];
+        let mut x = xs.start;
+        while x < xs.end {
             // Positions x.. of partition p that one look covers.
             let run = match &order.parts[p] {
                 Order::Canonical => {
@@ -734,7 +823,7 @@ impl Plan {
                     out.insert(part.segments[s].0);
                     part.seg_pos[s + 1] - x
                 }
-                Order::Global(perm) if part.segments.len() as u64 > end - pos => {
+                Order::Global(perm) if part.segments.len() as u64 > xs.end - x => {
                     out.insert(self.locate(part.row(perm.apply(x))).0);
                     1
                 }
@@ -754,11 +843,8 @@ impl Plan {
                     windows[w + 1] - x
                 }
             };
-            // In the leftover batches consecutive positions may change partition: one at a time.
-            let run = if pos >= leftovers { 1 } else { run };
-            pos = pos.saturating_add(run).min(end);
+            x = x.saturating_add(run).min(xs.end);
         }
-        out.into_iter().collect()
     }
 
     /// The windows (partition, window) that batch `i`'s rows lie in under `shuffle=block`, for
@@ -868,37 +954,42 @@ impl Plan {
         if let Some(m) = &self.mix {
             return self.mixed_row_group_batches(m, order, rg);
         }
+        let mut out = Vec::new();
+        for (p, span) in self.row_group_spans(order, rg) {
+            self.partition_span_batches(p, span, &mut out);
+        }
+        out
+    }
+
+    /// Adds the batches that positions `span` of partition `p`'s order are in.
+    fn partition_span_batches(&self, p: usize, span: Range<u64>, out: &mut Vec<Stride>) {
         let bs = self.opts.batch_size;
         let parts = self.opts.partitions;
         let single_rows = self.per_partition * bs;
         let batches = self.batches();
-        let mut out = Vec::new();
-        for (p, span) in self.row_group_spans(order, rg) {
-            if span.start < single_rows {
-                let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+        if span.start < single_rows {
+            let (k0, k1) = (span.start / bs, (span.end.min(single_rows) - 1) / bs);
+            out.push(Stride {
+                first: k0 * parts + p as u64,
+                step: parts,
+                count: k1 - k0 + 1,
+            });
+        }
+        if span.end > single_rows {
+            let at = self.single_partition_batches() * bs + self.leftover_start[p];
+            let (a, b) = (
+                at + span.start.max(single_rows) - single_rows,
+                at + span.end - single_rows,
+            );
+            let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
+            if first <= last && first < batches {
                 out.push(Stride {
-                    first: k0 * parts + p as u64,
-                    step: parts,
-                    count: k1 - k0 + 1,
+                    first,
+                    step: 1,
+                    count: last - first + 1,
                 });
             }
-            if span.end > single_rows {
-                let at = self.single_partition_batches() * bs + self.leftover_start[p];
-                let (a, b) = (
-                    at + span.start.max(single_rows) - single_rows,
-                    at + span.end - single_rows,
-                );
-                let (first, last) = (a / bs, ((b - 1) / bs).min(batches.saturating_sub(1)));
-                if first <= last && first < batches {
-                    out.push(Stride {
-                        first,
-                        step: 1,
-                        count: last - first + 1,
-                    });
-                }
-            }
         }
-        out
     }
 
     /// The positions of each partition's order where row group `rg`'s rows may be, as
@@ -937,21 +1028,24 @@ impl Plan {
         out
     }
 
-    /// A mixture's batch rows at epoch positions `positions`, in order.
-    fn mixed_rows(&self, m: &Mixture, order: &EpochOrder, positions: Range<u64>) -> Vec<u64> {
+    /// A mixture's batch rows at positions `positions` of partition `p`'s draws, in order.
+    fn mixed_rows(
+        &self,
+        m: &Mixture,
+        order: &EpochOrder,
+        p: usize,
+        positions: Range<u64>,
+    ) -> Vec<u64> {
         // Each source's rows in draw order, then taken in the merged order.
-        let mut drawn: Vec<std::vec::IntoIter<u64>> = vec![Vec::new().into_iter(); m.members.len()];
         let mut rows: Vec<Vec<u64>> = vec![Vec::new(); m.members.len()];
-        for (s, pass, span) in m.spans(order.epoch, positions.clone()) {
+        for (s, pass, span) in m.spans(order.epoch, p, positions.clone()) {
             let member = &m.members[s];
-            let orders = &order.passes[s][pass as usize];
-            let found = member.plan.partition_rows(orders, 0, span);
+            let found = (member.plan).partition_rows(&order.passes[s][pass as usize], p, span);
             rows[s].extend(found.into_iter().map(|r| r + member.row_offset));
         }
-        for (s, r) in rows.into_iter().enumerate() {
-            drawn[s] = r.into_iter();
-        }
-        (m.merge.items(positions).into_iter())
+        let mut drawn: Vec<std::vec::IntoIter<u64>> =
+            rows.into_iter().map(Vec::into_iter).collect();
+        (m.merges[p].items(positions).into_iter())
             .map(|(s, _)| drawn[s].next().expect("a row for each item"))
             .collect()
     }
@@ -965,21 +1059,16 @@ impl Plan {
             return Vec::new();
         };
         let member = &m.members[s];
-        let (bs, batches) = (self.opts.batch_size, self.batches());
         let mut out = Vec::new();
         for (pass, orders) in order.passes[s].iter().enumerate() {
-            for (_, span) in member.plan.row_group_spans(orders, rg - member.rg_offset) {
-                for items in member.items_at(order.epoch, pass as u64, span) {
-                    let first = m.merge.position(s, items.start) / bs;
-                    let last =
-                        (m.merge.position(s, items.end - 1) / bs).min(batches.saturating_sub(1));
-                    if first <= last && first < batches {
-                        out.push(Stride {
-                            first,
-                            step: 1,
-                            count: last - first + 1,
-                        });
-                    }
+            for (p, span) in member.plan.row_group_spans(orders, rg - member.rg_offset) {
+                for items in member.items_at(order.epoch, p, pass as u64, span) {
+                    let merge = &m.merges[p];
+                    let (a, b) = (
+                        merge.position(s, items.start),
+                        merge.position(s, items.end - 1),
+                    );
+                    self.partition_span_batches(p, a..b + 1, &mut out);
                 }
             }
         }
@@ -1819,6 +1908,7 @@ mod tests {
             batch_size in 1u64..17,
             shuffle in shuffle_strategy(),
             seed in 0u64..3,
+            partitions in 1u64..4,
         ) {
             // Each source: its row groups, and drawn k × rows + f.
             let sized: Vec<(Vec<u64>, u64)> = sources
@@ -1828,7 +1918,7 @@ mod tests {
                     (rg.clone(), k * rows + f % (rows + 1))
                 })
                 .collect();
-            let plan = mixed_of(&sized, opts(batch_size, shuffle, 2, seed));
+            let plan = mixed_of(&sized, OrderOptions { partitions, ..opts(batch_size, shuffle, 2, seed) });
             let total: u64 = sized.iter().map(|(_, d)| d).sum();
             prop_assert_eq!(plan.epoch_rows(), total);
             let mut start = 0;
@@ -1846,7 +1936,10 @@ mod tests {
                     let rows = plan.batch_rows(&order, i);
                     prop_assert_eq!(rows.len() as u64, plan.batch_len(i));
                     let groups = plan.batch_row_groups(&order, i);
+                    // A single-partition batch draws from its partition of every source.
+                    let home = plan.partition_of_batch(i).map(|p| partition_rows(&plan, p));
                     for &r in &rows {
+                        prop_assert!(home.as_ref().is_none_or(|h| h.contains(&r)), "batch {} row {} not of its partition", i, r);
                         times[r as usize] += 1;
                         let g = plan.locate(r).0;
                         prop_assert!(groups.contains(&g), "batch {} row {} not in its row groups", i, r);

@@ -1024,7 +1024,7 @@ pub(crate) fn dataset_json(
         // partition i mod partitions; the leftover rows form the batches after them.
         "partitions": plan.partitions(),
         // Each partition's rows: its full batches' (the same for all) and its leftover rows.
-        "partition_rows": (0..plan.partitions()).map(|i| plan.partition_len(i)).collect::<Vec<_>>(),
+        "partition_rows": (0..plan.partitions()).map(|i| plan.partition_drawn(i)).collect::<Vec<_>>(),
         // The row groups each partition draws from (one split between partitions counts in
         // each): what a host reading it fetches and decodes.
         "partition_row_groups": (0..plan.partitions()).map(|i| plan.partition_row_groups(i).count()).collect::<Vec<_>>(),

@@ -361,18 +361,44 @@ def test_proportion_on_some_sources_only_is_refused(mounter, srcs, tmp_path):
     assert "proportion" in line, line
 
 
-@pytest.mark.parametrize("what", ["partitions", "transform"])
-def test_what_a_mixture_does_not_implement_is_refused(mounter, srcs, tmp_path, what):
+@pytest.mark.parametrize("shuffle", SHUFFLES)
+def test_partitions_give_each_rank_its_share_of_every_source(mounter, srcs, tmp_path, shuffle):
+    """partitions=2, world_size=2: each rank reads only its partition of every source, the same
+    rows in every epoch, and the epoch still draws each source as sized."""
+    mix = write_mix(
+        tmp_path / "mix.toml",
+        {"url": str(srcs["A"]), "proportion": 1.0},
+        {"url": str(srcs["B"]), "proportion": 1.0},
+    )
+    m = mounter(mix, "batch_size=50", "epoch_rows=600", "partitions=2", "world_size=2", "epochs=2", f"shuffle={shuffle}")
+    info = m.dataset()
+    assert info["partitions"] == 2 and sum(info["partition_rows"]) == 600, info["partition_rows"]
+    per_rank = info["rank_batches_per_epoch"]
+    assert per_rank > 0
+    homes = []
+    for r in range(2):
+        seen = set()
+        for e in range(2):
+            for j in range(per_rank):
+                ids = np.load(m.p(f"epoch-{e}", f"rank-{r}-of-2", batch_name(j)) / "id.npy")
+                assert len(ids) == 50
+                seen |= set(ids.tolist())
+        homes.append(seen)
+    assert not homes[0] & homes[1], "a row read by both ranks"
+    for e in range(2):
+        ids = epoch_ids(m, e)
+        assert_drawn(of(ids, A_IDS), A_IDS, 300, f"epoch {e} A")
+        assert_drawn(of(ids, B_IDS), B_IDS, 300, f"epoch {e} B")
+
+
+def test_a_transform_with_a_mixture_is_refused_as_not_implemented(mounter, srcs, tmp_path):
     mix = write_mix(tmp_path / "mix.toml", {"url": str(srcs["A"])}, {"url": str(srcs["B"])})
-    if what == "partitions":
-        opts = ["partitions=2"]
-    else:
-        fn = tmp_path / "same.py"
-        fn.write_text("def transform(batch):\n    return {c: batch.column(c).to_numpy() for c in ('id', 'x')}\n")
-        opts = [f"transform={fn}:transform", f"python={sys.executable}"]
+    fn = tmp_path / "same.py"
+    fn.write_text("def transform(batch):\n    return {c: batch.column(c).to_numpy() for c in ('id', 'x')}\n")
+    opts = [f"transform={fn}:transform", f"python={sys.executable}"]
     line = tfs.refused_mount(mounter, mix, "batch_size=100", *opts)
     assert "not implement" in line, line
-    assert what in line, line
+    assert "transform" in line, line
 
 
 def test_a_snapshot_of_a_mixture_is_refused(srcs, tmp_path):
