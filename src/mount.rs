@@ -35,6 +35,33 @@ fn where_filter(opts: &Options) -> Result<Option<crate::source::filter::Filter>>
         .transpose()
 }
 
+/// The user's transform (`transform=`), started and tried on the source's first row group that
+/// holds rows.
+async fn start_transform(
+    source: &Source,
+    opts: &Options,
+) -> Result<Option<Arc<crate::udf::Applied>>> {
+    let Some(spec) = opts.udf() else {
+        return Ok(None);
+    };
+    let udf = tokio::task::block_in_place(|| crate::udf::Udf::start(spec))?;
+    let input = crate::udf::Applied::input_columns(&udf, &source.schema)?;
+    let first = (source.files.iter().enumerate())
+        .find_map(|(f, file)| Some((f, file.live_rg_rows().iter().position(|&r| r > 0)?)));
+    let (batch, at) = match first {
+        Some((f, rg)) => (
+            source.read_row_group(f, rg, &input).await?,
+            format!("file '{}' row group {rg}", source.files[f].name),
+        ),
+        None => (
+            arrow::array::RecordBatch::new_empty(Arc::new(source.schema.project(&input)?)),
+            "an empty dataset".to_string(),
+        ),
+    };
+    let trial = || crate::udf::Applied::trial(udf, input, batch, &at);
+    Ok(Some(Arc::new(tokio::task::block_in_place(trial)?)))
+}
+
 /// Opens one source (listed, or as `snapshot=` pinned it) under `opts`.
 async fn open_source(
     source: &str,
@@ -187,14 +214,6 @@ impl Dataset {
     /// A mixture: each source of the `.toml` at `path` opened under `opts` (its own `where`
     /// joining the mount's), checked to serve the same tensors, and drawn as sized.
     async fn mixed(path: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
-        let unfinished = |what: &str| {
-            anyhow!(
-                "{what} with a mixture of sources (a .toml SOURCE) is not implemented yet: mount each source on its own"
-            )
-        };
-        if opts.udf().is_some() {
-            return Err(unfinished("transform="));
-        }
         if opts.snapshot.is_some() {
             bail!(
                 "snapshot= pins one source, and '{path}' is a mixture: give each source its snapshot in its [[source]] table"
@@ -203,6 +222,8 @@ impl Dataset {
         let specs = crate::source::mixture::read(path)?;
         let stats = Arc::new(Stats::default());
         let mut members: Vec<Member> = Vec::new();
+        // The transform, tried on the first source's rows, turns every source's.
+        let mut udf: Option<Arc<crate::udf::Applied>> = None;
         for (i, spec) in specs.into_iter().enumerate() {
             let mut own = opts.clone();
             own.selection = match (&opts.selection, &spec.selection) {
@@ -216,7 +237,15 @@ impl Dataset {
                 .await
                 .map_err(|e| anyhow!("{which}: {e:#}"))?;
             let source = Arc::new(source);
-            let view = Arc::new(view::build_with(&source, &own, None).await?);
+            if members.is_empty() {
+                udf = start_transform(&source, &own).await?;
+            }
+            if let Some(a) = &udf {
+                // Its columns must be there in every source.
+                crate::udf::Applied::input_columns(&a.udf, &source.schema)
+                    .map_err(|e| anyhow!("{which}: {e}"))?;
+            }
+            let view = Arc::new(view::build_with(&source, &own, udf.as_deref()).await?);
             if let Some(line) = view.refusal("`tensorfs inspect` of that source lists them") {
                 bail!("{which}: {line}");
             }
@@ -277,7 +306,7 @@ impl Dataset {
             }),
             plan,
             stats,
-            udf: None,
+            udf,
         })
     }
 
@@ -304,31 +333,7 @@ impl Dataset {
         if let Some(want) = &opts.fingerprint {
             crate::source::snapshot::check_fingerprint(&source, want, &opts.cache_dir)?;
         }
-        let udf = match opts.udf() {
-            Some(spec) => {
-                let udf = tokio::task::block_in_place(|| crate::udf::Udf::start(spec))?;
-                let input = crate::udf::Applied::input_columns(&udf, &source.schema)?;
-                // The trial's row group: the first that holds rows.
-                let first = (source.files.iter().enumerate()).find_map(|(f, file)| {
-                    Some((f, file.live_rg_rows().iter().position(|&r| r > 0)?))
-                });
-                let (batch, at) = match first {
-                    Some((f, rg)) => (
-                        source.read_row_group(f, rg, &input).await?,
-                        format!("file '{}' row group {rg}", source.files[f].name),
-                    ),
-                    None => (
-                        arrow::array::RecordBatch::new_empty(Arc::new(
-                            source.schema.project(&input)?,
-                        )),
-                        "an empty dataset".to_string(),
-                    ),
-                };
-                let trial = || crate::udf::Applied::trial(udf, input, batch, &at);
-                Some(Arc::new(tokio::task::block_in_place(trial)?))
-            }
-            None => None,
-        };
+        let udf = start_transform(&source, opts).await?;
         let view = Arc::new(view::build_with(&source, opts, udf.as_deref()).await?);
         // The rows the dataset holds: a table's deleted rows are none of them.
         let live: Vec<Vec<u64>> = source.files.iter().map(|f| f.live_rg_rows()).collect();

@@ -391,16 +391,27 @@ def test_partitions_give_each_rank_its_share_of_every_source(mounter, srcs, tmp_
         assert_drawn(of(ids, B_IDS), B_IDS, 300, f"epoch {e} B")
 
 
-def test_a_transform_with_a_mixture_is_refused_as_not_implemented(mounter, srcs, tmp_path):
-    mix = write_mix(tmp_path / "mix.toml", {"url": str(srcs["A"])}, {"url": str(srcs["B"])})
-    fn = tmp_path / "same.py"
-    fn.write_text("def transform(batch):\n    return {c: batch.column(c).to_numpy() for c in ('id', 'x')}\n")
-    opts = [f"transform={fn}:transform", f"python={sys.executable}"]
-    line = tfs.refused_mount(mounter, mix, "batch_size=100", *opts)
-    assert "not implement" in line, line
-    assert "transform" in line, line
-
-
+def test_a_transform_turns_every_source_s_rows(mounter, srcs, tmp_path):
+    """transform= runs on every source's row groups (tried on the first source's): each served
+    row is the function of its own source row."""
+    mix = write_mix(tmp_path / "mix.toml", {"url": str(srcs["A"])}, {"url": str(srcs["C"])})
+    fn = tmp_path / "double.py"
+    fn.write_text(
+        "def transform(batch):\n"
+        "    return {'id': batch.column('id').to_numpy(), 'x2': batch.column('x').to_numpy() * 2}\n"
+    )
+    m = mounter(mix, "batch_size=100", f"transform={fn}:transform", f"python={sys.executable}")
+    info = m.dataset()
+    assert [t["name"] for t in info["tensors"]] == ["id", "x2"], info["tensors"]
+    ids = []
+    for i in range(batches_of(info)):
+        d = m.p("epoch-0", batch_name(i))
+        got, x2 = np.load(d / "id.npy"), np.load(d / "x2.npy")
+        tfs.assert_array(x2, 2 * x_of(got), f"batch {i} x2")
+        ids.append(got)
+    ids = np.concatenate(ids)
+    assert_drawn(of(ids, A_IDS), A_IDS, len(A_IDS), "A")
+    assert_drawn(of(ids, C_IDS), C_IDS, len(C_IDS), "C")
 def test_a_snapshot_of_a_mixture_is_refused(srcs, tmp_path):
     mix = write_mix(tmp_path / "mix.toml", {"url": str(srcs["A"])}, {"url": str(srcs["B"])})
     pin = tmp_path / "mix.snapshot"

@@ -491,6 +491,8 @@ pub(crate) struct Builder {
     threads: usize,
     /// Where row groups decoded ahead are fetched.
     background: Background,
+    /// The transform's input columns in each source (its columns by name).
+    udf_inputs: Vec<Vec<usize>>,
     /// Global row-group index → (source, file, row group in file).
     row_groups: Vec<(usize, usize, usize)>,
     decoded: Memo<usize, Columns>,
@@ -547,6 +549,12 @@ impl Builder {
                     .flat_map(move |(f, file)| (0..file.rg_rows.len()).map(move |rg| (s, f, rg)))
             })
             .collect();
+        let udf_inputs = match &udf {
+            Some(a) => (sources.iter())
+                .map(|(s, _)| crate::udf::Applied::input_columns(&a.udf, &s.schema))
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
         let batch_size = orders.plan().options().batch_size;
         let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
         let largest_tensor = row_bytes.clone().max().unwrap_or(0) * batch_size;
@@ -577,6 +585,7 @@ impl Builder {
             background: Background::new(limits.threads)
                 .context("the threads for fetches ahead cannot start")?,
             row_groups,
+            udf_inputs,
             // Mapped columns (see `map_from`) weigh nothing here, as their pages are the page
             // cache's, but each is a mapping: a process past `vm.max_map_count` has its next
             // allocation fail, which aborts it.
@@ -998,7 +1007,7 @@ impl Builder {
         let udf = self.udf.clone();
         // A transform reads its input columns; the view's are its output's.
         let roots = match &udf {
-            Some(a) => a.input.clone(),
+            Some(_) => self.udf_inputs[s].clone(),
             None => view.roots.clone(),
         };
         // A row group in a transform's hands is held from its decode to the end of the call:
