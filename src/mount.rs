@@ -68,6 +68,7 @@ async fn open_source(
     opts: &Options,
     footers: Option<&Path>,
     stats: Arc<Stats>,
+    given: Option<crate::source::catalog::Pinned>,
 ) -> Result<Source> {
     let filter = where_filter(opts)?;
     // A table a REST catalog names is read at the metadata file the catalog gives.
@@ -76,7 +77,11 @@ async fn open_source(
     let source = located.as_str();
     let mut source = match &opts.snapshot {
         Some(at) => {
-            let pinned = crate::source::snapshot::read(at, &store).await?;
+            // A mixture's snapshot holds its sources' (read and given here).
+            let pinned = match given {
+                Some(pinned) => pinned,
+                None => crate::source::snapshot::read(at, &store).await?,
+            };
             // The rows a snapshot keeps are pinned with it: a mount may name its where=,
             // never another.
             if let Some(f) = &filter
@@ -207,19 +212,30 @@ impl Dataset {
             );
         }
         let stats = Arc::new(Stats::default());
-        let source = open_source(source, opts, footers, stats.clone()).await?;
+        let source = open_source(source, opts, footers, stats.clone(), None).await?;
         Dataset::over(Arc::new(source), opts, stats).await
     }
 
     /// A mixture: each source of the `.toml` at `path` opened under `opts` (its own `where`
     /// joining the mount's), checked to serve the same tensors, and drawn as sized.
     async fn mixed(path: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
-        if opts.snapshot.is_some() {
-            bail!(
-                "snapshot= pins one source, and '{path}' is a mixture: give each source its snapshot in its [[source]] table"
-            );
-        }
         let specs = crate::source::mixture::read(path)?;
+        // A snapshot of the whole mixture pins every source.
+        let whole = match &opts.snapshot {
+            Some(at) => {
+                let bytes = crate::source::snapshot::read_bytes(at, &opts.store).await?;
+                let pins = crate::source::snapshot::decode_mixture(&bytes, at)?;
+                let pinned: Vec<&str> = pins.iter().map(|(url, _)| url.as_str()).collect();
+                let listed: Vec<&str> = specs.iter().map(|s| s.url.as_str()).collect();
+                if pinned != listed {
+                    bail!(
+                        "snapshot '{at}' pins the mixture of {pinned:?}, and '{path}' lists {listed:?}: mount it with the .toml it was taken of"
+                    );
+                }
+                Some((at, pins))
+            }
+            None => None,
+        };
         let stats = Arc::new(Stats::default());
         let mut members: Vec<Member> = Vec::new();
         // The transform, tried on the first source's rows, turns every source's.
@@ -233,7 +249,20 @@ impl Dataset {
             own.version = spec.version.or(opts.version);
             own.snapshot = spec.snapshot.clone();
             let which = format!("mixture '{path}' source {} ('{}')", i + 1, spec.url);
-            let source = open_source(&spec.location, &own, footers, stats.clone())
+            let mut given = None;
+            if let Some((at, pins)) = &whole {
+                if spec.snapshot.is_some() {
+                    bail!(
+                        "{which} names a snapshot of its own, and snapshot='{at}' pins the whole mixture: give one of them"
+                    );
+                }
+                let label = format!("{at} (source {})", i + 1);
+                given = Some(crate::source::snapshot::decode(&pins[i].1, &label)?);
+                own.snapshot = Some(label);
+                // The snapshot pins each source's version.
+                own.version = None;
+            }
+            let source = open_source(&spec.location, &own, footers, stats.clone(), given)
                 .await
                 .map_err(|e| anyhow!("{which}: {e:#}"))?;
             let source = Arc::new(source);
@@ -927,12 +956,25 @@ fn open_checked(
 /// options would (with the same line), and pins the dataset in `dest` (a local path or an
 /// object URL the store options reach). Returns its fingerprint.
 pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) -> Result<String> {
-    if source.ends_with(".toml") {
-        bail!(
-            "a snapshot of a whole mixture (a .toml SOURCE) is not implemented yet: take one of each source and name it in its [[source]] table (snapshot = \"…\")"
-        );
-    }
     let runtime = runtime(opts.threads)?;
+    if source.ends_with(".toml") {
+        if from.is_some() {
+            bail!(
+                "--from with a mixture (a .toml SOURCE) is not implemented yet: take the snapshot without it"
+            );
+        }
+        let d = open_checked(source, opts, &runtime, None)?;
+        let m = d.mixture.as_ref().expect("a .toml opens as a mixture");
+        let pins = (m.members.iter())
+            .map(|member| {
+                let bytes = crate::source::snapshot::encode(&member.source, &member.view)?;
+                Ok((member.spec.url.clone(), bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = crate::source::snapshot::encode_mixture(&pins);
+        runtime.block_on(crate::source::snapshot::write(dest, bytes, &opts.store))?;
+        return Ok(d.fingerprint().to_string());
+    }
     let d = match from {
         None => open_checked(source, opts, &runtime, None)?,
         Some(at) => {

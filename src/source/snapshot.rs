@@ -256,6 +256,11 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
 /// cut short, fails its checksum or was written by a newer format is refused, saying which.
 pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     let refused = |why: &str| anyhow!("snapshot '{at}' {why}");
+    if is_mixture(bytes) {
+        return Err(refused(
+            "is the snapshot of a mixture of sources: mount it with the .toml it was taken of",
+        ));
+    }
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(refused("is not a tensorfs snapshot"));
     }
@@ -398,7 +403,12 @@ fn is_url(at: &str) -> bool {
 
 /// The snapshot at `at` (a local path or a URL the store options reach).
 pub(crate) async fn read(at: &str, store_options: &[(String, String)]) -> Result<Pinned> {
-    let bytes = match is_url(at) {
+    decode(&read_bytes(at, store_options).await?, at)
+}
+
+/// The bytes of the file at `at` (a local path or a URL the store options reach).
+pub(crate) async fn read_bytes(at: &str, store_options: &[(String, String)]) -> Result<Vec<u8>> {
+    Ok(match is_url(at) {
         true => {
             let (store, path) = crate::source::store_of(at, store_options)
                 .with_context(|| format!("snapshot '{at}'"))?;
@@ -420,8 +430,66 @@ pub(crate) async fn read(at: &str, store_options: &[(String, String)]) -> Result
                 )
             })?
         }
+    })
+}
+
+const MIXTURE_MAGIC: &[u8; 26] = b"tensorfs mixture snapshot\n";
+const MIXTURE_FORMAT: u32 = 1;
+
+/// A snapshot of a mixture: each source's `url` as its `.toml` writes it, and its snapshot.
+/// Magic, format, the count, then each source's URL and snapshot, each behind its length; each
+/// snapshot checks its own body.
+pub fn encode_mixture(sources: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = MIXTURE_MAGIC.to_vec();
+    out.extend(MIXTURE_FORMAT.to_le_bytes());
+    out.extend((sources.len() as u32).to_le_bytes());
+    for (url, snapshot) in sources {
+        out.extend((url.len() as u64).to_le_bytes());
+        out.extend(url.as_bytes());
+        out.extend((snapshot.len() as u64).to_le_bytes());
+        out.extend(snapshot);
+    }
+    out
+}
+
+/// Whether `bytes` are a mixture's snapshot.
+pub fn is_mixture(bytes: &[u8]) -> bool {
+    bytes.starts_with(MIXTURE_MAGIC)
+}
+
+/// A mixture's snapshot read back: each source's URL and its snapshot's bytes.
+pub fn decode_mixture(bytes: &[u8], at: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    let refused = |why: &str| anyhow!("snapshot '{at}' {why}");
+    if !is_mixture(bytes) {
+        return Err(refused("is not the snapshot of a mixture of sources"));
+    }
+    let mut rest = &bytes[MIXTURE_MAGIC.len()..];
+    let mut take = |n: usize| -> Result<&[u8]> {
+        if rest.len() < n {
+            return Err(refused("is truncated"));
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
     };
-    decode(&bytes, at)
+    let format = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    if format != MIXTURE_FORMAT {
+        return Err(refused(&format!(
+            "is a mixture's of format {format}, which this tensorfs (format {MIXTURE_FORMAT}) cannot read"
+        )));
+    }
+    let count = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let len = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
+        let url = String::from_utf8(take(len)?.to_vec()).map_err(|_| refused("is damaged"))?;
+        let len = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
+        out.push((url, take(len)?.to_vec()));
+    }
+    if !rest.is_empty() {
+        return Err(refused("has bytes past its end"));
+    }
+    Ok(out)
 }
 
 /// Writes `bytes` to `at` whole or not at all: a local path through a synced temp file renamed

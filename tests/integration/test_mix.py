@@ -412,14 +412,38 @@ def test_a_transform_turns_every_source_s_rows(mounter, srcs, tmp_path):
     ids = np.concatenate(ids)
     assert_drawn(of(ids, A_IDS), A_IDS, len(A_IDS), "A")
     assert_drawn(of(ids, C_IDS), C_IDS, len(C_IDS), "C")
-def test_a_snapshot_of_a_mixture_is_refused(srcs, tmp_path):
-    mix = write_mix(tmp_path / "mix.toml", {"url": str(srcs["A"])}, {"url": str(srcs["B"])})
+def test_a_snapshot_of_the_whole_mixture_pins_every_source(mounter, srcs, tmp_path):
+    """`tensorfs snapshot mix.toml PIN` pins every source: after a source grows, a mount with
+    snapshot=PIN serves the very bytes of before; the .toml alone serves the grown source."""
+    import shutil
+
+    a = tmp_path / "a"
+    shutil.copytree(srcs["A"], a)
+    mix = write_mix(tmp_path / "mix.toml", {"url": "a", "where": "id >= 100"}, {"url": str(srcs["B"]), "repeat": 2.0})
+    opts = ["batch_size=100", "seed=3"]
+    before = mounter(mix, *opts)
+    files = {i: (before.p("epoch-0", batch_name(i)) / "id.npy").read_bytes() for i in range(batches_of(before.dataset()))}
+    fingerprint = before.dataset()["fingerprint"]
     pin = tmp_path / "mix.snapshot"
-    line = tfs.error_line(tfs.run(["snapshot", mix, pin]))
-    assert "not implement" in line, line
-    assert not pin.exists()
-
-
+    proc = tfs.run(["snapshot", mix, pin, "-o", ",".join(opts)])
+    assert proc.returncode == 0, proc.stderr
+    assert fingerprint in proc.stdout + proc.stderr
+    write_source(tmp_path / "grown", np.arange(50_000, 50_100, dtype=np.int64))
+    shutil.copy(tmp_path / "grown" / "part-0.parquet", a / "part-9.parquet")
+    pinned = mounter(mix, *opts, f"snapshot={pin}")
+    assert pinned.dataset()["fingerprint"] == fingerprint
+    for i, b in files.items():
+        assert (pinned.p("epoch-0", batch_name(i)) / "id.npy").read_bytes() == b, f"batch {i}"
+    grown = mounter(mix, *opts)
+    assert grown.dataset()["mixture"][0]["rows"] == 1000
+    assert pinned.dataset()["mixture"][0]["rows"] == 900
+    # A snapshot mounts only with the .toml it was taken of.
+    other = write_mix(tmp_path / "other.toml", {"url": str(srcs["B"])}, {"url": "a"})
+    line = tfs.refused_mount(mounter, other, *opts, f"snapshot={pin}")
+    assert str(pin) in line and "mixture" in line, line
+    # A single source's mount is no mixture's snapshot.
+    line = tfs.refused_mount(mounter, srcs["B"], *opts, f"snapshot={pin}")
+    assert str(pin) in line, line
 def test_a_mixture_s_fingerprint_is_what_fingerprint_takes(mounter, srcs, tmp_path):
     """The fingerprint names every source and its size: fingerprint= takes it, and refuses
     another mixture's."""
