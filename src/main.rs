@@ -298,13 +298,14 @@ fn print_source(d: &Dataset) {
         println!("where        {}", s.text);
         match s.decided_here {
             true => println!(
-                "{:<13}{} rows kept; ruled out before their footers: {} objects; by row-group statistics: {} row groups ({} kept whole); {} row groups read to decide",
+                "{:<13}{} rows kept; ruled out before their footers: {} objects; by row-group statistics: {} row groups ({} kept whole); {} row groups read to decide ({} of their rows settled by the page index)",
                 "",
                 d.plan.rows(),
                 s.objects_ruled_out,
                 s.row_groups_ruled_out,
                 s.row_groups_kept_whole,
-                s.row_groups_read
+                s.row_groups_read,
+                s.rows_settled_by_page_index
             ),
             false => println!(
                 "{:<13}{} rows kept, as the snapshot pins them",

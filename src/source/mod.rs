@@ -52,7 +52,7 @@ use object_store::{
 };
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{
@@ -1402,11 +1402,23 @@ impl Source {
         rg: usize,
         roots: &[usize],
     ) -> Result<Fetched> {
+        self.fetch_rows(file, rg, roots, None).await
+    }
+
+    /// [`Source::fetch_row_group`], or with a selection, nothing fetched: the decode fetches the
+    /// pages that hold the rows selected.
+    async fn fetch_rows(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+        selection: Option<(RowSelection, ArrowReaderMetadata)>,
+    ) -> Result<Fetched> {
         let f = &self.files[file];
         // The partition columns are no columns of the file: they are added as it is decoded.
         let (wanted, partition_roots): (Vec<usize>, Vec<usize>) =
             roots.iter().partition(|&&r| r < self.file_columns());
-        let nothing = |wanted| Fetched {
+        let nothing = |wanted, selection| Fetched {
             file,
             rg,
             wanted,
@@ -1414,16 +1426,17 @@ impl Source {
             partition_roots: partition_roots.clone(),
             mask: None,
             chunks: Vec::new(),
+            selection,
         };
         if wanted.is_empty() {
-            return Ok(nothing(wanted));
+            return Ok(nothing(wanted, selection));
         }
         let footer = self.footer(file).await?;
         let mut roots: Vec<usize> = wanted.iter().filter_map(|&r| footer.root(r)).collect();
         roots.sort_unstable();
         roots.dedup();
         if roots.is_empty() {
-            return Ok(nothing(wanted));
+            return Ok(nothing(wanted, selection));
         }
         let meta = footer.metadata.metadata();
         let mask =
@@ -1439,6 +1452,18 @@ impl Source {
                 start..start + len
             })
             .collect();
+        if selection.is_some() {
+            return Ok(Fetched {
+                file,
+                rg,
+                wanted,
+                roots,
+                partition_roots,
+                mask: Some(mask),
+                chunks: Vec::new(),
+                selection,
+            });
+        }
         let reader = self.reader(file);
         let chunks = object_store::coalesce_ranges(&ranges, |r| reader.get_in_parts(r), COALESCE)
             .await
@@ -1451,6 +1476,7 @@ impl Source {
             partition_roots,
             mask: Some(mask),
             chunks: ranges.into_iter().zip(chunks).collect(),
+            selection: None,
         })
     }
 
@@ -1479,6 +1505,65 @@ impl Source {
             })
             .collect::<Result<_>>()?;
         Ok(batch.project(&order)?)
+    }
+
+    /// [`Source::read_stored_rows`] of only the rows `selection` picks, read through `indexed`
+    /// (the file's footer with its page index): only the pages that hold them are fetched.
+    pub(crate) async fn read_selected_rows(
+        &self,
+        file: usize,
+        rg: usize,
+        roots: &[usize],
+        selection: RowSelection,
+        indexed: &ArrowReaderMetadata,
+    ) -> Result<RecordBatch> {
+        let rows = selection.row_count();
+        let fetched =
+            (self.fetch_rows(file, rg, roots, Some((selection, indexed.clone())))).await?;
+        let pieces = self.decode_stored_or_live(fetched, false).await?;
+        let schema = match pieces.first() {
+            Some(p) => p.schema(),
+            None => Arc::new(self.schema.project(roots)?),
+        };
+        let batch = arrow::compute::concat_batches(&schema, &pieces)?;
+        if batch.num_rows() != rows {
+            bail!(
+                "file '{}' row group {rg}: {} rows read of the {rows} selected",
+                self.files[file].name,
+                batch.num_rows()
+            );
+        }
+        let order: Vec<usize> = (roots.iter())
+            .map(|&r| {
+                let name = self.schema.field(r).name();
+                batch.schema().index_of(name).map_err(anyhow::Error::from)
+            })
+            .collect::<Result<_>>()?;
+        Ok(batch.project(&order)?)
+    }
+
+    /// The footer of `file` with its page index, where the file has one: loaded with one read
+    /// of the index's bytes.
+    pub(crate) async fn page_indexed(&self, file: usize) -> Result<Option<ArrowReaderMetadata>> {
+        let footer = self.footer(file).await?;
+        let md = footer.metadata.metadata();
+        let has_index = (md.row_groups().iter())
+            .any(|g| g.columns().iter().any(|c| c.offset_index_range().is_some()));
+        if !has_index {
+            return Ok(None);
+        }
+        let mut reader = self.reader(file);
+        let mut loader =
+            parquet::file::metadata::ParquetMetaDataReader::new_with_metadata(md.as_ref().clone())
+                .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+        loader.load_page_index(&mut reader).await.with_context(|| {
+            format!(
+                "file '{}': its page index cannot be read",
+                self.files[file].name
+            )
+        })?;
+        let md = loader.finish()?;
+        Ok(Some(arrow_metadata(Arc::new(md))?))
     }
 
     /// [`Source::decode_row_group`], with the rows the table deletes dropped (`live`) or kept.
@@ -1640,10 +1725,15 @@ impl Source {
             roots,
             mask,
             chunks,
+            selection,
             ..
         } = fetched;
         let mask = mask.expect("a projection of the file's columns");
         let f = &self.files[file];
+        if let Some((selection, indexed)) = selection {
+            let picked = Some(selection);
+            return (self.decode_with(file, rg, &roots, mask, chunks, (&indexed, picked))).await;
+        }
         let footer = self.footer(file).await?;
         let first = self
             .decode_with(
@@ -1652,7 +1742,7 @@ impl Source {
                 &roots,
                 mask.clone(),
                 chunks.clone(),
-                &footer.metadata,
+                (&footer.metadata, None),
             )
             .await;
         let Err(e) = first else { return first };
@@ -1668,7 +1758,7 @@ impl Source {
                 .await);
         };
         match self
-            .decode_with(file, rg, &roots, mask, chunks, padded)
+            .decode_with(file, rg, &roots, mask, chunks, (padded, None))
             .await
         {
             Ok(batch) => {
@@ -1705,7 +1795,7 @@ impl Source {
         for &root in roots {
             let mask = ProjectionMask::roots(metadata.parquet_schema(), [root]);
             let one = [root];
-            let alone = self.decode_with(file, rg, &one, mask, chunks.clone(), metadata);
+            let alone = self.decode_with(file, rg, &one, mask, chunks.clone(), (metadata, None));
             match std::panic::AssertUnwindSafe(alone).catch_unwind().await {
                 Ok(Ok(_)) => continue,
                 Ok(Err(alone)) => return alone,
@@ -1729,7 +1819,7 @@ impl Source {
         roots: &[usize],
         mask: ProjectionMask,
         chunks: Vec<(Range<u64>, Bytes)>,
-        metadata: &ArrowReaderMetadata,
+        (metadata, selection): (&ArrowReaderMetadata, Option<RowSelection>),
     ) -> Result<Vec<RecordBatch>> {
         let f = &self.files[file];
         let what = match roots {
@@ -1766,13 +1856,19 @@ impl Source {
             chunks,
             inner: self.reader(file),
         };
-        let rows = md.row_group(rg).num_rows() as usize;
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone())
-            .with_row_groups(vec![rg])
-            .with_projection(mask)
-            .with_batch_size(rows.clamp(1, 8192))
-            .build()
-            .with_context(|| what.clone())?;
+        let rows = match &selection {
+            Some(s) => s.row_count(),
+            None => md.row_group(rg).num_rows() as usize,
+        };
+        let mut stream =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone())
+                .with_row_groups(vec![rg])
+                .with_projection(mask)
+                .with_batch_size(rows.clamp(1, 8192));
+        if let Some(selection) = selection {
+            stream = stream.with_row_selection(selection);
+        }
+        let stream = stream.build().with_context(|| what.clone())?;
         // Kept as the decoder's pieces: a row group concatenated whole would be a third copy of
         // it in memory, beside the pieces and the tensor columns transformed from them.
         let pieces: Vec<RecordBatch> = stream
@@ -1782,7 +1878,7 @@ impl Source {
         let decoded: usize = pieces.iter().map(RecordBatch::num_rows).sum();
         if decoded != rows {
             bail!(
-                "file '{}' row group {rg}: {decoded} rows decoded where its footer says {rows}",
+                "file '{}' row group {rg}: {decoded} rows decoded where {rows} were asked for",
                 f.name
             );
         }
@@ -2228,6 +2324,9 @@ pub(crate) struct Fetched {
     /// The projection of `roots`; none where only partition columns are asked for.
     mask: Option<ProjectionMask>,
     chunks: Vec<(Range<u64>, Bytes)>,
+    /// Only these rows, read through the page index of this view of the file: the decoder
+    /// fetches the pages that hold them and no others.
+    selection: Option<(RowSelection, ArrowReaderMetadata)>,
 }
 
 /// An [`AsyncFileReader`] over fetched ranges of an object: what they hold is answered from

@@ -5,7 +5,9 @@
 //!    columns): objects they rule out are no part of the dataset, never fetched;
 //! 2. each row group's statistics, from the footers: a row group ruled out is not fetched, one
 //!    they keep whole is not read;
-//! 3. the rest, EXPR's columns alone read and tested row by row.
+//! 3. where the file has a page index, each page's statistics, in the row groups left: pages
+//!    they rule out or keep whole are not fetched;
+//! 4. the rest, EXPR's columns alone read and tested row by row.
 //!
 //! The rows not kept join the rows a table deletes from each file (its deletion vector), kept
 //! with the object as an inline vector: from there the plan counts each row group's rows left,
@@ -22,6 +24,7 @@ use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::{DataType, Schema};
 use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use roaring::RoaringTreemap;
 use std::sync::Arc;
 
@@ -39,6 +42,8 @@ pub struct Selected {
     pub row_groups_kept_whole: u64,
     /// Row groups whose EXPR columns were read to decide.
     pub row_groups_read: u64,
+    /// Rows of those row groups their page index settled, whose pages were not fetched.
+    pub rows_settled_by_page_index: u64,
 }
 
 /// How many row groups' EXPR columns are read at once.
@@ -142,7 +147,7 @@ impl Source {
         };
         let this = &*self;
         let checked = &checked;
-        let decided: Vec<(Vec<Decision>, RoaringTreemap)> =
+        let decided: Vec<(Vec<Decision>, (RoaringTreemap, u64))> =
             futures::stream::iter(0..this.files.len())
                 .map(|file| async move {
                     let decisions = this.decide(file, checked).await?;
@@ -152,7 +157,8 @@ impl Source {
                 .buffered(READS_AT_ONCE)
                 .try_collect()
                 .await?;
-        for (file, (decisions, dropped)) in decided.into_iter().enumerate() {
+        for (file, (decisions, (dropped, by_pages))) in decided.into_iter().enumerate() {
+            selected.rows_settled_by_page_index += by_pages;
             for d in &decisions {
                 match d {
                     Decision::None => selected.row_groups_ruled_out += 1,
@@ -278,15 +284,21 @@ impl Source {
         checked.decide(groups, &known)
     }
 
-    /// The rows of `file` that `checked` does not keep, as positions in the file.
+    /// The rows of `file` that `checked` does not keep, as positions in the file, and how many
+    /// rows of the row groups read the page index settled.
     async fn dropped(
         &self,
         file: usize,
         checked: &Checked,
         decisions: &[Decision],
-    ) -> Result<RoaringTreemap> {
+    ) -> Result<(RoaringTreemap, u64)> {
         let f = &self.files[file];
         let mut dropped = RoaringTreemap::new();
+        let mut by_pages = 0;
+        let indexed = match decisions.contains(&Decision::Read) {
+            true => self.page_indexed(file).await?,
+            false => None,
+        };
         let mut start = 0u64;
         for (rg, (&d, &rows)) in decisions.iter().zip(&f.rg_rows).enumerate() {
             match d {
@@ -295,28 +307,175 @@ impl Source {
                     dropped.insert_range(start..start + rows);
                 }
                 Decision::Read => {
-                    let batch = self
-                        .read_stored_rows(file, rg, &checked.columns)
+                    let (keep, settled) = self
+                        .kept_in(file, rg, checked, indexed.as_ref())
                         .await
                         .with_context(|| format!("where={}", checked.text))?;
-                    let keep = checked.keep(&batch)?;
-                    if keep.len() as u64 != rows {
-                        return Err(anyhow!(
-                            "file '{}' row group {rg}: {} rows read of {rows}",
-                            f.name,
-                            keep.len()
-                        ));
-                    }
-                    dropped.extend(
-                        (0..rows)
-                            .filter(|&i| !keep.value(i as usize))
-                            .map(|i| start + i),
-                    );
+                    by_pages += settled;
+                    dropped.extend((0..rows).filter(|&i| !keep[i as usize]).map(|i| start + i));
                 }
             }
             start += rows;
         }
-        Ok(dropped)
+        Ok((dropped, by_pages))
+    }
+
+    /// Which rows of row group `rg` `checked` keeps, and how many of them the page index
+    /// (`indexed`: the footer with it, where the file has one) settled without their pages.
+    async fn kept_in(
+        &self,
+        file: usize,
+        rg: usize,
+        checked: &Checked,
+        indexed: Option<&ArrowReaderMetadata>,
+    ) -> Result<(Vec<bool>, u64)> {
+        let rows = self.files[file].rg_rows[rg];
+        let segments = match indexed {
+            Some(ix) => self.page_decisions(file, rg, checked, ix).await?,
+            None => None,
+        };
+        let Some((bounds, decisions)) = segments else {
+            let batch = self.read_stored_rows(file, rg, &checked.columns).await?;
+            let keep = checked.keep(&batch)?;
+            if keep.len() as u64 != rows {
+                return Err(anyhow!(
+                    "file '{}' row group {rg}: {} rows read of {rows}",
+                    self.files[file].name,
+                    keep.len()
+                ));
+            }
+            return Ok(((0..keep.len()).map(|i| keep.value(i)).collect(), 0));
+        };
+        let mut keep = vec![false; rows as usize];
+        let mut selectors = Vec::new();
+        let mut settled = 0;
+        for (k, d) in decisions.iter().enumerate() {
+            let (a, b) = (bounds[k] as usize, bounds[k + 1] as usize);
+            let n = b - a;
+            match d {
+                Decision::Read => selectors.push(RowSelector::select(n)),
+                Decision::All => {
+                    keep[a..b].fill(true);
+                    selectors.push(RowSelector::skip(n));
+                    settled += n as u64;
+                }
+                Decision::None => {
+                    selectors.push(RowSelector::skip(n));
+                    settled += n as u64;
+                }
+            }
+        }
+        if (settled as usize) < keep.len() {
+            let ix = indexed.expect("segments come from the page index");
+            let selection = RowSelection::from(selectors);
+            let batch =
+                (self.read_selected_rows(file, rg, &checked.columns, selection, ix)).await?;
+            let read = checked.keep(&batch)?;
+            let mut at = 0;
+            for (k, d) in decisions.iter().enumerate() {
+                if *d != Decision::Read {
+                    continue;
+                }
+                for slot in &mut keep[bounds[k] as usize..bounds[k + 1] as usize] {
+                    *slot = read.value(at);
+                    at += 1;
+                }
+            }
+        }
+        Ok((keep, settled))
+    }
+
+    /// The stretches of row group `rg` that the page index tells apart (bounded by where any of
+    /// EXPR's columns starts a page) with what their pages' statistics decide of each: none
+    /// where an EXPR column has no offset index, or the row group is one stretch.
+    async fn page_decisions(
+        &self,
+        file: usize,
+        rg: usize,
+        checked: &Checked,
+        ix: &ArrowReaderMetadata,
+    ) -> Result<Option<(Vec<u64>, Vec<Decision>)>> {
+        let md = ix.metadata();
+        let Some(pi) = md.page_index() else {
+            return Ok(None);
+        };
+        let pi = pi.as_ref();
+        let footer = self.footer(file).await?;
+        let (file_schema, parquet_schema) = (ix.schema(), md.file_metadata().schema_descr());
+        let rows = self.files[file].rg_rows[rg];
+        let first_partition = self.file_columns();
+        let mut bounds = std::collections::BTreeSet::from([0, rows]);
+        let mut pages: std::collections::HashMap<usize, (StatisticsConverter, Vec<u64>)> =
+            Default::default();
+        for &c in &checked.columns {
+            let Some(at) = (c < first_partition).then(|| footer.root(c)).flatten() else {
+                continue;
+            };
+            let name = file_schema.field(at).name();
+            let Ok(converter) = StatisticsConverter::try_new(name, file_schema, parquet_schema)
+            else {
+                return Ok(None);
+            };
+            let Some(index) =
+                (converter.parquet_column_index()).and_then(|leaf| pi.offset_index(rg, leaf))
+            else {
+                return Ok(None);
+            };
+            let firsts: Vec<u64> = (index.page_locations().iter())
+                .map(|l| l.first_row_index as u64)
+                .collect();
+            if firsts.first() != Some(&0) {
+                return Ok(None);
+            }
+            bounds.extend(firsts.iter().copied().filter(|&r| r < rows));
+            pages.insert(c, (converter, firsts));
+        }
+        let bounds: Vec<u64> = bounds.into_iter().collect();
+        let segments = bounds.len() - 1;
+        if segments <= 1 {
+            return Ok(None);
+        }
+        let known = |column: usize| -> Result<Known> {
+            if column >= first_partition {
+                let one = self.partitions.column(file, column - first_partition, 1)?;
+                let refs: Vec<&dyn Array> = vec![one.as_ref(); segments];
+                return Ok(Known::Constant(arrow::compute::concat(&refs)?));
+            }
+            let Some((converter, firsts)) = pages.get(&column) else {
+                // A table's file without the column: it is null there.
+                let t = self.schema.field(column).data_type();
+                return Ok(Known::Constant(arrow::array::new_null_array(t, segments)));
+            };
+            let rgs = [rg];
+            let (Ok(min), Ok(max), Ok(null_counts)) = (
+                converter.data_page_mins(pi, &rgs),
+                converter.data_page_maxes(pi, &rgs),
+                converter.data_page_null_counts(pi, &rgs),
+            ) else {
+                return Ok(Known::Unknown);
+            };
+            // The page of each stretch, and its rows.
+            let page_of: Vec<u32> = (bounds[..segments].iter())
+                .map(|&b| (firsts.partition_point(|&f| f <= b) - 1) as u32)
+                .collect();
+            let page_rows = |p: usize| firsts.get(p + 1).copied().unwrap_or(rows) - firsts[p];
+            let picks = arrow::array::UInt32Array::from(page_of.clone());
+            let nulls = (page_of.iter().map(|&p| p as usize))
+                .map(|p| match null_counts.is_null(p) {
+                    true => Nulls::Some,
+                    false if null_counts.value(p) == 0 => Nulls::None,
+                    false if null_counts.value(p) >= page_rows(p) => Nulls::All,
+                    false => Nulls::Some,
+                })
+                .collect();
+            Ok(Known::Bounds {
+                min: arrow::compute::take(&min, &picks, None)?,
+                max: arrow::compute::take(&max, &picks, None)?,
+                nulls,
+            })
+        };
+        let decisions = checked.decide(segments, &known)?;
+        Ok(Some((bounds, decisions)))
     }
 
     /// Drops `dropped` (positions) from `file`, beside the rows its table deletes.

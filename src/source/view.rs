@@ -1055,6 +1055,7 @@ pub(crate) fn dataset_json(
                 w["row_groups_ruled_out"] = json!(s.row_groups_ruled_out);
                 w["row_groups_kept_whole"] = json!(s.row_groups_kept_whole);
                 w["row_groups_read"] = json!(s.row_groups_read);
+                w["rows_settled_by_page_index"] = json!(s.rows_settled_by_page_index);
             }
             w
         }),

@@ -426,6 +426,75 @@ def test_an_iceberg_manifest_whose_partitions_are_ruled_out_is_never_read(mounte
     assert "manifest" in line, line
 
 
+PAGED_ROWS = 40_000
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory):
+    """One row group of PAGED_ROWS rows in pages of about 1,000 (a page index written): `k`
+    ascends (three apart), `v` is random, `s` has nulls."""
+    rng = np.random.default_rng(3)
+    n = PAGED_ROWS
+    table = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64),
+            "k": np.arange(n, dtype=np.int64) * 3,
+            "v": rng.random(n).astype(np.float32),
+            "s": pa.array(rng.choice(["x", "y", None], n).tolist(), pa.string()),
+        }
+    )
+    path = tmp_path_factory.mktemp("paged") / "data"
+    path.mkdir()
+    pq.write_table(
+        table, path / "p.parquet", row_group_size=n, write_page_index=True, data_page_size=8 * 1024, use_dictionary=False
+    )
+    md = pq.ParquetFile(path / "p.parquet").metadata
+    assert md.num_row_groups == 1 and md.row_group(0).column(1).has_offset_index
+    return path
+
+
+PAGED_CASES = [
+    ("k between 3000 and 5999", (F("k") >= 3000) & (F("k") <= 5999), True),
+    ("k < 600 or k >= 119000", (F("k") < 600) | (F("k") >= 119000), True),
+    ("k >= 60000 and v > 0.5", (F("k") >= 60000) & (F("v") > 0.5), False),
+    ("s is null and k < 30000", F("s").is_null() & (F("k") < 30000), False),
+    ("not (k > 3000)", ~(F("k") > 3000), True),
+]
+
+
+@pytest.mark.parametrize("expr,reference,narrow", PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
+def test_the_page_index_settles_pages_without_reading_them(mounter, paged, expr, reference, narrow):
+    """A row group the statistics leave open is decided page by page where the file has a page
+    index: the rows are pyarrow's, and the pages the index settles are not read."""
+    m = mounter(paged, "columns=id", "shuffle=none", f"where={expr}")
+    assert np.array_equal(np.sort(served_ids(m)), expected_ids(paged, reference))
+    w = m.dataset()["where"]
+    assert w["row_groups_read"] == 1, w
+    settled = w["rows_settled_by_page_index"]
+    # A narrow range of the sorted column settles all but a page or two at each end.
+    assert settled >= (0.9 if narrow else 0.2) * PAGED_ROWS, w
+
+
+def test_pages_the_index_settles_are_never_fetched_from_s3(mounter, s3, proxy, paged, tmp_path):
+    """The same file with and without a page index, the same where=: with it, the pages of k
+    the index settles are not fetched (without it, k's whole chunk is read to decide)."""
+    from conftest import BUCKET, s3_opts
+
+    table = pq.read_table(paged / "p.parquet")
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(table, plain, row_group_size=PAGED_ROWS, data_page_size=8 * 1024, use_dictionary=False)
+    k_chunk = pq.ParquetFile(plain).metadata.row_group(0).column(1).total_compressed_size
+    fetched = {}
+    for name, path in [("indexed", paged / "p.parquet"), ("plain", plain)]:
+        s3.put(f"paged-{name}/p.parquet", path)
+        proxy.reset_stats()
+        where = "where=k between 3000 and 5999"
+        m = mounter(f"s3://{BUCKET}/paged-{name}/", "columns=id", "shuffle=none", where, *s3_opts(proxy.url))
+        assert np.array_equal(np.sort(served_ids(m)), np.arange(1000, 2000))
+        fetched[name] = proxy.stats()["bytes_forwarded"]
+    assert fetched["indexed"] < fetched["plain"] - k_chunk / 2, (fetched, k_chunk)
+
+
 def test_epoch_rows_without_a_mixture_is_refused_in_one_line(mounter, hive):
     """epoch_rows= sizes a mixture's epochs (tests/integration/test_mix.py): one source has none."""
     line = tfs.refused_mount(mounter, hive, "columns=id", "epoch_rows=100")
