@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
 use half::f16;
+use std::ops::Range;
 
 /// A transformed row group and what transforming it counted.
 pub(crate) struct Transformed {
@@ -193,8 +194,14 @@ pub(crate) fn cast(data: Vec<u8>, from: DType, to: DType) -> Vec<u8> {
     out
 }
 
-fn mask_bytes(valid: &Option<Vec<bool>>, elems: usize) -> Vec<u8> {
+/// An item's mask tensor, where it serves one (`nulls=zero`): one byte an element.
+fn mask_bytes(
+    item: &crate::source::view::Item,
+    valid: &Option<Vec<bool>>,
+    elems: usize,
+) -> Vec<u8> {
     match valid {
+        _ if !item.mask => Vec::new(),
         Some(v) => v.iter().map(|&ok| u8::from(ok)).collect(),
         None => vec![1; elems],
     }
@@ -286,22 +293,20 @@ pub(crate) fn transform_row_group(
     view: &View,
     pieces: Vec<arrow::array::RecordBatch>,
 ) -> Result<Transformed> {
-    if let [only] = pieces.as_slice() {
-        // A row group of one piece (up to 8,192 rows): its columns as transformed, uncopied.
-        return transform(view, only, 0);
-    }
     let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
+    // Each tensor's column of the whole row group, allocated once: the pieces are appended to
+    // it, a plain column straight from Arrow's buffer (every byte a cold epoch copies costs CPU
+    // twice where the memory is fresh).
     let mut tensors: Vec<Vec<u8>> = (view.tensors.iter())
-        .map(|t| Vec::with_capacity(rows * t.row_bytes()))
+        .map(|t| match t.part {
+            Part::Len => Vec::new(),
+            _ => Vec::with_capacity(rows * t.row_bytes()),
+        })
         .collect();
     let (mut first_row, mut truncated) = (0, 0);
     for piece in pieces {
-        let t = transform(view, &piece, first_row)?;
-        for (whole, part) in tensors.iter_mut().zip(&t.tensors) {
-            whole.extend_from_slice(part);
-        }
-        truncated += t.truncated;
-        first_row += t.rows;
+        truncated += transform(view, &piece, first_row, &mut tensors)?;
+        first_row += piece.num_rows();
     }
     Ok(Transformed {
         rows,
@@ -310,18 +315,61 @@ pub(crate) fn transform_row_group(
     })
 }
 
-/// Transforms rows `first_row..` of a row group (`batch`), projected to `view.roots`, into
-/// the view's tensor columns.
+/// The bytes of a column that is its values as they are: a primitive (or fixed-size list of
+/// primitives) column of `dtype` without nulls, as Arrow holds it.
+fn plain_bytes(array: &dyn Array, dtype: DType) -> Option<(arrow::buffer::Buffer, Range<usize>)> {
+    if array.logical_nulls().is_some_and(|n| n.null_count() > 0) {
+        return None;
+    }
+    match array.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let list = array.as_fixed_size_list();
+            let values = list.values();
+            // A list's values are sliced with it: its rows are its values from the first.
+            let (buffer, range) = plain_bytes(values.as_ref(), dtype)?;
+            let len = list.len() * *n as usize * dtype.size();
+            (len <= range.len()).then_some((buffer, range.start..range.start + len))
+        }
+        DataType::Dictionary(..) | DataType::Date64 | DataType::Boolean => None,
+        dt if dtype_of(dt) == Some(dtype) => {
+            let d = array.to_data();
+            let size = dtype.size();
+            let range = d.offset() * size..(d.offset() + d.len()) * size;
+            Some((d.buffers().first()?.clone(), range))
+        }
+        _ => None,
+    }
+}
+
+/// Appends rows `first_row..` of a row group (`batch`), projected to `view.roots`, to the
+/// view's tensor columns `tensors`; the rows of lists `pad=` cut.
 fn transform(
     view: &View,
     batch: &arrow::array::RecordBatch,
     first_row: usize,
-) -> Result<Transformed> {
+    tensors: &mut [Vec<u8>],
+) -> Result<u64> {
     let rows = batch.num_rows();
-    let mut tensors: Vec<Vec<u8>> = vec![Vec::new(); view.tensors.len()];
     let mut truncated = 0;
     for (ii, item) in view.items.iter().enumerate() {
         let column = |field: usize| batch.column(view.column_of(field)).as_ref();
+        if let ItemKind::Column { field } = &item.kind
+            && !item.mask
+            && item.source_dtype == item.dtype
+            && let Some((buffer, range)) = plain_bytes(column(*field), item.dtype)
+        {
+            let expected = rows * item.inner.iter().product::<usize>() * item.dtype.size();
+            if range.len() == expected {
+                let data = view
+                    .tensors
+                    .iter()
+                    .position(|t| t.item == ii && t.part == Part::Data);
+                if let Some(t) = data {
+                    tensors[t].extend_from_slice(&buffer.as_slice()[range]);
+                }
+                continue;
+            }
+        }
         let null_error = || {
             anyhow::anyhow!(
                 "column '{}' holds nulls that the mount did not find (in its statistics, or in a transform's first row group); mount with nulls=zero",
@@ -335,7 +383,7 @@ fn transform(
                     return Err(null_error());
                 }
                 let elems = flat.data.len() / flat.dtype.size();
-                let mask = mask_bytes(&flat.valid, elems);
+                let mask = mask_bytes(item, &flat.valid, elems);
                 (cast(flat.data, flat.dtype, item.dtype), None, mask)
             }
             ItemKind::Stack { fields } => {
@@ -365,7 +413,7 @@ fn transform(
                     return Err(null_error());
                 }
                 let elems = data.len() / item.source_dtype.size();
-                let mask = mask_bytes(&valid, elems);
+                let mask = mask_bytes(item, &valid, elems);
                 (cast(data, item.source_dtype, item.dtype), None, mask)
             }
             ItemKind::Pad { field, len } => {
@@ -401,19 +449,20 @@ fn transform(
             .enumerate()
             .filter(|(_, t)| t.item == ii)
         {
-            tensors[ti] = match t.part {
+            let part = match t.part {
                 Part::Data => data.take(),
                 Part::Len => len.take(),
                 Part::Mask => mask.take(),
             }
             .expect("each part is served once");
+            match tensors[ti].capacity() {
+                // Nothing reserved (a length column): taken as it is.
+                0 => tensors[ti] = part,
+                _ => tensors[ti].extend_from_slice(&part),
+            }
         }
     }
-    Ok(Transformed {
-        rows,
-        tensors,
-        truncated,
-    })
+    Ok(truncated)
 }
 
 #[cfg(test)]
