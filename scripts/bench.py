@@ -60,6 +60,13 @@ to NumPy arrays, in these ways:
                             tests/faultproxy.py in front of the server, against the table's bytes
                             (views.py)
 
+  cold CPU                  (own table) the daemon's core-seconds per GB of a cold epoch (a fresh
+                            mount, epochs=1, epoch-0/all/NAME.npy sliced batch by batch) against
+                            PyArrow's iter_batches+to_numpy of the same files, each reader a
+                            process of its own with its getrusage, page cache dropped: 80-byte
+                            rows (--coldcpu-rows, 16 files) and the bench's 272-byte rows; then
+                            epoch 1 right after (issue 62: daemon <= 1.5x PyArrow; cold_cpu.py)
+
   the fast path's limits (own tables) time to first batch from the mount command against
                             PyArrow's and Petastorm's, file:// and S3; the SSD bytes a cold epoch
                             writes per GB it delivers, per shuffle mode and reader; warm all/ memory
@@ -86,6 +93,8 @@ from pathlib import Path
 from benchlib.common import MB, REPO, ROW_BYTES, log
 from benchlib.dataset import (SMALL_ROW_BYTES, SMALL_TENSORS, parquet_files, write_dataset, write_npy_batches,
                               write_small_rows_dataset)
+from benchlib.cold_cpu import print_rows as print_coldcpu
+from benchlib.cold_cpu import run_rows as coldcpu_rows
 from benchlib.cpu import print_rows as print_cpu
 from benchlib.cpu import run_rows as cpu_rows
 from benchlib.fairness import print_rows as print_fairness
@@ -186,7 +195,7 @@ def run(a) -> int:
         raise SystemExit(f"bench: {binary} is missing (build it: cargo build --release)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     known = {"npy", "pyarrow", "petastorm", "petastorm-ds", "s3", "tensorfs", "warm", "all", "shuffle", "small", "stall",
-             "hosts", "cpu", "streaming", "fairness", "transform", "limits", "views"}
+             "hosts", "cpu", "streaming", "fairness", "transform", "limits", "views", "coldcpu"}
     if skip - known:
         raise SystemExit(f"bench: unknown --skip {sorted(skip - known)}; known: {sorted(known)}")
     own_scratch = a.out_dir is None
@@ -201,6 +210,7 @@ def run(a) -> int:
     hosts = None
     views = None
     cpu = None
+    coldcpu = None
     fair = None
     tr = None
     lim = None
@@ -493,6 +503,15 @@ def run(a) -> int:
             if "streaming" not in skip and a.streaming_rows > 0:
                 cpu["streaming"] = streaming_row(data, scratch, a.streaming_rows)
 
+        # ---- 6i. the cold epoch at the CPU of one decode: the daemon's core-s/GB against PyArrow's --
+        if "coldcpu" not in skip and "tensorfs" not in skip:
+            try:
+                coldcpu = coldcpu_rows(a, binary, data, scratch, caches, mounts)
+            except Exception as e:  # any failure: say so and go on
+                coldcpu = {"unavailable": str(e)[-300:]}
+                log(f"cold CPU: unavailable: {coldcpu['unavailable']}")
+            meta["coldcpu"] = coldcpu
+
         # ---- 6d. a dataset written by Petastorm: make_reader against tensorfs ----------------
         if "petastorm-ds" not in skip:
             try:
@@ -614,6 +633,11 @@ def run(a) -> int:
         print("\n" + "\n".join(print_cpu(cpu)))
     if lim is not None:
         print("\n" + "\n".join(print_limits(lim)))
+    if coldcpu is not None:
+        if "unavailable" in coldcpu:
+            print(f"\nCold CPU: unavailable: {coldcpu['unavailable']}")
+        else:
+            print_coldcpu(coldcpu)
     if fair is not None:
         if "unavailable" in fair:
             print(f"\nFair batches: unavailable: {fair['unavailable']}")
@@ -699,6 +723,10 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=4, help="Parquet files (default 4)")
     ap.add_argument("--small-rows", type=int, default=2_000_000,
                     help="rows of the small-row dataset (80 bytes a row; default 2000000; 0 skips it)")
+    ap.add_argument("--coldcpu-rows", type=int, default=8_000_000,
+                    help="rows of the cold CPU section's 80-byte-row dataset (default 8000000: 640 MB of tensors, in "
+                         "16 files of --row-group-rows groups; 0 leaves it out: the section then reads the bench's "
+                         "272-byte rows only)")
     ap.add_argument("--row-group-rows", type=int, default=50_000, help="rows per row group (default 50000)")
     ap.add_argument("--out-dir", help="scratch directory (default: a new temporary directory, removed after)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary scratch directory")
@@ -710,7 +738,7 @@ def main() -> int:
     ap.add_argument("--remote-latency-ms", type=float, default=20,
                     help="and holding each request this long (default 20 ms)")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming,fairness,transform,limits,views (s3 skips every S3 row, Petastorm's, the many hosts' "
+                    "small,stall,hosts,cpu,streaming,fairness,transform,limits,views,coldcpu (s3 skips every S3 row, Petastorm's, the many hosts' "
                     "and the views' too; petastorm-ds, the dataset written by Petastorm, has its own tensorfs rows; hosts, "
                     "the many-hosts row, and views, bytes fetched under where=, run on S3; streaming also "
                     "leaves Streaming out of the fair-batches rows; petastorm also leaves Petastorm's rows out of the transform table)")

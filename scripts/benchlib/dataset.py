@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def write_dataset(out: Path, rows: int, files: int, rg_rows: int, emb_as_list: bool = False) -> None:
+def write_dataset(out: Path, rows: int, files: int, rg_rows: int, emb_as_list: bool = False, emb_dim: int = 64) -> None:
     """ROWS rows over FILES files of RG_ROWS-row groups; the same values for the same arguments.
+    `emb` is float32[EMB_DIM] (64: 272 tensor bytes a row; 16: 80).
 
     emb_as_list writes `emb` as list<float32> (same values) for Petastorm, which skips
     FixedSizeList columns."""
@@ -22,12 +23,12 @@ def write_dataset(out: Path, rows: int, files: int, rg_rows: int, emb_as_list: b
         if n <= 0:
             break
         rng = np.random.default_rng(1000 + f)
-        emb_values = pa.array(rng.standard_normal(64 * n, dtype=np.float32))
+        emb_values = pa.array(rng.standard_normal(emb_dim * n, dtype=np.float32))
         if emb_as_list:
-            offsets = pa.array(np.arange(0, 64 * n + 1, 64, dtype=np.int32))
+            offsets = pa.array(np.arange(0, emb_dim * n + 1, emb_dim, dtype=np.int32))
             emb = pa.ListArray.from_arrays(offsets, emb_values)
         else:
-            emb = pa.FixedSizeListArray.from_arrays(emb_values, 64)
+            emb = pa.FixedSizeListArray.from_arrays(emb_values, emb_dim)
         table = pa.table(
             {
                 "id": np.arange(start, start + n, dtype=np.int64),
