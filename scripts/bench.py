@@ -28,7 +28,7 @@ to NumPy arrays, in these ways:
                             permutation of the rows; then, remounted, epoch 3 read as its
                             all.safetensors with 1 MiB reads (one open; gathered into memory, no
                             batch files), and epoch 4's all.safetensors, which that reader had
-                            built whole on the cache ahead of it (src/read/build/ahead.rs), once built
+                            built whole on the cache ahead of it (src/read/produce/ahead.rs), once built
   a Petastorm dataset       (own table) written by Petastorm's materialize_dataset + Spark: id,
                             a 64x64x3 PNG image and a float32[16] ndarray; read by Petastorm's
                             make_reader and through tensorfs cold and warm (petastorm_dataset.py)
@@ -344,7 +344,7 @@ def run(a) -> int:
                     res.add("st_local_disk", "local .safetensors, page cache dropped", *read_st_disk)
                     if "all" not in skip:
                         # The first mount's reader of all.safetensors had it built whole and kept
-                        # (src/read/build/ahead.rs): the remount checks it on its first open, then passes reads
+                        # (src/read/produce/ahead.rs): the remount checks it on its first open, then passes reads
                         # through to it.
                         caches.drop()
                         res.add("all_local_disk", "local all.safetensors, 1 MiB reads, page cache dropped",
@@ -426,7 +426,7 @@ def run(a) -> int:
                 res.add(f"tfs_{mode}_e3_all", f"tensorfs shuffle={mode}, epoch 3, all.safetensors",
                         *read_file_sequentially(m.mnt / "epoch-3" / "all.safetensors", a.rows))
                 # That reader has epoch 4's all.safetensors built whole on the cache meanwhile
-                # (src/read/build/ahead.rs); a trainer busy with epoch 3 would not wait for it. The wait
+                # (src/read/produce/ahead.rs); a trainer busy with epoch 3 would not wait for it. The wait
                 # here is logged beside epoch 3's read time.
                 waited = time.monotonic()
                 while m.stats()["ahead_files_built"] < 1 and time.monotonic() - waited < 300:

@@ -149,7 +149,7 @@ mod tests {
         out
     }
 
-    /// The module path of the file `rel` (relative to `src/`): `read/build/builder.rs` is
+    /// The module path of the file `rel` (relative to `src/`): `read/produce/builder.rs` is
     /// `[read, build, builder]`, a `mod.rs` its folder's, `lib.rs` the crate's root.
     fn module_of(rel: &str) -> Vec<String> {
         let mut parts: Vec<String> = rel.split('/').map(String::from).collect();
@@ -260,7 +260,7 @@ mod tests {
     #[test]
     fn grouped_imports_and_super_paths_are_seen() {
         let paths = named_paths(
-            "read/build/builder.rs",
+            "read/produce/builder.rs",
             "use crate::{\n    cache::{DiskCache, Item},\n    read::follow::prefetch,\n};\nuse super::super::follow::Event;\nlet x = crate::stats::Stats::add; // pub(super) fn f()",
         );
         let has = |p: &[&str]| {

@@ -7,14 +7,14 @@ use crate::metrics::Endpoint;
 use crate::model::partitions::PlanFile;
 use crate::model::plan::{Orders, Plan, Shuffle};
 use crate::options::Options;
-use crate::read::build::ahead::Ahead;
-use crate::read::build::builder::{Builder, Limits, Parts};
-use crate::read::build::columns::Placement;
-use crate::read::build::eviction::Eviction;
-use crate::read::build::materialize::Materializer;
 use crate::read::follow::page_cache::PageCache;
 use crate::read::follow::prefetch::Prefetcher;
 use crate::read::layout::Layout;
+use crate::read::produce::ahead::Ahead;
+use crate::read::produce::builder::{Builder, Limits, Parts};
+use crate::read::produce::columns::Placement;
+use crate::read::produce::eviction::Eviction;
+use crate::read::produce::materialize::Materializer;
 use crate::read::readers::Readers;
 use crate::requests::Requests;
 use crate::requests::fs::{Fs, Tree};
@@ -627,7 +627,7 @@ impl Dataset {
         let footers: u64 = sources.iter().map(|(s, _)| s.facts.footer_memory).sum();
         let files: usize = sources.iter().map(|(s, _)| s.files.len()).sum();
         let held = footers + dataset_json;
-        let Some(buffers) = crate::read::build::budget::buffers(opts.memory_limit, held) else {
+        let Some(buffers) = crate::read::produce::budget::buffers(opts.memory_limit, held) else {
             let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
             bail!(
                 "the footers of the dataset's {} files and dataset.json take {} of memory_limit={}: raise memory_limit to at least {}",

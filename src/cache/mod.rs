@@ -116,7 +116,7 @@ impl Stamp {
     }
 }
 
-/// A row group's columns (the parts of `read::build::columns::Placement`) from the cache, checked.
+/// A row group's columns (the parts of `read::produce::columns::Placement`) from the cache, checked.
 pub(crate) struct LoadedColumns {
     pub(crate) buf: ColumnBuf,
     pub(crate) ranges: Vec<std::ops::Range<usize>>,

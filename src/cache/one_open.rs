@@ -1,5 +1,5 @@
 //! One-open files (`all.safetensors`, `all/NAME.npy`) built whole ahead of their readers and
-//! kept in the cache ([`crate::read::build::ahead`]): room reserved for a build outside the index,
+//! kept in the cache ([`crate::read::produce::ahead`]): room reserved for a build outside the index,
 //! the built file indexed (its meta set, renamed into place), taken out again to be written
 //! over or removed once behind its reader, and found again by a later mount.
 
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 impl DiskCache {
-    /// Indexes the one-open files kept from earlier mounts ([`crate::read::build::ahead`]): their bytes.
+    /// Indexes the one-open files kept from earlier mounts ([`crate::read::produce::ahead`]): their bytes.
     /// Those without their meta are removed; the others are checked on first use.
     pub(super) fn scan_kept(&self, entries: &mut HashMap<Item, Entry>) -> u64 {
         let mut used = 0;
@@ -45,7 +45,7 @@ impl DiskCache {
     }
 
     /// Reserves `bytes` of the capacity for a file kept outside the index (a one-open file
-    /// built ahead, [`crate::read::build::ahead`]), evicting for it only items that `distance` says are never
+    /// built ahead, [`crate::read::produce::ahead`]), evicting for it only items that `distance` says are never
     /// needed again: `false` where that leaves too little room. Given back with
     /// [`DiskCache::unreserve`].
     pub(crate) fn reserve_spare(

@@ -15,7 +15,7 @@ pub(crate) enum FileKind {
 }
 
 /// A file the local cache may hold: a row group's decoded columns, a batch file, or a
-/// directory's one-open file built ahead (`read::build::ahead`).
+/// directory's one-open file built ahead (`read::produce::ahead`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Item {
     Columns {

@@ -4,7 +4,7 @@
 //! - this folder's own modules, which both others use: `layout` names the files and says their
 //!   sizes and where every byte lies (`format` encodes the headers); `readers` records where
 //!   each reader is.
-//! - `build`: the bytes. `transform` turns row groups into tensor columns and gathers batches;
+//! - `produce`: the bytes. `tensors` turns row groups into tensor columns;
 //!   `builder` builds row groups and batches on the worker `pool`, within the memory `budget`;
 //!   `materialize` writes batch files into the cache; `ahead` builds the next epoch's one-open
 //!   files; `eviction` says how far ahead of the readers each cache item is needed.
@@ -12,8 +12,8 @@
 //!   `page_cache` stores built files in the kernel's page cache, making them known to it,
 //!   through the `Kernel` it owns (the FUSE session's, in `kernel/`).
 
-pub(crate) mod build;
 pub mod follow;
 pub mod format;
 pub mod layout;
+pub(crate) mod produce;
 pub(crate) mod readers;

@@ -19,7 +19,7 @@ pub(crate) mod open_files;
 pub mod serve;
 
 use crate::error::{Error, Result};
-use crate::read::build::ahead::Opening;
+use crate::read::produce::ahead::Opening;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use crate::requests::serve::{AllFile, BatchFile, Serve, Target};

@@ -10,12 +10,12 @@
 use crate::error::{Error, Result};
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Batches, Plan};
-use crate::read::build::ahead::{Ahead, Opening, Progress, Warming};
-use crate::read::build::builder::{Batch, Builder, TensorOf, TensorRows};
-use crate::read::build::materialize::Materializer;
 use crate::read::follow::page_cache::PageCache;
 use crate::read::follow::prefetch::Prefetcher;
 use crate::read::layout::{Layout, Span};
+use crate::read::produce::ahead::{Ahead, Opening, Progress, Warming};
+use crate::read::produce::builder::{Batch, Builder, TensorOf, TensorRows};
+use crate::read::produce::materialize::Materializer;
 use crate::read::readers::{Event, What};
 use crate::stats::Stats;
 use std::fs::File;

@@ -1,4 +1,4 @@
-"""One-open files of the next epoch built whole ahead of their reader (src/read/build/ahead.rs): a reader
+"""One-open files of the next epoch built whole ahead of their reader (src/read/produce/ahead.rs): a reader
 of a directory's all.safetensors or all/NAME.npy past its middle has the next epoch's built on
 the local cache, and the next epoch's open is served from it (by passthrough where the kernel
 takes it). The bytes are the same as those the daemon serves: the batch files back to back."""

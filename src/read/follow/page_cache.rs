@@ -27,10 +27,10 @@
 
 use crate::model::item::FileKind;
 use crate::model::plan::Batches;
-use crate::read::build::builder::{Batch, Builder};
 use crate::read::layout::{
     DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
+use crate::read::produce::builder::{Batch, Builder};
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;
@@ -358,7 +358,7 @@ pub(crate) struct RowsToStore {
     pub(crate) file: String,
     pub(crate) file_size: u64,
     pub(crate) at: u64,
-    pub(crate) rows: crate::read::build::builder::TensorOf,
+    pub(crate) rows: crate::read::produce::builder::TensorOf,
     pub(crate) left_out: u64,
 }
 

@@ -2,7 +2,7 @@
 //! batches ready ahead of it (a shuffled epoch's files stored in the kernel's page cache, files
 //! the cache keeps materialised, or, for a reader of the one-open files, the tensor it reads of
 //! them gathered in memory), across epoch boundaries, within the memory budget (the builder's
-//! memos, [`crate::read::build::budget`]).
+//! memos, [`crate::read::produce::budget`]).
 //!
 //! A reader is a directory read in order: an epoch directory, or a rank view (whose batches
 //! are strided through the epoch). What it reads next is known from the plan, so the files it
@@ -18,12 +18,12 @@
 
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Batches, Chain, Plan, Shuffle};
-use crate::read::build::builder::Builder;
-use crate::read::build::materialize::Materializer;
 use crate::read::follow::page_cache::{
     Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore,
 };
 use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
+use crate::read::produce::builder::Builder;
+use crate::read::produce::materialize::Materializer;
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};

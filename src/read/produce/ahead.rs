@@ -33,9 +33,9 @@
 use crate::cache::{DiskCache, Stamp};
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{Batches, Chain, Plan};
-use crate::read::build::builder::Builder;
-use crate::read::build::materialize::Materializer;
 use crate::read::layout::Layout;
+use crate::read::produce::builder::Builder;
+use crate::read::produce::materialize::Materializer;
 use crate::stats::Stats;
 use anyhow::{Context, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -573,7 +573,7 @@ impl Ahead {
                     // else wants (its gathers run on the workers, which are idle-class too while
                     // no reader waits).
                     Work::Build(build) => {
-                        crate::read::build::pool::idle_class();
+                        crate::read::produce::pool::idle_class();
                         job.build(build)
                     }
                     // An open waits for it: at the normal class.
@@ -986,7 +986,7 @@ impl Job {
                         .name("tensorfs-ahead".into())
                         .spawn_scoped(scope, move || {
                             // As the thread that started it: only CPU time nothing else wants.
-                            crate::read::build::pool::idle_class();
+                            crate::read::produce::pool::idle_class();
                             share()
                         })
                         .ok()

@@ -6,12 +6,12 @@
 use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Orders, Plan, Shuffle};
-use crate::read::build::budget::Budget;
-use crate::read::build::columns::{Columns, Placement, Rows};
-use crate::read::build::eviction::Eviction;
-use crate::read::build::pool::{Background, Pool, ReaderWaits, cpu_counted};
-use crate::read::build::transform;
 use crate::read::layout::Layout;
+use crate::read::produce::budget::Budget;
+use crate::read::produce::columns::{Columns, Placement, Rows};
+use crate::read::produce::eviction::Eviction;
+use crate::read::produce::pool::{Background, Pool, ReaderWaits, cpu_counted};
+use crate::read::produce::tensors;
 use crate::source::Source;
 use crate::source::view::View;
 use crate::stats::Stats;
@@ -1094,7 +1094,7 @@ impl Builder {
                         }
                         (None, None) => unreachable!("fetched or transformed"),
                     };
-                    transform::transform_row_group(&view, pieces).with_context(|| {
+                    tensors::of_row_group(&view, pieces).with_context(|| {
                         format!("file '{}' row group {rg}", source.files[file].name)
                     })
                 })?;

@@ -5,10 +5,10 @@
 use crate::cache::DiskCache;
 use crate::model::item::{FileKind, Item};
 use crate::model::plan::{BatchRef, Plan};
-use crate::read::build::builder::{Builder, Memo, Weighted};
-use crate::read::build::eviction::Eviction;
-use crate::read::build::pool::cpu_counted;
 use crate::read::layout::Layout;
+use crate::read::produce::builder::{Builder, Memo, Weighted};
+use crate::read::produce::eviction::Eviction;
+use crate::read::produce::pool::cpu_counted;
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;

@@ -1,4 +1,4 @@
-//! The push-down transform: one row group's Arrow columns → fixed-stride tensor columns
+//! Tensors from Arrow: one row group's Arrow columns → fixed-stride tensor columns
 //! (dictionaries decoded, casts, stacks, padded lists with their lengths, zero-filled nulls
 //! with their masks).
 
@@ -289,7 +289,7 @@ fn decode_cells(
 /// batches in row order), into the view's tensor columns. Each piece is let go once
 /// transformed, so the row group is held about once, not as Arrow arrays and tensor columns
 /// both.
-pub(crate) fn transform_row_group(
+pub(crate) fn of_row_group(
     view: &View,
     pieces: Vec<arrow::array::RecordBatch>,
 ) -> Result<Transformed> {
@@ -305,7 +305,7 @@ pub(crate) fn transform_row_group(
         .collect();
     let (mut first_row, mut truncated) = (0, 0);
     for piece in pieces {
-        truncated += transform(view, &piece, first_row, &mut tensors)?;
+        truncated += append_piece(view, &piece, first_row, &mut tensors)?;
         first_row += piece.num_rows();
     }
     Ok(Transformed {
@@ -343,7 +343,7 @@ fn plain_bytes(array: &dyn Array, dtype: DType) -> Option<(arrow::buffer::Buffer
 
 /// Appends rows `first_row..` of a row group (`batch`), projected to `view.roots`, to the
 /// view's tensor columns `tensors`; the rows of lists `pad=` cut.
-fn transform(
+fn append_piece(
     view: &View,
     batch: &arrow::array::RecordBatch,
     first_row: usize,

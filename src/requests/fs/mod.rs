@@ -10,11 +10,11 @@
 use crate::error::{Error, Result, enoent};
 use crate::model::item::FileKind;
 use crate::model::plan::{Batches, Plan};
-use crate::read::build::ahead::{Ahead, Warming};
-use crate::read::build::builder::Builder;
-use crate::read::build::materialize::Materializer;
 use crate::read::follow::prefetch::Prefetcher;
 use crate::read::layout::{self, ALL, ALL_SAFETENSORS, Layout};
+use crate::read::produce::ahead::{Ahead, Warming};
+use crate::read::produce::builder::Builder;
+use crate::read::produce::materialize::Materializer;
 use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
 use crate::stats::Stats;
 use std::collections::HashMap;
@@ -123,7 +123,7 @@ pub(crate) enum Openable {
     Batch,
     /// dataset.json: fixed for the mount's life.
     Fixed,
-    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::read::build::ahead`]) where
+    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::read::produce::ahead`]) where
     /// there is one, else served by the daemon from the batches a read spans.
     Concatenated,
     /// stats.json: new content on every open.
