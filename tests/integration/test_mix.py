@@ -475,3 +475,30 @@ def test_the_python_package_reads_and_resumes_a_mixture(mounter, srcs, tmp_path)
     again.load_state_dict(state)
     assert again.epoch == 1
     np.testing.assert_array_equal(next(iter(again))["id"].numpy(), ds[3]["id"].numpy())
+
+
+def test_each_host_decodes_only_its_partition_of_every_source(mounter, srcs, tmp_path):
+    """Two hosts (fresh caches) each read their rank view of a mixture with partitions=2: each
+    decodes only row groups its partition draws from, of both sources (dataset.json counts
+    them; a source drawn down, or rows only in the leftover batches, may leave some unread)."""
+    mix = write_mix(
+        tmp_path / "mix.toml",
+        {"url": str(srcs["A"]), "proportion": 1.0},
+        {"url": str(srcs["C"]), "proportion": 1.0},
+    )
+    opts = ("batch_size=50", "partitions=2", "world_size=2", "shuffle=window")
+    decoded, held = [], []
+    for r in range(2):
+        m = mounter(mix, *opts)
+        info = m.dataset()
+        n = info["rank_batches_per_epoch"]
+        assert n > 0
+        ids = [np.load(m.p("epoch-0", f"rank-{r}-of-2", batch_name(j)) / "id.npy") for j in range(n)]
+        held.append(set(np.concatenate(ids).tolist()))
+        decoded.append(tfs.stats(m)["row_groups_decoded"])
+    assert not held[0] & held[1], "the two ranks' batches share rows"
+    row_groups = info["partition_row_groups"]
+    # A's 10 row groups and C's 5, a few split between the partitions.
+    assert 15 <= sum(row_groups) <= 15 + 4, row_groups
+    for r in range(2):
+        assert 0 < decoded[r] <= row_groups[r] < 15, (decoded, row_groups)
