@@ -165,6 +165,28 @@ struct Member {
 }
 
 impl Mixture {
+    /// The number that names partition `p` of source `s`'s order in pass `pass`: the orders
+    /// counted source by source, pass by pass, partition by partition.
+    fn order_key(&self, s: usize, pass: u64, p: usize) -> usize {
+        let parts = self.merges.len();
+        let before: u64 = self.members[..s].iter().map(Member::passes).sum();
+        (before + pass) as usize * parts + p
+    }
+
+    /// (source, pass, partition) of an [`Mixture::order_key`].
+    fn of_order_key(&self, key: usize) -> (usize, usize, usize) {
+        let parts = self.merges.len();
+        let (mut order, p) = (key / parts, key % parts);
+        for (s, member) in self.members.iter().enumerate() {
+            let passes = member.passes() as usize;
+            if order < passes {
+                return (s, order, p);
+            }
+            order -= passes;
+        }
+        unreachable!("an order key of this mixture")
+    }
+
     /// The stretches of the sources' orders that positions `positions` of partition `p`'s
     /// draws are, as (source, pass, positions of that pass's order of partition `p`).
     fn spans(&self, epoch: u64, p: usize, positions: Range<u64>) -> Vec<(usize, u64, Range<u64>)> {
@@ -851,45 +873,44 @@ impl Plan {
     /// the prefetcher to decode a block's row groups once rather than per batch.
     pub(crate) fn batch_blocks(&self, order: &EpochOrder, i: u64) -> Vec<(usize, usize)> {
         let first = i * self.opts.batch_size;
-        let len = self.batch_len(i);
         let mut out: Vec<(usize, usize)> = Vec::new();
-        // A mixture's batches draw from blocks of several orders: none is decoded ahead as a
-        // whole (each batch's row groups are).
-        if len == 0 || self.mix.is_some() {
-            return out;
-        }
-        if self.partition_of_batch(i).is_some() {
-            // Consecutive positions of one partition: the windows from the first's to the last's.
-            let (p, x) = self.partition_position(first);
-            if let Order::Window { windows, .. } = &order.parts[p] {
-                let (w0, w1) = (window_of(windows, x), window_of(windows, x + len - 1));
-                out.extend((w0..=w1).map(|w| (p, w)));
-            }
-            return out;
-        }
-        // A leftover batch: consecutive positions may change partition.
-        for pos in first..first + len {
-            let (p, x) = self.partition_position(pos);
-            if let Order::Window { windows, .. } = &order.parts[p] {
-                let key = (p, window_of(windows, x));
-                if !out.contains(&key) {
-                    out.push(key);
-                }
+        for (p, xs) in self.partition_runs(first..first + self.batch_len(i)) {
+            let Some(m) = &self.mix else {
+                push_windows(&order.parts[p], p, xs, &mut out);
+                continue;
+            };
+            // A mixture's windows are those of each source's order in each pass, numbered
+            // as `Mixture::order_key` says.
+            for (s, pass, span) in m.spans(order.epoch, p, xs) {
+                let orders = &order.passes[s][pass as usize];
+                push_windows(&orders.parts[p], m.order_key(s, pass, p), span, &mut out);
             }
         }
         out
     }
 
-    /// How many windows partition `p`'s order has.
+    /// How many windows partition `p`'s order has (a mixture's: the order `p` names, see
+    /// [`Plan::batch_blocks`]).
     pub(crate) fn windows_in(&self, order: &EpochOrder, p: usize) -> usize {
+        if let Some(m) = &self.mix {
+            let (s, pass, p) = m.of_order_key(p);
+            return m.members[s].plan.windows_in(&order.passes[s][pass], p);
+        }
         match &order.parts[p] {
             Order::Window { windows, .. } => windows.len() - 1,
             _ => 1,
         }
     }
 
-    /// The row groups of window `w` of partition `p`'s order.
+    /// The row groups of window `w` of partition `p`'s order (a mixture's: of the order `p`
+    /// names).
     pub(crate) fn window_row_groups(&self, order: &EpochOrder, p: usize, w: usize) -> Vec<usize> {
+        if let Some(m) = &self.mix {
+            let (s, pass, p) = m.of_order_key(p);
+            let member = &m.members[s];
+            let groups = member.plan.window_row_groups(&order.passes[s][pass], p, w);
+            return groups.into_iter().map(|g| g + member.rg_offset).collect();
+        }
         let part = &self.parts[p];
         match &order.parts[p] {
             Order::Window {
@@ -1073,6 +1094,20 @@ impl Plan {
             }
         }
         out
+    }
+}
+
+/// Adds to `out` the windows (keyed `key`) of `order` that positions `xs` lie in, each once.
+fn push_windows(order: &Order, key: usize, xs: Range<u64>, out: &mut Vec<(usize, usize)>) {
+    if let Order::Window { windows, .. } = order
+        && !xs.is_empty()
+    {
+        let (w0, w1) = (window_of(windows, xs.start), window_of(windows, xs.end - 1));
+        for w in w0..=w1 {
+            if !out.contains(&(key, w)) {
+                out.push((key, w));
+            }
+        }
     }
 }
 
@@ -1936,10 +1971,19 @@ mod tests {
                     let rows = plan.batch_rows(&order, i);
                     prop_assert_eq!(rows.len() as u64, plan.batch_len(i));
                     let groups = plan.batch_row_groups(&order, i);
+                    // The windows a batch lies in hold its rows' row groups.
+                    let blocks = plan.batch_blocks(&order, i);
+                    let in_blocks: HashSet<usize> = blocks
+                        .iter()
+                        .inspect(|&&(k, w)| assert!(w < plan.windows_in(&order, k)))
+                        .flat_map(|&(k, w)| plan.window_row_groups(&order, k, w))
+                        .collect();
+                    let windowed = matches!(shuffle, Shuffle::Window | Shuffle::Block);
                     // A single-partition batch draws from its partition of every source.
                     let home = plan.partition_of_batch(i).map(|p| partition_rows(&plan, p));
                     for &r in &rows {
                         prop_assert!(home.as_ref().is_none_or(|h| h.contains(&r)), "batch {} row {} not of its partition", i, r);
+                        prop_assert!(!windowed || in_blocks.contains(&plan.locate(r).0), "batch {} row {} not in its windows", i, r);
                         times[r as usize] += 1;
                         let g = plan.locate(r).0;
                         prop_assert!(groups.contains(&g), "batch {} row {} not in its row groups", i, r);
