@@ -34,7 +34,7 @@ class View:
     """Batches of `epoch-E/` (or of `epoch-E/rank-R-of-W/`) of the mount at MOUNTPOINT.
 
     Batch i is rows [i·B, (i+1)·B) of each `all/NAME.npy` (B the mount's batch_size), as
-    PRODUCT.md §2 defines those files; the arrays are memory maps, opened on first use in each
+    docs/reading.md defines those files; the arrays are memory maps, opened on first use in each
     process (and again after a fork), never pickled.
     """
 
@@ -84,7 +84,8 @@ class View:
 
     def shared(self) -> int:
         """The epoch's batches this view's world reads: all of them for the global view; for rank
-        views the first W × (batches per rank), the tail being left out of rank views (§2)."""
+        views the first W × (batches per rank), the tail being left out of rank views
+        (docs/many-hosts.md#what-the-plan-does)."""
         return len(self) * (self.world_size or 1)
 
     def first_at(self, global_index: int) -> int:

@@ -27,7 +27,8 @@ def batches(
 
     `global_start=G` starts instead at the first batch whose global index (R + j·W for rank R
     of W) is at least G: where a job that has read global batches [0, G) resumes, whatever its
-    world size was (PRODUCT.md §5; `tensorfs.torch.BatchDataset.state_dict` counts G).
+    world size was (docs/many-hosts.md#resizing-and-resuming;
+    `tensorfs.torch.BatchDataset.state_dict` counts G).
 
     Each is a dict of arrays that view the directory's `all/NAME.npy` memory maps (read-only;
     copy one to keep it past the next batch's use, or to write to it). `rank` and `world_size`

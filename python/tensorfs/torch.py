@@ -51,13 +51,14 @@ class BatchDataset(torch.utils.data.Dataset):
     `rank`/`world_size` default to torch.distributed's, else RANK/WORLD_SIZE, else the whole
     epoch; a world size that disagrees with the mount's `world_size` is an error naming both.
 
-    `state_dict()`/`load_state_dict()` resume mid-epoch, at any world size (PRODUCT.md §5,
-    elastic resume): the state records how far the job got in the epoch's global order, and a
-    rank of the new world starts at its first batch not yet read, so no global batch is read
-    twice and none the new ranks share is skipped. After a resume at another world size the
-    ranks' remaining counts may differ by one; `len(ds)` is this rank's. Train on uneven inputs
-    with `torch.distributed.algorithms.Join`, or run every rank for the smallest `len(ds)` across
-    ranks (an all_reduce with MIN) and leave the rest of that epoch's batches unread.
+    `state_dict()`/`load_state_dict()` resume mid-epoch, at any world size
+    (docs/many-hosts.md#resizing-and-resuming): the state records how far the job got in the
+    epoch's global order, and a rank of the new world starts at its first batch not yet read, so
+    no global batch is read twice and none the new ranks share is skipped. After a resume at
+    another world size the ranks' remaining counts may differ by one; `len(ds)` is this rank's.
+    Train on uneven inputs with `torch.distributed.algorithms.Join`, or run every rank for the
+    smallest `len(ds)` across ranks (an all_reduce with MIN) and leave the rest of that epoch's
+    batches unread.
     (A StatefulDataLoader keeps its sampler's place itself.)
     """
 

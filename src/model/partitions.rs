@@ -15,7 +15,7 @@
 //! world sizes (partitions P/2 apart, then P/4, …: whatever W divides their distance), then the
 //! nearest after it. The rows that fill no partition stay home, as the epoch's last batches.
 //! Lent rows are the part an append may move to another partition: about the partitions'
-//! imbalance, which shrinks as objects per partition grow (docs/many-hosts.md gives numbers).
+//! imbalance, which shrinks as objects per partition grow (docs/dev/scale.md gives numbers).
 
 use sha2::{Digest, Sha256};
 use std::ops::Range;
