@@ -64,8 +64,10 @@ to NumPy arrays, in these ways:
                             mount, epochs=1, epoch-0/all/NAME.npy sliced batch by batch) against
                             PyArrow's iter_batches+to_numpy of the same files, each reader a
                             process of its own with its getrusage, page cache dropped: 80-byte
-                            rows (--coldcpu-rows, 16 files) and the bench's 272-byte rows; then
-                            epoch 1 right after (issue 62: daemon <= 1.5x PyArrow; cold_cpu.py)
+                            rows (--coldcpu-rows, 16 files) and the bench's 272-byte rows, from
+                            file:// and from the loopback S3 server (PyArrow's S3FileSystem,
+                            s3://); then epoch 1 right after (issue 62: daemon <= 1.5x PyArrow;
+                            cold_cpu.py)
 
   the fast path's limits (own tables) time to first batch from the mount command against
                             PyArrow's and Petastorm's, file:// and S3; the SSD bytes a cold epoch
@@ -503,15 +505,6 @@ def run(a) -> int:
             if "streaming" not in skip and a.streaming_rows > 0:
                 cpu["streaming"] = streaming_row(data, scratch, a.streaming_rows)
 
-        # ---- 6i. the cold epoch at the CPU of one decode: the daemon's core-s/GB against PyArrow's --
-        if "coldcpu" not in skip and "tensorfs" not in skip:
-            try:
-                coldcpu = coldcpu_rows(a, binary, data, scratch, caches, mounts)
-            except Exception as e:  # any failure: say so and go on
-                coldcpu = {"unavailable": str(e)[-300:]}
-                log(f"cold CPU: unavailable: {coldcpu['unavailable']}")
-            meta["coldcpu"] = coldcpu
-
         # ---- 6d. a dataset written by Petastorm: make_reader against tensorfs ----------------
         if "petastorm-ds" not in skip:
             try:
@@ -605,6 +598,17 @@ def run(a) -> int:
                     meta["views"] = views
 
         shutil.rmtree(pdata, ignore_errors=True)
+
+        # ---- 6i. the cold epoch at the CPU of one decode: the daemon's core-s/GB against PyArrow's,
+        # from file:// and from S3 (step 5's server) -----------------------------------------------
+        if "coldcpu" not in skip and "tensorfs" not in skip:
+            try:
+                coldcpu = coldcpu_rows(a, binary, data, scratch, caches, mounts, s3,
+                                       None if "s3" in skip else "the loopback S3 server did not start")
+            except Exception as e:  # any failure: say so and go on
+                coldcpu = {"unavailable": str(e)[-300:]}
+                log(f"cold CPU: unavailable: {coldcpu['unavailable']}")
+            meta["coldcpu"] = coldcpu
 
         # ---- 7. the stall experiment ----------------------------------------------------------
         if "stall" not in skip and "tensorfs" not in skip:
@@ -738,8 +742,8 @@ def main() -> int:
     ap.add_argument("--remote-latency-ms", type=float, default=20,
                     help="and holding each request this long (default 20 ms)")
     ap.add_argument("--skip", default="", help="comma-separated: npy,pyarrow,petastorm,petastorm-ds,s3,tensorfs,warm,all,shuffle,"
-                    "small,stall,hosts,cpu,streaming,fairness,transform,limits,views,coldcpu (s3 skips every S3 row, Petastorm's, the many hosts' "
-                    "and the views' too; petastorm-ds, the dataset written by Petastorm, has its own tensorfs rows; hosts, "
+                    "small,stall,hosts,cpu,streaming,fairness,transform,limits,views,coldcpu (s3 skips every S3 row, Petastorm's, the many hosts', "
+                    "the views' and the cold CPU section's S3 rows too; petastorm-ds, the dataset written by Petastorm, has its own tensorfs rows; hosts, "
                     "the many-hosts row, and views, bytes fetched under where=, run on S3; streaming also "
                     "leaves Streaming out of the fair-batches rows; petastorm also leaves Petastorm's rows out of the transform table)")
     ap.add_argument("--streaming-rows", type=int, default=20_000,

@@ -11,17 +11,28 @@ of --row-group-rows rows: 80-byte rows (EMB 16; --coldcpu-rows rows, 8,000,000 b
 of tensors, in FILES files, written here), where the cost per row (per value) weighs most, and the
 bench's own dataset of 272-byte rows (EMB 64; --rows rows in --files files), reused as it is.
 
+Each from two stores: file:// (the files on local disk) and, unless --skip s3, S3: the same
+files on the bench's loopback S3 server (moto, `mounts.S3Server`, as the bench's S3 rows: its
+bucket, credentials and endpoint options), the 272-byte rows where the bench put them (under its
+PREFIX), the 80-byte rows put under PREFIX-coldcpu/ for these rows and taken off again. On S3,
+PyArrow opens each object (BUCKET/PREFIX/NAME, named by the driver) with open_input_file of a
+pyarrow.fs.S3FileSystem on that endpoint (`mounts.pyarrow_s3_fs`, as `S3Server.pyarrow_fs`; made
+before the reader's window opens, as its imports), and tensorfs mounts s3://BUCKET/PREFIX/ with
+the endpoint's options (`S3Server.mount_options`). The server's own CPU is neither's.
+
 Each read runs in a fresh Python process of its own, whose CPU is its own resource.getrusage
 (RUSAGE_SELF: user + sys, every thread) from after its imports to its last batch, and its wall
 time the same window; the page cache is dropped first (when we are root):
 
   pyarrow           every file through pq.ParquetFile(f).iter_batches(batch_size=B), every column
                     converted to NumPy (`dataset.column_arrays`, the fixed-size list flattened
-                    and reshaped), as the bench's pyarrow rows (`methods.read_pyarrow`)
-  tensorfs cold     a mount (file://, a fresh cache_dir, the default options: shuffle=block;
-                    epochs=1) read by a process that memory-maps epoch-0/all/NAME.npy of every
-                    tensor and copies out batch after batch of B rows (`np.array(a[i:i + B])`),
-                    as tensorfs.numpy does (`methods.read_npy_slices`)
+                    and reshaped), as the bench's pyarrow rows (`methods.read_pyarrow`); on S3,
+                    f = fs.open_input_file(key), as the bench's pyarrow S3 row
+  tensorfs cold     a mount (file://DATA or s3://BUCKET/PREFIX/, a fresh cache_dir, the default
+                    options: shuffle=block; epochs=1) read by a process that memory-maps
+                    epoch-0/all/NAME.npy of every tensor and copies out batch after batch of B
+                    rows (`np.array(a[i:i + B])`), as tensorfs.numpy does
+                    (`methods.read_npy_slices`)
   tensorfs epoch 1  right after, the same way: the next epoch, gathered from the columns the cold
                     epoch cached (not listed by epochs=1, but resolved by name), page cache warm
 
@@ -34,8 +45,9 @@ epoch), and its own counters split it: decoding (decode_cpu_ns), gathering batch
 core-s/GB: core-seconds per GB of tensor bytes delivered (rows x row bytes). The cold MB/s is the
 reader's window, as PyArrow's (the mount command's time is given apart).
 
-Run as a module (`python -m benchlib.cold_cpu pyarrow|slices …`) it is one of those readers,
-printing one JSON line; imported by bench.py it drives them.
+Run as a module (`python -m benchlib.cold_cpu pyarrow|pyarrow-s3|slices …`) it is one of those
+readers, printing one JSON line; imported by bench.py it drives them (after the bench's S3 rows,
+on their server).
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ from pathlib import Path
 from .common import MB, REPO, log
 from .cpu import daemon_cpu_s, settle
 from .dataset import parquet_files, write_dataset
-from .mounts import Mount
+from .mounts import Mount, pyarrow_s3_fs
 
 FILES = 16  # files of the 80-byte dataset
 PARTS = ("decode_cpu_ns", "gather_cpu_ns", "batch_write_cpu_ns")
@@ -68,16 +80,20 @@ def row_bytes(emb: int) -> int:
 
 
 def reader_main(argv: list[str]) -> None:
-    """`pyarrow B FILE…` or `slices ALL_DIR ROWS B`: one pass, its CPU and wall; one JSON line."""
+    """`pyarrow B FILE…`, `pyarrow-s3 URL B KEY…` (BUCKET/KEY on the loopback S3 server at URL)
+    or `slices ALL_DIR ROWS B`: one pass, its CPU and wall; one JSON line."""
     import numpy  # noqa: F401  (imported before the window opens)
     import pyarrow.parquet  # noqa: F401
 
     from .methods import read_npy_slices, read_pyarrow
 
     kind = argv[0]
+    fs = pyarrow_s3_fs(argv[1]) if kind == "pyarrow-s3" else None  # made before the window opens
     before = resource.getrusage(resource.RUSAGE_SELF)
     if kind == "pyarrow":
         rows, nbytes, seconds = read_pyarrow([Path(p) for p in argv[2:]], int(argv[1]))
+    elif kind == "pyarrow-s3":
+        rows, nbytes, seconds = read_pyarrow(argv[3:], int(argv[2]), open_file=fs.open_input_file)
     elif kind == "slices":
         rows, nbytes, seconds = read_npy_slices(Path(argv[1]), int(argv[2]), int(argv[3]))
     else:
@@ -134,20 +150,29 @@ def parts(before: dict, after: dict, cpu_s: float) -> dict:
 
 
 def variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: Path, caches, mounts: list,
-            batch_size: int, extra: list[str]) -> dict:
-    """PyArrow, then tensorfs's cold epoch and epoch 1, of the dataset in DATA."""
+            batch_size: int, extra: list[str], s3=None, prefix: str = "") -> dict:
+    """PyArrow, then tensorfs's cold epoch and epoch 1, of the dataset in DATA: from file://, or,
+    where S3 (an `S3Server`) is given, the same files on that server under PREFIX."""
     import numpy as np
     import pyarrow.parquet as pq
 
     files = parquet_files(data)
     md = [pq.ParquetFile(p).metadata for p in files]
-    out = {"name": name, "rows": rows, "row_bytes": row_bytes(emb), "tensor_bytes": rows * row_bytes(emb),
-           "files": len(files), "row_groups": sum(x.num_row_groups for x in md),
+    store = "file://" if s3 is None else "S3"
+    out = {"name": name, "store": store, "rows": rows, "row_bytes": row_bytes(emb),
+           "tensor_bytes": rows * row_bytes(emb), "files": len(files), "row_groups": sum(x.num_row_groups for x in md),
            "parquet_bytes": sum(p.stat().st_size for p in files)}
-    label = f"{name}, {rows:,} rows"
+    label = f"{name}, {rows:,} rows, {store}"
 
     caches.drop()
-    pa_ = out["pyarrow"] = run_reader("pyarrow", batch_size, *files)
+    if s3 is None:
+        pa_ = out["pyarrow"] = run_reader("pyarrow", batch_size, *files)
+        source, where = f"file://{data}", []
+    else:
+        pa_ = out["pyarrow"] = run_reader("pyarrow-s3", s3.url, batch_size,
+                                          *(f"{s3.BUCKET}/{prefix}/{p.name}" for p in files))
+        source, where = f"s3://{s3.BUCKET}/{prefix}/", s3.mount_options()
+        out["source"] = source
     log(f"coldcpu: {label}: pyarrow {pa_['core_s_gb']:.2f} core-s/GB, {pa_['mb_s']:.0f} MB/s")
 
     cache = scratch / "cache-coldcpu"
@@ -155,8 +180,8 @@ def variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: P
     caches.drop()
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    m = Mount(binary, f"file://{data}", scratch / "mnt-coldcpu", [f"batch_size={batch_size}", "epochs=1",
-                                                                 f"cache_dir={cache}", *extra])
+    m = Mount(binary, source, scratch / "mnt-coldcpu", [f"batch_size={batch_size}", "epochs=1", *where,
+                                                        f"cache_dir={cache}", *extra])
     mount_s = time.perf_counter() - t
     children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The mount command's process (reaped: in RUSAGE_CHILDREN), which forked the daemon.
@@ -206,11 +231,41 @@ def variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: P
     return out
 
 
-def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list) -> dict:
+def s3_variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: Path, caches, mounts: list,
+               batch_size: int, extra: list[str], s3, prefix: str, upload: bool) -> dict:
+    """`variant` of DATA's files on server S3 under PREFIX: put there first where UPLOAD (and
+    taken off again), else already there. A failure is the row's, said in it."""
+    client = s3.client() if upload else None
+    try:
+        if upload:
+            for p in parquet_files(data):
+                client.upload_file(str(p), s3.BUCKET, f"{prefix}/{p.name}")
+        return variant(name, data, rows, emb, binary, scratch, caches, mounts, batch_size, extra, s3, prefix)
+    except Exception as e:  # any failure: say so and go on
+        log(f"coldcpu: {name}, S3: unavailable: {str(e)[-300:]}")
+        return {"name": name, "store": "S3", "rows": rows, "unavailable": str(e)[-300:]}
+    finally:
+        # Off the server again, so that later rows find it as before.
+        try:
+            if client is not None:
+                for o in client.list_objects_v2(Bucket=s3.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
+                    client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
+        except Exception:
+            pass
+
+
+def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list, s3=None,
+             s3_unavailable: str | None = None) -> dict:
     """Every measurement of the section, as a dict for print_rows and --json: the 80-byte dataset
-    (written here, removed after) and the bench's own in DATA."""
+    (written here, removed after) and the bench's own in DATA, from file://, then, where S3 (the
+    bench's `S3Server`, holding DATA's files under its PREFIX) is given, from S3; S3_UNAVAILABLE:
+    why there is none though S3 was not skipped."""
     extra = a.tensorfs_options.split(",") if a.tensorfs_options else []
     out = {"batch_size": a.batch_size, "row_group_rows": a.row_group_rows, "variants": []}
+    if s3 is not None:
+        out["s3"] = s3.how
+    elif s3_unavailable:
+        out["s3_unavailable"] = s3_unavailable
     if a.coldcpu_rows > 0:
         small = scratch / "data-coldcpu"
         shutil.rmtree(small, ignore_errors=True)
@@ -220,10 +275,16 @@ def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list) -
         try:
             out["variants"].append(variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches, mounts,
                                            a.batch_size, extra))
+            if s3 is not None:
+                out["variants"].append(s3_variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches,
+                                                  mounts, a.batch_size, extra, s3, f"{s3.PREFIX}-coldcpu", True))
         finally:
             shutil.rmtree(small, ignore_errors=True)
     out["variants"].append(variant("272-byte rows", data, a.rows, 64, binary, scratch, caches, mounts, a.batch_size,
                                    extra))
+    if s3 is not None:
+        out["variants"].append(s3_variant("272-byte rows", data, a.rows, 64, binary, scratch, caches, mounts,
+                                          a.batch_size, extra, s3, s3.PREFIX, False))
     out["page_cache_dropped"] = bool(caches.works)
     return out
 
@@ -236,9 +297,18 @@ def print_rows(cc: dict) -> None:
     print("PyArrow: iter_batches + to_numpy of every column; tensorfs: mount -o epochs=1 (shuffle=block) on a fresh "
           "cache_dir, epoch-0/all/NAME.npy memory-mapped and copied out batch by batch; daemon: from the mount "
           "command to the epoch's last batch.")
+    if "s3" in cc:
+        print(f"S3: the same files on the bench's loopback S3 server ({cc['s3']}); PyArrow through "
+              "pyarrow.fs.S3FileSystem, tensorfs mounting s3://BUCKET/PREFIX/; the server's CPU is neither's.")
+    elif cc.get("s3_unavailable"):
+        print(f"S3: unavailable: {cc['s3_unavailable']}")
     for v in cc["variants"]:
+        store = v.get("store", "file://")
+        if "unavailable" in v:
+            print(f"cold CPU, {v['name']}, {v['rows']:,} rows, {store}: unavailable: {v['unavailable']}")
+            continue
         pa_, tf, e1 = v["pyarrow"], v["tensorfs"], v["epoch1"]
-        print(f"cold CPU, {v['name']}, {v['rows']:,} rows: PyArrow {pa_['core_s_gb']:.2f} core-s/GB "
+        print(f"cold CPU, {v['name']}, {v['rows']:,} rows, {store}: PyArrow {pa_['core_s_gb']:.2f} core-s/GB "
               f"({pa_['mb_s']:.0f} MB/s); tensorfs daemon {tf['daemon_core_s_gb']:.2f} core-s/GB "
               f"({v['daemon_x_pyarrow']:.2f}x), reader {tf['reader_core_s_gb']:.2f} core-s/GB, {tf['mb_s']:.0f} MB/s "
               f"({v['mb_s_x_pyarrow']:.2f}x)")

@@ -188,6 +188,15 @@ def wait_http(url: str, timeout: float) -> None:
             time.sleep(0.2)
 
 
+def pyarrow_s3_fs(url: str):
+    """PyArrow's S3 filesystem on the loopback S3 server at URL (`S3Server.url`), with its
+    credentials: what `S3Server.pyarrow_fs` gives, for a process that has only the URL."""
+    import pyarrow.fs as pafs
+
+    return pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
+                             endpoint_override=url, scheme="http")
+
+
 class S3Server:
     """moto's S3 server on loopback (scripts/s3-server when present), holding the dataset: DATA's
     Parquet files under PREFIX, or an empty bucket where DATA is None."""
@@ -239,10 +248,7 @@ class S3Server:
 
     def pyarrow_fs(self):
         """PyArrow's S3 filesystem on this server."""
-        import pyarrow.fs as pafs
-
-        return pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
-                                 endpoint_override=self.url, scheme="http")
+        return pyarrow_s3_fs(self.url)
 
     def parquet_keys(self, fs) -> list[str]:
         """The dataset's objects as FS (`pyarrow_fs`) names them, listed now, in key order."""
