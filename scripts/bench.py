@@ -567,12 +567,8 @@ def run(a) -> int:
                     except Exception as e:  # any failure: say so and go on
                         res.unavailable("petastorm_s3", label, str(e)[-300:])
                     # Off the server again, so the stall experiment finds it as before.
-                    try:
-                        if client is not None:
-                            for o in client.list_objects_v2(Bucket=s3.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
-                                client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
-                    except Exception:
-                        pass
+                    if client is not None:
+                        s3.remove_prefix(client, prefix)
                 if lim is not None and "tensorfs" not in skip:
                     try:
                         first_batch_s3(lim, binary, s3, scratch, caches, mounts, B,

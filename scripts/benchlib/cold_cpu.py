@@ -245,13 +245,8 @@ def s3_variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch
         log(f"coldcpu: {name}, S3: unavailable: {str(e)[-300:]}")
         return {"name": name, "store": "S3", "rows": rows, "unavailable": str(e)[-300:]}
     finally:
-        # Off the server again, so that later rows find it as before.
-        try:
-            if client is not None:
-                for o in client.list_objects_v2(Bucket=s3.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
-                    client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
-        except Exception:
-            pass
+        if client is not None:
+            s3.remove_prefix(client, prefix)
 
 
 def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list, s3=None,

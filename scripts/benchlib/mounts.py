@@ -246,6 +246,15 @@ class S3Server:
             region_name="us-east-1", config=Config(s3={"addressing_style": "path"}),
         )
 
+    def remove_prefix(self, client, prefix: str) -> None:
+        """The objects under PREFIX/ removed (best effort), so that later rows find the server
+        as before."""
+        try:
+            for o in client.list_objects_v2(Bucket=self.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
+                client.delete_object(Bucket=self.BUCKET, Key=o["Key"])
+        except Exception:
+            pass
+
     def pyarrow_fs(self):
         """PyArrow's S3 filesystem on this server."""
         return pyarrow_s3_fs(self.url)

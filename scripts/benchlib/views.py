@@ -156,12 +156,7 @@ def run_rows(a, binary: Path, s3, scratch: Path, mounts: list) -> dict:
     finally:
         if front is not None:
             front.stop()
-        # Off the server again, so that later rows find it as before.
-        try:
-            for o in client.list_objects_v2(Bucket=s3.BUCKET, Prefix=f"{prefix}/").get("Contents", []):
-                client.delete_object(Bucket=s3.BUCKET, Key=o["Key"])
-        except Exception:
-            pass
+        s3.remove_prefix(client, prefix)
         shutil.rmtree(data, ignore_errors=True)
     return out
 

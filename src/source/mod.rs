@@ -1367,18 +1367,20 @@ impl Source {
         rg: usize,
         roots: &[usize],
     ) -> Result<RecordBatch> {
-        self.read_rows(file, rg, roots, true).await
+        self.read_rows(file, rg, roots, true, None).await
     }
 
-    /// [`Source::read_row_group`], with the rows the table deletes dropped (`live`) or kept.
+    /// [`Source::read_row_group`], with the rows the table deletes dropped (`live`) or kept;
+    /// only the rows a selection picks, where one is given (see [`Source::fetch_rows`]).
     async fn read_rows(
         &self,
         file: usize,
         rg: usize,
         roots: &[usize],
         live: bool,
+        selection: Option<(RowSelection, ArrowReaderMetadata)>,
     ) -> Result<RecordBatch> {
-        let fetched = self.fetch_row_group(file, rg, roots).await?;
+        let fetched = self.fetch_rows(file, rg, roots, selection).await?;
         let pieces = self.decode_stored_or_live(fetched, live).await?;
         let schema = match pieces.first() {
             Some(p) => p.schema(),
@@ -1452,22 +1454,20 @@ impl Source {
                 start..start + len
             })
             .collect();
-        if selection.is_some() {
-            return Ok(Fetched {
-                file,
-                rg,
-                wanted,
-                roots,
-                partition_roots,
-                mask: Some(mask),
-                chunks: Vec::new(),
-                selection,
-            });
-        }
-        let reader = self.reader(file);
-        let chunks = object_store::coalesce_ranges(&ranges, |r| reader.get_in_parts(r), COALESCE)
-            .await
-            .with_context(|| format!("file '{}' row group {rg} cannot be read", f.name))?;
+        // A selection's pages are fetched by its decode.
+        let chunks = match selection.is_some() {
+            true => Vec::new(),
+            false => {
+                let reader = self.reader(file);
+                let fetched =
+                    object_store::coalesce_ranges(&ranges, |r| reader.get_in_parts(r), COALESCE)
+                        .await
+                        .with_context(|| {
+                            format!("file '{}' row group {rg} cannot be read", f.name)
+                        })?;
+                ranges.into_iter().zip(fetched).collect()
+            }
+        };
         Ok(Fetched {
             file,
             rg,
@@ -1475,8 +1475,8 @@ impl Source {
             roots,
             partition_roots,
             mask: Some(mask),
-            chunks: ranges.into_iter().zip(chunks).collect(),
-            selection: None,
+            chunks,
+            selection,
         })
     }
 
@@ -1488,51 +1488,20 @@ impl Source {
     }
 
     /// Reads the given root columns of one row group as the file stores its rows, those the
-    /// table deletes included: what a `where=` tests, by position in the file.
+    /// table deletes included: what a `where=` tests, by position in the file. With a
+    /// selection, only the rows it picks, read through `indexed` (the file's footer with its
+    /// page index): only the pages that hold them are fetched.
     pub(crate) async fn read_stored_rows(
         &self,
         file: usize,
         rg: usize,
         roots: &[usize],
+        selection: Option<(RowSelection, &ArrowReaderMetadata)>,
     ) -> Result<RecordBatch> {
-        let batch = self.read_rows(file, rg, roots, false).await?;
+        let selection = selection.map(|(s, indexed)| (s, indexed.clone()));
+        let batch = self.read_rows(file, rg, roots, false, selection).await?;
         // Decoded in the order fetch_row_group asks (the file's columns, then partition
         // columns): put back in the order asked.
-        let order: Vec<usize> = (roots.iter())
-            .map(|&r| {
-                let name = self.schema.field(r).name();
-                batch.schema().index_of(name).map_err(anyhow::Error::from)
-            })
-            .collect::<Result<_>>()?;
-        Ok(batch.project(&order)?)
-    }
-
-    /// [`Source::read_stored_rows`] of only the rows `selection` picks, read through `indexed`
-    /// (the file's footer with its page index): only the pages that hold them are fetched.
-    pub(crate) async fn read_selected_rows(
-        &self,
-        file: usize,
-        rg: usize,
-        roots: &[usize],
-        selection: RowSelection,
-        indexed: &ArrowReaderMetadata,
-    ) -> Result<RecordBatch> {
-        let rows = selection.row_count();
-        let fetched =
-            (self.fetch_rows(file, rg, roots, Some((selection, indexed.clone())))).await?;
-        let pieces = self.decode_stored_or_live(fetched, false).await?;
-        let schema = match pieces.first() {
-            Some(p) => p.schema(),
-            None => Arc::new(self.schema.project(roots)?),
-        };
-        let batch = arrow::compute::concat_batches(&schema, &pieces)?;
-        if batch.num_rows() != rows {
-            bail!(
-                "file '{}' row group {rg}: {} rows read of the {rows} selected",
-                self.files[file].name,
-                batch.num_rows()
-            );
-        }
         let order: Vec<usize> = (roots.iter())
             .map(|&r| {
                 let name = self.schema.field(r).name();

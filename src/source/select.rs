@@ -335,7 +335,7 @@ impl Source {
             None => None,
         };
         let Some((bounds, decisions)) = segments else {
-            let batch = self.read_stored_rows(file, rg, &checked.columns).await?;
+            let batch = (self.read_stored_rows(file, rg, &checked.columns, None)).await?;
             let keep = checked.keep(&batch)?;
             if keep.len() as u64 != rows {
                 return Err(anyhow!(
@@ -368,8 +368,8 @@ impl Source {
         if (settled as usize) < keep.len() {
             let ix = indexed.expect("segments come from the page index");
             let selection = RowSelection::from(selectors);
-            let batch =
-                (self.read_selected_rows(file, rg, &checked.columns, selection, ix)).await?;
+            let picked = Some((selection, ix));
+            let batch = (self.read_stored_rows(file, rg, &checked.columns, picked)).await?;
             let read = checked.keep(&batch)?;
             let mut at = 0;
             for (k, d) in decisions.iter().enumerate() {
