@@ -166,6 +166,22 @@ impl Member {
     }
 }
 
+/// The rows each row group of each of `source`'s files holds: a table's deleted rows, and
+/// those a `where=` drops, are none of them.
+fn live_rows(source: &Source) -> Vec<Vec<u64>> {
+    source.files.iter().map(|f| f.live_rg_rows()).collect()
+}
+
+/// `source`'s files as the plan sees them, with their rows `live` ([`live_rows`]).
+fn plan_files<'a>(source: &'a Source, live: &'a [Vec<u64>]) -> Vec<PlanFile<'a>> {
+    (source.files.iter().zip(live))
+        .map(|(f, rg_rows)| PlanFile {
+            key: &f.name,
+            rg_rows,
+        })
+        .collect()
+}
+
 /// Why a mixture's source cannot join it: the first tensor it serves otherwise than the first
 /// source, or in another place (the batch files hold the tensors in one order).
 fn tensors_differ(first: &View, other: &View) -> Option<String> {
@@ -203,7 +219,7 @@ impl Dataset {
     /// them into the refusal. `footers`: where footers are kept between mounts (none for
     /// `inspect`).
     pub async fn open(source: &str, opts: &Options, footers: Option<&Path>) -> Result<Dataset> {
-        if source.ends_with(".toml") {
+        if crate::source::mixture::names_one(source) {
             return Dataset::mixed(source, opts, footers).await;
         }
         if let Some(n) = opts.epoch_rows {
@@ -297,19 +313,9 @@ impl Dataset {
         for (m, n) in members.iter_mut().zip(drawn) {
             m.drawn = n;
         }
-        let live: Vec<Vec<Vec<u64>>> = (members.iter())
-            .map(|m| m.source.files.iter().map(|f| f.live_rg_rows()).collect())
-            .collect();
+        let live: Vec<Vec<Vec<u64>>> = members.iter().map(|m| live_rows(&m.source)).collect();
         let sources: Vec<(Vec<PlanFile>, u64)> = (members.iter().zip(&live))
-            .map(|(m, live)| {
-                let files = (m.source.files.iter().zip(live))
-                    .map(|(f, rg_rows)| PlanFile {
-                        key: &f.name,
-                        rg_rows,
-                    })
-                    .collect();
-                (files, m.drawn)
-            })
+            .map(|(m, live)| (plan_files(&m.source, live), m.drawn))
             .collect();
         let plan = Plan::mixed(&sources, opts.order());
         let identity: Vec<String> = (members.iter())
@@ -317,9 +323,7 @@ impl Dataset {
             .collect();
         let refs: Vec<&[u8]> = identity.iter().map(|i| i.as_bytes()).collect();
         // 64 hex digits, as a source's: what fingerprint= takes.
-        let fingerprint: String = (crate::model::kept::identity(&refs).iter())
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let fingerprint = crate::source::hex(&crate::model::kept::identity(&refs));
         if let Some(want) = &opts.fingerprint
             && *want != fingerprint
         {
@@ -364,15 +368,8 @@ impl Dataset {
         }
         let udf = start_transform(&source, opts).await?;
         let view = Arc::new(view::build_with(&source, opts, udf.as_deref()).await?);
-        // The rows the dataset holds: a table's deleted rows are none of them.
-        let live: Vec<Vec<u64>> = source.files.iter().map(|f| f.live_rg_rows()).collect();
-        let files: Vec<PlanFile> = (source.files.iter().zip(&live))
-            .map(|(f, rg_rows)| PlanFile {
-                key: &f.name,
-                rg_rows,
-            })
-            .collect();
-        let plan = Plan::new(&files, opts.order());
+        let live = live_rows(&source);
+        let plan = Plan::new(&plan_files(&source, &live), opts.order());
         Ok(Dataset {
             source,
             view,
@@ -957,23 +954,10 @@ fn open_checked(
 /// object URL the store options reach). Returns its fingerprint.
 pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) -> Result<String> {
     let runtime = runtime(opts.threads)?;
-    if source.ends_with(".toml") {
-        if from.is_some() {
-            bail!(
-                "--from with a mixture (a .toml SOURCE) is not implemented yet: take the snapshot without it"
-            );
-        }
-        let d = open_checked(source, opts, &runtime, None)?;
-        let m = d.mixture.as_ref().expect("a .toml opens as a mixture");
-        let pins = (m.members.iter())
-            .map(|member| {
-                let bytes = crate::source::snapshot::encode(&member.source, &member.view)?;
-                Ok((member.spec.url.clone(), bytes))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let bytes = crate::source::snapshot::encode_mixture(&pins);
-        runtime.block_on(crate::source::snapshot::write(dest, bytes, &opts.store))?;
-        return Ok(d.fingerprint().to_string());
+    if crate::source::mixture::names_one(source) && from.is_some() {
+        bail!(
+            "--from with a mixture (a .toml SOURCE) is not implemented yet: take the snapshot without it"
+        );
     }
     let d = match from {
         None => open_checked(source, opts, &runtime, None)?,
@@ -1013,9 +997,21 @@ pub fn snapshot(source: &str, dest: &str, opts: &Options, from: Option<&str>) ->
     if let Some(capacity) = opts.cache_size {
         d.check_cache_room(opts, capacity)?;
     }
-    let bytes = crate::source::snapshot::encode(&d.source, &d.view)?;
+    // A mixture's snapshot is each source's behind its url.
+    let bytes = match &d.mixture {
+        None => crate::source::snapshot::encode(&d.source, &d.view)?,
+        Some(m) => {
+            let pins = (m.members.iter())
+                .map(|member| {
+                    let bytes = crate::source::snapshot::encode(&member.source, &member.view)?;
+                    Ok((member.spec.url.clone(), bytes))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            crate::source::snapshot::encode_mixture(&pins)
+        }
+    };
     runtime.block_on(crate::source::snapshot::write(dest, bytes, &opts.store))?;
-    Ok(d.source.fingerprint().to_string())
+    Ok(d.fingerprint().to_string())
 }
 
 /// How the kernel is asked to mount: read-only, the source as the device name (absolute for a

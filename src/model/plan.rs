@@ -349,8 +349,9 @@ impl Plan {
                 count[*g] += 1;
             }
         }
-        // Full batches each partition serves: as many as the shortest holds (partitions are
-        // drawn to within a batch of one another).
+        // Full batches each partition serves: as many as the shortest holds. For one source
+        // that is total / (P × batch_size), since `partitions::assign` fills every partition
+        // to that many; a mixture's partitions are its sources' draws from them.
         let per_partition = lens.iter().min().copied().unwrap_or(0) / opts.batch_size;
         let mut leftover_start = Vec::with_capacity(parts.len() + 1);
         let mut left = 0;
@@ -544,6 +545,7 @@ impl Plan {
     }
 
     /// The partition batch `i` is drawn from, if it is drawn from one.
+    #[cfg(test)]
     pub(crate) fn partition_of_batch(&self, i: u64) -> Option<u64> {
         (i < self.single_partition_batches()).then(|| i % self.opts.partitions)
     }
@@ -711,31 +713,19 @@ impl Plan {
     /// The canonical rows of batch `i`, in batch order.
     pub fn batch_rows(&self, order: &EpochOrder, i: u64) -> Vec<u64> {
         let first = i * self.opts.batch_size;
-        let len = self.batch_len(i);
-        if let Some(m) = &self.mix {
-            return (self.partition_runs(first..first + len).into_iter())
-                .flat_map(|(p, xs)| self.mixed_rows(m, order, p, xs))
-                .collect();
-        }
-        // A batch's positions lie in one or two windows of a partition: the last window's
-        // permutation is kept (a hash map of them cost more than the permutations).
-        let mut last: Option<((usize, usize), Permutation)> = None;
-        let Some(p_single) = self.partition_of_batch(i) else {
-            // A leftover batch: consecutive positions may change partition.
-            return (first..first + len)
-                .map(|pos| {
-                    let (p, x) = self.partition_position(pos);
-                    self.partition_row(order, p, x, &mut last)
-                })
-                .collect();
-        };
-        // A single-partition batch: its positions are consecutive in partition p's order, found
-        // once for the batch rather than by four divisions a row. Under the shuffles every row
-        // is a position permuted, many at once (see `Permutation::apply_all`): this and the
-        // gather are most of the CPU of an epoch built from cached columns.
-        let (p, x0) = self.partition_position(first);
-        debug_assert_eq!(p as u64, p_single);
-        self.partition_rows(order, p, x0..x0 + len)
+        // A batch's positions are a run of one partition's order (a leftover batch's, a run of
+        // each partition it meets), found once for the run rather than by four divisions a
+        // row. Under the shuffles every row is a position permuted, many at once (see
+        // `Permutation::apply_all`): this and the gather are most of the CPU of an epoch built
+        // from cached columns.
+        (self
+            .partition_runs(first..first + self.batch_len(i))
+            .into_iter())
+        .flat_map(|(p, xs)| match &self.mix {
+            Some(m) => self.mixed_rows(m, order, p, xs),
+            None => self.partition_rows(order, p, xs),
+        })
+        .collect()
     }
 
     /// The canonical rows at `positions` of partition `p`'s order.
@@ -926,8 +916,10 @@ impl Plan {
         }
     }
 
-    /// The canonical row at position `x` of partition `p`'s order; `last` keeps the window
+    /// The canonical row at position `x` of partition `p`'s order, one position alone: the
+    /// reference [`Plan::partition_rows`] is checked against. `last` keeps the window
     /// permutation met last.
+    #[cfg(test)]
     fn partition_row(
         &self,
         order: &EpochOrder,

@@ -843,6 +843,17 @@ pub(crate) enum Nulls {
     Some,
 }
 
+impl Nulls {
+    /// What a unit's null count (`None`: not known) says of its `rows` rows.
+    pub(crate) fn of(count: Option<u64>, rows: Option<u64>) -> Nulls {
+        match (count, rows) {
+            (Some(0), _) => Nulls::None,
+            (Some(n), Some(r)) if n >= r => Nulls::All,
+            _ => Nulls::Some,
+        }
+    }
+}
+
 /// What a unit of rows is, for EXPR.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Decision {

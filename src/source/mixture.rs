@@ -52,6 +52,11 @@ struct Entry {
     choose: Option<u64>,
 }
 
+/// Whether SOURCE names a mixture: a `.toml` file.
+pub fn names_one(source: &str) -> bool {
+    source.ends_with(".toml")
+}
+
 /// The sources the `.toml` at `path` lists, read from the local file system.
 pub fn read(path: &str) -> Result<Vec<Spec>> {
     let file = path.strip_prefix("file://").unwrap_or(path);

@@ -2046,7 +2046,8 @@ fn row_group_rows(md: &ParquetMetaData) -> Vec<u64> {
         .collect()
 }
 
-fn hex(b: &[u8]) -> String {
+/// Bytes as lowercase hex digits.
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -107,11 +107,7 @@ fn bounds_known(name: &str, t: &DataType, bounds: &[Option<FileBounds>]) -> Resu
     let nulls = (bounds.iter())
         .map(|b| {
             let rows = b.as_ref().and_then(|b| b.rows);
-            match (of(b, name).and_then(|c| c.nulls), rows) {
-                (Some(0), _) => Nulls::None,
-                (Some(n), Some(r)) if n >= r => Nulls::All,
-                _ => Nulls::Some,
-            }
+            Nulls::of(of(b, name).and_then(|c| c.nulls), rows)
         })
         .collect();
     Ok(Known::Bounds {
@@ -234,6 +230,16 @@ impl Source {
         Ok(())
     }
 
+    /// Partition column `k`'s value in `file`, the same in each of its `units` units.
+    fn partition_known(&self, file: usize, k: usize, units: usize) -> Result<Known> {
+        let one = self.partitions.column(file, k, 1)?;
+        let refs: Vec<&dyn Array> = vec![one.as_ref(); units];
+        Ok(Known::Constant(match units {
+            0 => arrow::array::new_empty_array(one.data_type()),
+            _ => arrow::compute::concat(&refs)?,
+        }))
+    }
+
     /// Each row group of `file`: ruled out, kept whole, or to be read, from its statistics and
     /// partition values.
     async fn decide(&self, file: usize, checked: &Checked) -> Result<Vec<Decision>> {
@@ -245,13 +251,7 @@ impl Source {
         let first_partition = self.file_columns();
         let known = |column: usize| -> Result<Known> {
             if column >= first_partition {
-                let k = column - first_partition;
-                let one = self.partitions.column(file, k, 1)?;
-                let refs: Vec<&dyn Array> = vec![one.as_ref(); groups];
-                return Ok(Known::Constant(match groups {
-                    0 => arrow::array::new_empty_array(one.data_type()),
-                    _ => arrow::compute::concat(&refs)?,
-                }));
+                return self.partition_known(file, column - first_partition, groups);
             }
             let Some(at) = footer.root(column) else {
                 // A table's file without the column: it is null there.
@@ -272,11 +272,11 @@ impl Source {
             };
             let rows = &self.files[file].rg_rows;
             let nulls = (0..groups)
-                .map(|g| match null_counts.is_null(g) {
-                    true => Nulls::Some,
-                    false if null_counts.value(g) == 0 => Nulls::None,
-                    false if null_counts.value(g) >= rows[g] => Nulls::All,
-                    false => Nulls::Some,
+                .map(|g| {
+                    Nulls::of(
+                        null_counts.is_valid(g).then(|| null_counts.value(g)),
+                        Some(rows[g]),
+                    )
                 })
                 .collect();
             Ok(Known::Bounds { min, max, nulls })
@@ -437,9 +437,7 @@ impl Source {
         }
         let known = |column: usize| -> Result<Known> {
             if column >= first_partition {
-                let one = self.partitions.column(file, column - first_partition, 1)?;
-                let refs: Vec<&dyn Array> = vec![one.as_ref(); segments];
-                return Ok(Known::Constant(arrow::compute::concat(&refs)?));
+                return self.partition_known(file, column - first_partition, segments);
             }
             let Some((converter, firsts)) = pages.get(&column) else {
                 // A table's file without the column: it is null there.
@@ -461,11 +459,9 @@ impl Source {
             let page_rows = |p: usize| firsts.get(p + 1).copied().unwrap_or(rows) - firsts[p];
             let picks = arrow::array::UInt32Array::from(page_of.clone());
             let nulls = (page_of.iter().map(|&p| p as usize))
-                .map(|p| match null_counts.is_null(p) {
-                    true => Nulls::Some,
-                    false if null_counts.value(p) == 0 => Nulls::None,
-                    false if null_counts.value(p) >= page_rows(p) => Nulls::All,
-                    false => Nulls::Some,
+                .map(|p| {
+                    let count = null_counts.is_valid(p).then(|| null_counts.value(p));
+                    Nulls::of(count, Some(page_rows(p)))
                 })
                 .collect();
             Ok(Known::Bounds {
