@@ -8,9 +8,15 @@
 //! then its CRC-32, big-endian). The plan counts each row group's rows left; the decode drops
 //! the deleted ones.
 
+use crate::source::child;
+use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use roaring::RoaringTreemap;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use url::Url;
 
 /// `RoaringBitmapArray`'s magic numbers: little-endian before a portable 64-bit bitmap (the
 /// format the protocol names); big-endian before Delta's older native format (an array of
@@ -268,6 +274,44 @@ pub(crate) fn per_row_group(bitmap: &RoaringTreemap, rg_rows: &[u64]) -> Vec<u64
             count
         })
         .collect()
+}
+
+/// The row positions deletion vector `dv` of a table at `root` (`url`) deletes.
+pub(crate) async fn load(
+    store: &Arc<dyn ObjectStore>,
+    url: &Url,
+    root: &Path,
+    dv: &DeletionVector,
+    stats: &Stats,
+) -> Result<roaring::RoaringTreemap> {
+    let (path, absolute, offset) = match dv.location()? {
+        Location::Inline(bytes) => return bitmap(&bytes),
+        Location::File {
+            path,
+            absolute,
+            offset,
+        } => (path, absolute, offset),
+    };
+    let location = match absolute {
+        false => child(root, &path)?,
+        // An absolute path names the file by URL: one under the table's own.
+        true => {
+            let base = url.as_str().trim_end_matches('/');
+            let rest = (path.strip_prefix(base))
+                .and_then(|r| r.strip_prefix('/'))
+                .ok_or_else(|| anyhow!("its deletion vector '{path}' is outside the table"))?;
+            let rest = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
+            child(root, &rest)?
+        }
+    };
+    let range = offset..offset + stored_len(dv);
+    let bytes = store
+        .get_range(&location, range)
+        .await
+        .with_context(|| format!("its deletion vector '{location}' cannot be read"))?;
+    Stats::add(&stats.c.remote_requests, 1);
+    Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
+    stored_bitmap(&bytes, dv).with_context(|| format!("deletion vector '{location}'"))
 }
 
 #[cfg(test)]

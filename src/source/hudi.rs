@@ -13,13 +13,74 @@
 //! partition columns are only in its paths (`hoodie.datasource.write.drop.partition.columns`).
 //! Hudi's meta columns (`_hoodie_commit_time`, …: strings) are left out of the dataset.
 
-use crate::source::lake::{ColumnBounds, FileBounds};
+use crate::source::lake::{ColumnBounds, FileBounds, Kind, Opening, Version};
+use crate::source::{ObjectReader, Origin, SourceFile, load_metadata, object_of};
+use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::DataType;
+use arrow::datatypes::SchemaRef;
+use object_store::ObjectMeta;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use url::Url;
+
+/// The table at the instant asked for, as every table kind answers
+/// ([`crate::source::lake::Kind::open`]).
+pub(crate) async fn open(at: &Opening<'_>) -> Result<crate::source::lake::Table> {
+    let names: Vec<&str> = at.listed.iter().map(|(n, _)| n.as_str()).collect();
+    let t = read(at.store.clone(), at.root, &names, at.version).await?;
+    let metas: HashMap<&str, &ObjectMeta> =
+        (at.listed.iter()).map(|(n, m)| (n.as_str(), m)).collect();
+    let data_schema = schema(at.store, at.url, &t, &metas, at.footers, at.stats).await?;
+    let bounds = match at.filter {
+        Some(_) => partition_bounds(&t, &data_schema),
+        None => Vec::new(),
+    };
+    Ok(crate::source::lake::Table {
+        version: Version {
+            kind: Kind::Hudi,
+            number: t.version,
+        },
+        data_schema,
+        partitions: Default::default(),
+        deletes: vec![None; t.files.len()],
+        bounds,
+        ruled_out: 0,
+        files: t.files,
+    })
+}
+
+/// A Hudi table's schema: the newest base file's columns, Hudi's meta columns left out.
+async fn schema(
+    store: &Arc<dyn ObjectStore>,
+    url: &Url,
+    table: &Table,
+    metas: &std::collections::HashMap<&str, &ObjectMeta>,
+    footers: Option<&std::path::Path>,
+    stats: &Arc<Stats>,
+) -> Result<SchemaRef> {
+    let Some(newest) = &table.newest else {
+        bail!(
+            "the Hudi table holds no data files at instant {}",
+            table.version
+        );
+    };
+    let meta = metas
+        .get(newest.as_str())
+        .ok_or_else(|| anyhow!("file '{newest}' of the Hudi table is not listed"))?;
+    let file = SourceFile::new(url, meta.location.clone(), object_of(newest.clone(), meta));
+    let reader = ObjectReader::new(store.clone(), &file, stats.clone(), Origin::Listing.since());
+    let (metadata, _) = load_metadata(&reader, footers, &file.id, 0)
+        .await
+        .with_context(|| format!("file '{newest}' is not a readable Parquet file"))?;
+    let schema = metadata.schema();
+    let keep: Vec<usize> = (0..schema.fields().len())
+        .filter(|&i| !is_meta_column(schema.field(i).name()))
+        .collect();
+    Ok(Arc::new(schema.project(&keep)?))
+}
 
 /// The directory that makes a Hudi table.
 pub(crate) const HOODIE: &str = ".hoodie";

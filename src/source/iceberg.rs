@@ -14,6 +14,7 @@
 //! the mount, or once by `tensorfs snapshot`, whose snapshot then pins the rows). The deletion
 //! vectors of format 3 (Puffin files) are refused in one line naming them.
 
+use crate::source::ObjectReader;
 use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
 use crate::source::partition::Partitions;
 use anyhow::{Context, Result, anyhow, bail};
@@ -47,14 +48,17 @@ struct Entry {
 /// Reads snapshot `version` (the current one when `None`) of the Iceberg table at `root`;
 /// `names` are the objects under it (relative to it), `metadata` the metadata file the source
 /// named, if it named one.
-pub(crate) async fn read(
-    store: Arc<dyn ObjectStore>,
-    root: &Path,
-    names: &[&str],
-    metadata: Option<&str>,
-    version: Option<crate::options::AsOf>,
-    filter: Option<&crate::source::filter::Filter>,
-) -> Result<Table> {
+pub(crate) async fn open(at: &crate::source::lake::Opening<'_>) -> Result<Table> {
+    let names: Vec<&str> = at.listed.iter().map(|(n, _)| n.as_str()).collect();
+    let (store, root, metadata, version, filter) = (
+        at.store.clone(),
+        at.root,
+        at.metadata,
+        at.version,
+        at.filter,
+    );
+    let stats = at.stats;
+    let names = &names[..];
     let metadata = match metadata {
         Some(m) => m.to_string(),
         None => metadata_file(&store, root, names).await?,
@@ -233,9 +237,13 @@ pub(crate) async fn read(
     // data file they apply to is read once, its key columns only, by ranged reads.
     let mut equality: Vec<(&Entry, EqualityKeys)> = Vec::new();
     for d in entries.iter().filter(|e| e.content == 2) {
-        let keys = EqualityKeys::of(ranged(&store, root, d)?, &d.equality_ids, &data_schema)
-            .await
-            .with_context(|| format!("its equality delete file '{}'", d.path))?;
+        let keys = EqualityKeys::of(
+            ranged(&store, root, d, stats)?,
+            &d.equality_ids,
+            &data_schema,
+        )
+        .await
+        .with_context(|| format!("its equality delete file '{}'", d.path))?;
         if !keys.deleted.is_empty() {
             equality.push((d, keys));
         }
@@ -255,9 +263,14 @@ pub(crate) async fn read(
         let mut ids: Vec<i64> = applying.iter().flat_map(|k| k.ids.clone()).collect();
         ids.sort_unstable();
         ids.dedup();
-        let rows = deleted_rows(ranged(&store, root, e)?, &ids, &data_schema, &applying)
-            .await
-            .with_context(|| format!("data file '{}', for its equality deletes", e.path))?;
+        let rows = deleted_rows(
+            ranged(&store, root, e, stats)?,
+            &ids,
+            &data_schema,
+            &applying,
+        )
+        .await
+        .with_context(|| format!("data file '{}', for its equality deletes", e.path))?;
         positions.entry(e.path.clone()).or_default().extend(rows);
     }
     let mut files: Vec<String> = data.iter().map(|e| e.path.clone()).collect();
@@ -419,7 +432,7 @@ struct EqualityKeys {
 }
 
 impl EqualityKeys {
-    async fn of(file: Ranged, ids: &[i64], schema: &Schema) -> Result<EqualityKeys> {
+    async fn of(file: ObjectReader, ids: &[i64], schema: &Schema) -> Result<EqualityKeys> {
         let types = (ids.iter())
             .map(|&id| Ok(table_field(schema, id)?.data_type().clone()))
             .collect::<Result<Vec<_>>>()?;
@@ -441,7 +454,7 @@ impl EqualityKeys {
 /// The rows of a data file that equality deletes `applying` delete: its columns `ids` (every
 /// column any of them names) read batch by batch, each delete's keys made of its own.
 async fn deleted_rows(
-    file: Ranged,
+    file: ObjectReader,
     ids: &[i64],
     schema: &Schema,
     applying: &[&EqualityKeys],
@@ -476,7 +489,7 @@ fn table_field(schema: &Schema, id: i64) -> Result<&Field> {
 /// found by field id (by the table's name in a file written without field ids), null where the
 /// file has no such column (one added to the table after the file was written).
 async fn key_columns(
-    file: Ranged,
+    file: ObjectReader,
     ids: &[i64],
     schema: &Schema,
 ) -> Result<Vec<Vec<arrow::array::ArrayRef>>> {
@@ -518,55 +531,23 @@ async fn key_columns(
     Ok(out)
 }
 
-/// Ranged reads of one object of the table, for the columns equality deletes need.
-struct Ranged {
-    store: Arc<dyn ObjectStore>,
-    location: Path,
-    size: u64,
-}
-
-fn ranged(store: &Arc<dyn ObjectStore>, root: &Path, e: &Entry) -> Result<Ranged> {
+/// Reads of one object of the table, for the columns equality deletes need.
+fn ranged(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    e: &Entry,
+    stats: &Arc<crate::stats::Stats>,
+) -> Result<ObjectReader> {
     if e.size == 0 {
         bail!("the manifest gives '{}' no size", e.path);
     }
-    Ok(Ranged {
-        store: store.clone(),
-        location: crate::source::child(root, &e.path)?,
-        size: e.size,
-    })
-}
-
-impl parquet::arrow::async_reader::AsyncFileReader for Ranged {
-    fn get_bytes(
-        &mut self,
-        range: std::ops::Range<u64>,
-    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
-        use futures::FutureExt;
-        async move {
-            (self.store.get_range(&self.location, range).await)
-                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
-    ) -> futures::future::BoxFuture<
-        'a,
-        parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>,
-    > {
-        use futures::FutureExt;
-        async move {
-            let size = self.size;
-            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
-                .with_arrow_reader_options(options)
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(metadata))
-        }
-        .boxed()
-    }
+    let location = crate::source::child(root, &e.path)?;
+    Ok(ObjectReader::unpinned(
+        store.clone(),
+        location,
+        e.size,
+        stats.clone(),
+    ))
 }
 
 /// Where a manifest of data files (content 0) holds only partitions `filter` rules out, by the

@@ -4,12 +4,21 @@
 //! table. Their data files hold deleted and superseded rows, so a source that is a table is
 //! read as the table at a version, and a source inside one (a partition directory, a data
 //! file) is refused: a plain listing of its files would serve rows the table no longer has.
+//!
+//! The seam every table kind answers through ([`Kind::open`] → [`Table`]): which data files,
+//! with which partition values, statistics and deletes, at which version. Each kind is one
+//! file (`delta`, `iceberg`, `hudi`); a prefix that is no table is `listing`'s, a summary file
+//! `summary`'s, a snapshot `snapshot`'s. What follows is the same for all
+//! ([`crate::source::Source::over`]): the footers the files need, then the source.
 
+use crate::source::{delta, hudi, iceberg};
+use crate::stats::Stats;
 use anyhow::Result;
 use futures::StreamExt;
-use object_store::ObjectStore;
 use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore};
 use std::sync::Arc;
+use url::Url;
 
 /// A version of a table: a Delta version, an Iceberg snapshot id, a Hudi instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +62,38 @@ impl Kind {
             Kind::Delta => crate::source::delta::LOG,
             Kind::Iceberg => "metadata",
             Kind::Hudi => ".hoodie",
+        }
+    }
+}
+
+/// What a table kind is opened with: where the table is, what its root holds, and what the
+/// mount asks of it.
+pub(crate) struct Opening<'a> {
+    pub(crate) store: &'a Arc<dyn ObjectStore>,
+    /// The table's root as a URL, for the footers' keys.
+    pub(crate) url: &'a Url,
+    pub(crate) root: &'a Path,
+    /// Every object under the root, relative to it, in key order.
+    pub(crate) listed: &'a [(String, ObjectMeta)],
+    /// The metadata file the source named (an Iceberg `*.metadata.json`), relative to the root.
+    pub(crate) metadata: Option<&'a str>,
+    pub(crate) version: Option<crate::options::AsOf>,
+    /// `where=`: a kind that can rules files out before their footers are read.
+    pub(crate) filter: Option<&'a crate::source::filter::Filter>,
+    /// Footers kept between mounts, for a kind that reads one to find the schema.
+    pub(crate) footers: Option<&'a std::path::Path>,
+    pub(crate) stats: &'a Arc<Stats>,
+}
+
+impl Kind {
+    /// The table at the version asked for (its latest by default).
+    pub(crate) async fn open(self, at: &Opening<'_>) -> Result<Table> {
+        match self {
+            Kind::Delta => {
+                delta::read(at.store.clone(), at.root, at.version, at.filter.is_some()).await
+            }
+            Kind::Iceberg => iceberg::open(at).await,
+            Kind::Hudi => hudi::open(at).await,
         }
     }
 }

@@ -14,8 +14,13 @@
 //! libjpeg-turbo, the decoder OpenCV uses, so pixels are equal, not merely close.
 
 use crate::model::dtype::DType;
+use crate::source::whole_file_footer;
+use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The key of `_common_metadata`'s key-value metadata that holds the pickled Unischema.
 pub(crate) const UNISCHEMA_KEY: &str = "dataset-toolkit.unischema.v1";
@@ -990,6 +995,85 @@ pub(crate) fn decode_cell(field: &Field, codec: Codec, cell: &[u8]) -> Result<Ve
         );
     }
     Ok(decoded.data)
+}
+
+impl crate::source::Source {
+    /// Where no Unischema was stored, the one the cells show, if they show one.
+    pub(crate) async fn infer_unischema_if_none(&mut self) {
+        if self.unischema.is_none() {
+            self.unischema = self.infer_unischema().await;
+        }
+    }
+
+    /// Without a stored Unischema, binary columns whose first cell is one a Petastorm codec
+    /// writes (`.npy`, zip, PNG, JPEG) are read as such, with that cell's dtype and shape.
+    async fn infer_unischema(&self) -> Option<crate::source::petastorm::Unischema> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::DataType;
+        let schema = self.schema.clone();
+        let binary: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| {
+                matches!(
+                    schema.field(i).data_type(),
+                    DataType::Binary | DataType::LargeBinary
+                )
+            })
+            .collect();
+        if binary.is_empty() {
+            return None;
+        }
+        let (file, rg) = self.files.iter().enumerate().find_map(|(fi, f)| {
+            let rg = f.rg_rows.iter().position(|&rows| rows > 0)?;
+            Some((fi, rg))
+        })?;
+        let batch = self.read_row_group(file, rg, &binary).await.ok()?;
+        let fields: Vec<_> = binary
+            .iter()
+            .enumerate()
+            .filter_map(|(c, &i)| {
+                let column = batch.column(c);
+                let row = (0..column.len()).find(|&r| column.is_valid(r))?;
+                let cell = match column.data_type() {
+                    DataType::LargeBinary => column.as_binary::<i64>().value(row),
+                    _ => column.as_binary::<i32>().value(row),
+                };
+                let f = schema.field(i);
+                crate::source::petastorm::infer_field(f.name(), f.is_nullable(), cell)
+            })
+            .collect();
+        (!fields.is_empty()).then(|| crate::source::petastorm::Unischema {
+            name: String::new(),
+            fields,
+            inferred: true,
+        })
+    }
+}
+
+/// The Unischema in `_common_metadata` under `prefix`, where Petastorm wrote one.
+pub(crate) async fn read_unischema(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    stats: &Stats,
+) -> Result<Option<crate::source::petastorm::Unischema>> {
+    use crate::source::petastorm::{COMMON_METADATA, UNISCHEMA_KEY, parse_unischema};
+    let path = prefix.clone().join(COMMON_METADATA);
+    let bytes = match store.get(&path).await {
+        Ok(r) => r.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => bail!("'{path}' cannot be read: {e}"),
+    };
+    Stats::add(&stats.c.remote_requests, 1);
+    Stats::add(&stats.c.remote_bytes, bytes.len() as u64);
+    let footer = whole_file_footer(&bytes).with_context(|| format!("'{path}'"))?;
+    let metadata = &footer[..footer.len() - 8];
+    let Some(pickle) = crate::source::footer::key_value(metadata, UNISCHEMA_KEY)
+        .with_context(|| format!("'{path}' is not a readable Parquet metadata file"))?
+    else {
+        return Ok(None);
+    };
+    let unischema = parse_unischema(&pickle)
+        .with_context(|| format!("the Petastorm Unischema in '{path}' cannot be read"))?;
+    Ok(Some(unischema))
 }
 
 #[cfg(test)]

@@ -16,13 +16,17 @@
 
 use crate::source::catalog::{self, Catalog, Facts, NullFact, Object, Pinned, Summary};
 use crate::source::view::View;
-use crate::source::{Origin, Source};
+use crate::source::{Origin, Source, Where};
+use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
 use base64::Engine;
+use object_store::ObjectStore;
 use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
+use std::sync::Arc;
+use url::Url;
 
 const MAGIC: &[u8; 18] = b"tensorfs snapshot\n";
 /// The format's version: a change to what the body holds or means bumps it. Format 2 adds the
@@ -605,4 +609,57 @@ pub(crate) fn check_fingerprint(source: &Source, want: &str, cache_dir: &Path) -
         "source '{}' is dataset {have}, not {want} (fingerprint=): {what}",
         source.display
     )
+}
+
+impl Source {
+    /// The dataset a snapshot pinned, reached through `source` with these store options.
+    /// Nothing is listed, no footer is read.
+    pub(crate) fn pinned(
+        source: &str,
+        store_options: &[(String, String)],
+        pinned: Pinned,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        let (store, url, _) = Self::store_for(source, store_options)?;
+        Self::pinned_over(store, &url, source, pinned, footers, stats)
+    }
+
+    /// `Source::pinned` over any object store (`url`: the source's).
+    pub fn pinned_over(
+        store: Arc<dyn ObjectStore>,
+        url: &Url,
+        source: &str,
+        pinned: Pinned,
+        footers: Option<&std::path::Path>,
+        stats: Arc<Stats>,
+    ) -> Result<Source> {
+        if pinned_key(url) != pinned_key(&pinned.url) {
+            bail!(
+                "snapshot '{}' pins the dataset at '{}', not source '{source}'",
+                pinned.at,
+                pinned.url
+            );
+        }
+        let at = Where {
+            store,
+            url: pinned.url,
+            root: object_store::path::Path::parse(&pinned.root)?,
+            display: source.to_string(),
+            footers: footers.map(Into::into),
+            stats,
+        };
+        Source::new(at, pinned.catalog, Origin::Snapshot(pinned.at))
+    }
+}
+
+/// What a snapshot's source must match: its URL, where an Iceberg table named by a metadata
+/// file (as catalogs hand them out) is the same table whichever of its metadata files names
+/// it, its root.
+pub(crate) fn pinned_key(u: &Url) -> String {
+    let s = u.as_str().trim_end_matches('/');
+    match s.ends_with(".metadata.json") {
+        true => s.rsplitn(3, '/').nth(2).unwrap_or(s).to_string(),
+        false => s.to_string(),
+    }
 }
