@@ -137,6 +137,10 @@ counters!(
     /// Batches' rows of a tensor stored in the kernel's page cache of a one-open file ahead of
     /// its reader, while the daemon serves that file.
     rows_stored: Count,
+    /// Work the daemon has taken on and not finished: the follow-up of an answered open or
+    /// read, and what it started ahead (files built or stored, row groups decoded, a walk
+    /// through the next epoch). 0: nothing more is done until the next open or read.
+    work_pending: Level,
 );
 
 /// Stall times by power-of-two microseconds: bucket `b` counts stalls below 2^b µs.
@@ -162,7 +166,23 @@ impl Default for Stats {
     }
 }
 
+/// One unit of [`Counters::work_pending`], held by the work it stands for until that ends.
+pub(crate) struct Pending(std::sync::Arc<Stats>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.c.work_pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Stats {
+    /// Work taken on now, pending until the guard is dropped: taken before the work that
+    /// starts it ends, so the count never reads 0 while some of it is still to come.
+    pub(crate) fn pending(self: &std::sync::Arc<Self>) -> Pending {
+        Stats::add(&self.c.work_pending, 1);
+        Pending(self.clone())
+    }
+
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }

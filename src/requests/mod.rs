@@ -23,6 +23,7 @@ use crate::read::produce::ahead::Opening;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
 use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
+use crate::stats::Pending;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::fs::File;
@@ -61,8 +62,12 @@ impl Then {
         Then(None)
     }
 
-    fn after(f: impl FnOnce() + Send + 'static) -> Then {
-        Then(Some(Box::new(f)))
+    /// `f`, counted as work pending from now until it has run (or is dropped unrun).
+    fn after(pending: Pending, f: impl FnOnce() + Send + 'static) -> Then {
+        Then(Some(Box::new(move || {
+            f();
+            drop(pending);
+        })))
     }
 
     pub fn run(self) {
@@ -197,7 +202,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
     /// What follows an answered open of `t`: its reader followed ([`Serve::follow_open`]).
     fn follow_open(&self, t: Target) -> Then {
         let serve = self.serve().clone();
-        Then::after(move || serve.follow_open(t))
+        Then::after(serve.pending(), move || serve.follow_open(t))
     }
 
     /// A batch file of a shuffled epoch, read once: stored in the kernel's page cache (its
@@ -341,7 +346,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
                     if let Some((data, events)) = serve.read_all_at_hand(f, offset, size) {
                         return Answer::Now(
                             Ok(data),
-                            Then::after(move || serve.follow_all(events)),
+                            Then::after(serve.pending(), move || serve.follow_all(events)),
                         );
                     }
                 }
@@ -368,7 +373,10 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             && let Some((data, events)) = serve.read_all_at_hand(f, offset, size)
         {
             // As a batch file's read at hand above: the reader followed after the reply.
-            return Answer::Now(Ok(data), Then::after(move || serve.follow_all(events)));
+            return Answer::Now(
+                Ok(data),
+                Then::after(serve.pending(), move || serve.follow_all(events)),
+            );
         }
         let fs = self.fs.clone();
         let read = async move {

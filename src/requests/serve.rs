@@ -81,6 +81,11 @@ impl Serve {
         &self.stats
     }
 
+    /// Work taken on for a reader now (see [`Stats::pending`]).
+    pub(crate) fn pending(&self) -> crate::stats::Pending {
+        self.stats.pending()
+    }
+
     /// Bytes the read path holds in the daemon's memory.
     pub(crate) fn memory(&self) -> usize {
         self.builder.memory()

@@ -6,7 +6,6 @@ takes it). The bytes are the same as those the daemon serves: the batch files ba
 import glob
 import mmap
 import os
-import time
 
 import numpy as np
 import pytest
@@ -58,8 +57,8 @@ def test_the_next_epochs_all_files_are_built_ahead_and_served_from_them(mounter,
     assert s["ahead_files_built"] == 6, s
     raw = tfs.read_exact(m.p("epoch-2", "all.safetensors"))
     assert raw[tfs.DATA_OFFSET :] == tfs.concatenated(m, "epoch-2", N)
-    time.sleep(0.5)
-    assert tfs.stats(m)["ahead_files_built"] == 6
+    s = tfs.idle(m)
+    assert s["ahead_files_built"] == 6, s
     # Every epoch a permutation, read through the files built ahead.
     ids = np.load(m.p("epoch-2", "rank-2-of-3", "all", "id.npy"))
     assert len(set(ids.tolist())) == len(ids)
@@ -76,11 +75,7 @@ def test_the_npy_files_a_reader_reads_are_built_together(mounter, shuf_ds):
     assert s["ahead_files_built"] == 2 and s["ahead_skipped"] == 0, s
     # Opening epoch 1's files built ahead has epoch 2's built, both at once (counted from the
     # moment the work for epoch 0's reader has ended).
-    before, since = tfs.stats(m)["batches_built"], time.monotonic()
-    while time.monotonic() - since < 0.5:
-        time.sleep(0.05)
-        if tfs.stats(m)["batches_built"] != before:
-            before, since = tfs.stats(m)["batches_built"], time.monotonic()
+    before = tfs.idle(m)["batches_built"]
     got = {name: np.load(m.p("epoch-1", "all", f"{name}.npy")) for name in ("id", "x")}
     s = tfs.wait_ahead_built(m, 4)
     assert s["ahead_files_built"] == 4, s
@@ -107,15 +102,12 @@ def test_a_file_changed_after_it_was_built_is_not_served(mounter, shuf_ds):
 def test_nothing_is_built_ahead_without_prefetch_or_room(mounter, shuf_ds):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2", "prefetch=0")
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))
-    time.sleep(0.5)
-    assert tfs.stats(m)["ahead_files_built"] == 0
+    s = tfs.idle(m)
+    assert s["ahead_files_built"] == 0, s
     # A cache smaller than the file: not built, and the next epoch is served by the daemon.
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=2", "cache_size=16K")
     tfs.read_exact(m.p("epoch-0", "all.safetensors"))
-    deadline = time.monotonic() + 30
-    while tfs.stats(m)["ahead_skipped"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    s = tfs.stats(m)
+    s = tfs.idle(m)
     assert s["ahead_skipped"] == 1 and s["ahead_files_built"] == 0, s
     assert s["cache_bytes"] <= s["cache_capacity"], s
     raw = tfs.read_exact(m.p("epoch-1", "all.safetensors"))
@@ -189,10 +181,7 @@ def test_files_built_ahead_are_kept_for_a_later_mount_of_the_cache(mounter, shuf
     s = tfs.stats(b)
     assert s["ahead_opens"] == 2 and s["ahead_files_built"] == 0, s
     # Opening them had epoch 2's checked, not built again.
-    deadline = time.monotonic() + 30
-    while tfs.stats(b)["ahead_kept_checked"] < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    s = tfs.stats(b)
+    s = tfs.idle(b)
     assert s["ahead_kept_checked"] == 4 and s["ahead_files_built"] == 0, s
     assert s["cache_bytes"] <= s["cache_capacity"], s
     if s["passthrough_opens"] == 0:

@@ -619,7 +619,7 @@ def test_a_cold_epoch_writes_what_later_epochs_read_once(mounter, shuf_ds, shuff
     n = m.dataset()["batches_per_epoch"]
     for i in range(n):
         tfs.read_exact(m.p("epoch-0", f"{i:06d}.safetensors"))
-    s0 = tfs.settled(m, "cache_written_bytes")
+    s0 = tfs.idle(m)
     cols = on_disk(cache_paths(m.cache, "cols-*"))
     batches = on_disk(cache_paths(m.cache, "batches-*"))
     if shuffle == "none":
@@ -629,7 +629,7 @@ def test_a_cold_epoch_writes_what_later_epochs_read_once(mounter, shuf_ds, shuff
     assert s0["cache_written_bytes"] == cols + batches, (s0, cols, batches)
     for i in range(n):
         tfs.read_exact(m.p("epoch-1", f"{i:06d}.safetensors"))
-    s1 = tfs.settled(m, "cache_written_bytes")
+    s1 = tfs.idle(m)
     assert s1["cache_written_bytes"] == s0["cache_written_bytes"], (s0, s1)
 
 

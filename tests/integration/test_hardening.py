@@ -202,15 +202,7 @@ def test_64_concurrent_readers_under_eviction_and_memory_limit(mounter, big_ds):
     assert s["cache_evictions"] > 0, f"the cache never evicted: the test did not exercise eviction: {s}"
     # Walking the cache while prefetch still writes and evicts can count a file and its
     # replacement: measure once the counters stand still.
-    quiet, last = 0, None
-    for _ in range(100):
-        now = tfs.stats(m)
-        now = (now["batch_files_written"], now["cache_evictions"], now["cache_bytes"])
-        quiet = quiet + 1 if now == last else 0
-        last = now
-        if quiet >= 3:
-            break
-        time.sleep(0.1)
+    tfs.idle(m)
     used = data_size(m.cache)
     assert used <= limit_k * 1024, f"{used} bytes cached > cache_size {limit_k}K ({tfs.stats(m)})"
     assert peak[1] > 0, "RSS was never sampled"

@@ -77,7 +77,7 @@ def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_
     got = {**digests(k, rels(0)), **digests(k, rels(1))}
     # Reading epoch 1 had epoch 2's files built and stored in the page cache, from memory: no
     # batch file is written to the cache.
-    s = tfs.settled(k, "page_cache_stores", quiet=1, limit=60)
+    s = tfs.idle(k)
     assert s["page_cache_stores"] >= 2 * n, s
     assert s["batch_files_written"] == 0, s
     assert not list((k.cache / "v1").glob("batches-*/epoch-*/*.safetensors"))
@@ -107,10 +107,10 @@ def test_batch_files_stored_ahead_are_made_known_by_listings_not_a_lookup_each(m
     ref = mounter(shuf_ds.path, *opts, "prefetch=0")
     rels = lambda e: [f"epoch-{e}/{tfs.batch_name(i)}.safetensors" for i in range(n)]  # noqa: E731
     got = digests(m, rels(0))
-    before = tfs.settled(m, "page_cache_stores", quiet=1, limit=60)
+    before = tfs.idle(m)
     for e in (1, 2):
         got.update(digests(m, rels(e)))
-        tfs.settled(m, "page_cache_stores", quiet=1, limit=60)
+        tfs.idle(m)
     after = tfs.stats(m)
     lookups = after["lookups"] - before["lookups"]
     print(f"epochs 1-2 ({2 * n} files, epochs 2-3 stored ahead): {lookups} lookups")
@@ -168,7 +168,7 @@ def test_per_tensor_files_are_stored_with_a_lookup_per_batch_not_per_file(mounte
     rels = [f"{d}/{name}.npy" for d in dirs for name in names]
     before = tfs.stats(k)["lookups"]
     got = digests(k, rels)
-    lookups = tfs.settled(k, "page_cache_stores", quiet=1, limit=60)["lookups"] - before
+    lookups = tfs.idle(k)["lookups"] - before
     print(f"{len(rels)} files in {len(dirs)} directories: {lookups} lookups")
     assert lookups < len(rels) // 4, lookups
     assert got == digests(ref, rels)

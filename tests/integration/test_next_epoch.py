@@ -64,8 +64,7 @@ def test_the_next_epochs_batch_files_are_built_ahead_and_read_warm(mounter, shuf
     s = wait_built(m, 2 * (N - DEPTH))
     assert s["next_epoch_files_built"] >= 2 * (N - DEPTH), s
     got.update(read_warm(m, "epoch-2", N))
-    time.sleep(0.5)
-    s = tfs.stats(m)
+    s = tfs.idle(m)
     assert s["next_epoch_files_built"] <= 2 * N, s
     # Read once, none was written to the local cache.
     assert s["batch_files_written"] == 0 and not any(cached(m, e) for e in range(4)), s
@@ -84,9 +83,8 @@ def test_a_rank_view_has_its_own_batches_of_the_next_epoch_built(mounter, shuf_d
     rank, n = "rank-1-of-3", m.dataset()["batches_per_epoch"] // 3
     assert n == 7
     read_batches(m, f"epoch-0/{rank}", n)
-    s = wait_built(m, n - DEPTH)
-    time.sleep(0.3)
-    s = tfs.stats(m)
+    wait_built(m, n - DEPTH)
+    s = tfs.idle(m)
     assert n - DEPTH <= s["next_epoch_files_built"] <= n, s
     got = read_warm(m, f"epoch-1/{rank}", n)
     assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
@@ -98,9 +96,8 @@ def test_only_the_files_a_reader_opens_are_built_ahead(mounter, shuf_ds):
     m = mounter(shuf_ds.path, *opts)
     ref = mounter(shuf_ds.path, *opts, "prefetch=0")
     read_batches(m, "epoch-0", N, "{}/x.npy")
-    s = wait_built(m, N - DEPTH)
-    time.sleep(0.3)
-    s = tfs.stats(m)
+    wait_built(m, N - DEPTH)
+    s = tfs.idle(m)
     assert N - DEPTH <= s["next_epoch_files_built"] <= N, s
     got = read_warm(m, "epoch-1", N, "{}/x.npy")
     assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
@@ -110,8 +107,7 @@ def test_only_the_files_a_reader_opens_are_built_ahead(mounter, shuf_ds):
 def test_nothing_is_built_ahead_where_epochs_share_their_files_or_prefetch_is_off(mounter, shuf_ds, option):
     m = mounter(shuf_ds.path, f"batch_size={BS}", "epochs=3", option)
     read_batches(m, "epoch-0", N)
-    time.sleep(1)
-    s = tfs.stats(m)
+    s = tfs.idle(m)
     assert s["next_epoch_files_built"] == 0, s
     assert not cached(m, 1), cached(m, 1)
 
@@ -133,7 +129,7 @@ def test_shuffled_epochs_write_no_batch_file_unless_warm_asks(mounter, shuf_ds):
         for name in ("{}.safetensors", "{}/x.npy", "{}/id.npy"):
             got = read_batches(m, f"epoch-{e}", N, name)
             assert got == {rel: tfs.sha256(ref.p(rel)) for rel in got}
-        tfs.settled(m, "next_epoch_files_built", limit=10)
+        tfs.idle(m)
     s = tfs.stats(m)
     assert s["batch_files_written"] == 0 and not any(cached(m, e, "*") for e in range(3)), s
     assert s["row_groups_decoded"] == 13, s

@@ -550,18 +550,18 @@ def stats(m: "Mount") -> dict:
     raise AssertionError("stats.json never parsed")
 
 
-def settled(m: "Mount", key: str, quiet: float = 0.5, limit: float = 30) -> dict:
-    """The mount's counters once KEY has not moved for QUIET seconds (work behind the reads
-    done), or as they are after LIMIT seconds."""
-    last, since, deadline = None, time.monotonic(), time.monotonic() + limit
+def idle(m: "Mount", limit: float = 90) -> dict:
+    """The mount's counters once it has no work pending (`work_pending` 0: every open's and
+    read's follow-up run, and what it started ahead ended): nothing more is built until the
+    next open or read. Fails after LIMIT seconds (a walk through the next epoch that waits for
+    its reader gives up after 30)."""
+    deadline = time.monotonic() + limit
     while True:
-        s, now = stats(m), time.monotonic()
-        if s[key] != last:
-            last, since = s[key], now
-        elif now - since >= quiet:
+        s = stats(m)
+        if s["work_pending"] == 0:
             return s
-        if now > deadline:
-            return s
+        if time.monotonic() > deadline:
+            raise AssertionError(f"work still pending after {limit} s: {s}")
         time.sleep(0.05)
 
 

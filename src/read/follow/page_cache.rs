@@ -372,17 +372,21 @@ pub(crate) struct RowsToStore {
 /// queue is short: the rows it holds are kept in memory outside the budget, so rows that find
 /// it full are not stored (their reader reads them from the daemon).
 pub(crate) struct RowStores {
-    jobs: Mutex<std::sync::mpsc::SyncSender<RowsToStore>>,
+    jobs: Mutex<std::sync::mpsc::SyncSender<(RowsToStore, crate::stats::Pending)>>,
     stored: Mutex<LruCache<(Batches, u64, FileKind, usize), ()>>,
+    stats: Arc<Stats>,
 }
 
 impl RowStores {
     pub(crate) fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<RowsToStore>(QUEUED_ROWS);
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_ROWS);
+        let counted = stats.clone();
         std::thread::Builder::new()
             .name("tensorfs-store".into())
             .spawn(move || {
-                for job in rx {
+                for (job, _pending) in rx {
+                    let job: RowsToStore = job;
+                    let stats = &counted;
                     match page_cache.store_rows(&job) {
                         Ok(true) => Stats::add(&stats.c.rows_stored, 1),
                         Ok(false) => {}
@@ -396,6 +400,7 @@ impl RowStores {
             stored: Mutex::new(LruCache::new(
                 NonZeroUsize::new(REMEMBERED).expect("not zero"),
             )),
+            stats,
         })
     }
 
@@ -410,7 +415,7 @@ impl RowStores {
     }
 
     pub(crate) fn store(&self, job: RowsToStore) {
-        let _ = self.jobs.lock().unwrap().try_send(job);
+        let _ = (self.jobs.lock().unwrap()).try_send((job, self.stats.pending()));
     }
 }
 

@@ -205,7 +205,9 @@ impl Prefetcher {
                 let materializer = self.materializer.clone();
                 let scheduled = self.scheduled.clone();
                 Stats::add(&self.stats.c.prefetch_scheduled, 1);
+                let pending = self.stats.pending();
                 self.runtime.spawn(async move {
+                    let _pending = pending;
                     if let Err(e) = materializer.prefetch(item).await {
                         tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
                     }
@@ -239,7 +241,9 @@ impl Prefetcher {
         }
         let (page_cache, layout) = (page_cache.clone(), self.layout.clone());
         let (kinds, naming) = (kinds.to_vec(), self.naming.clone());
+        let pending = self.stats.pending();
         self.runtime.spawn_blocking(move || {
+            let _pending = pending;
             // Done with `dir` however this ends.
             let _naming = Naming(naming, dir);
             for (d, j) in unnamed {
@@ -259,7 +263,9 @@ impl Prefetcher {
         }
         let filler = self.filler.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
+        let pending = self.stats.pending();
         self.runtime.spawn(async move {
+            let _pending = pending;
             // Its reader reads it from the daemon instead (the same bytes), and meets any
             // error of the build there; a store fails as a mount goes away.
             if let Err(e) = filler.fill(dir, j, kind, from).await {
@@ -312,12 +318,14 @@ impl Prefetcher {
         Stats::add(&self.stats.c.prefetch_scheduled, todo.len() as u64);
         let (filler, runtime) = (self.filler.clone(), self.runtime.clone());
         let pool = self.builder.clone();
+        let pending = self.stats.pending();
         pool.pool().spawn(move || {
             let (_, left) = filler.fill_here(todo);
             if left.is_empty() {
                 return;
             }
             runtime.spawn(async move {
+                let _pending = pending;
                 if let Err(e) = filler.fill_left(left).await {
                     // Its reader builds it on its open, and meets the error there.
                     tracing::debug!("prefetch: {}", crate::describe(&e));
@@ -354,7 +362,9 @@ impl Prefetcher {
         }
         let scheduled = self.scheduled.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
+        let pending = self.stats.pending();
         self.runtime.spawn(async move {
+            let _pending = pending;
             match builder.tensor(b, t).await {
                 Ok(_) => store(&builder),
                 Err(e) => tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e)),
@@ -388,7 +398,9 @@ impl Prefetcher {
             return;
         }
         let builder = self.builder.clone();
+        let pending = self.stats.pending();
         self.runtime.spawn(async move {
+            let _pending = pending;
             if let Err(e) = builder.warm_row_groups(&fresh).await {
                 tracing::warn!(
                     "prefetch of the row groups of (epoch, batch) {:?}: {}",
@@ -414,7 +426,9 @@ impl Prefetcher {
             return;
         }
         let builder = self.builder.clone();
+        let pending = self.stats.pending();
         self.runtime.spawn(async move {
+            let _pending = pending;
             if let Err(e) = builder.warm_blocks(&wanted).await {
                 tracing::warn!(
                     "prefetch of the blocks of (epoch, batch) {:?}: {}",
@@ -728,7 +742,9 @@ impl NextEpoch {
         walks.insert(dir.chain(), Walk { dir: next, state });
         drop(walks);
         let (me, kinds) = (self.clone(), kinds.to_vec());
+        let pending = self.stats.pending();
         runtime.spawn(async move {
+            let _pending = pending;
             let end = me.walk(dir, next, &kinds, from, &pace).await;
             let mut walks = me.walks.lock().unwrap();
             if let Some(w) = walks.get_mut(&next.chain())

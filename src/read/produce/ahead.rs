@@ -565,9 +565,11 @@ impl Ahead {
             progress: progress.clone(),
         };
         let files = self.files.clone();
+        let pending = self.stats.pending();
         let spawned = std::thread::Builder::new()
             .name("tensorfs-ahead".into())
             .spawn(move || {
+                let _pending = pending;
                 let built: Vec<(Key, Result<Option<Built>>)> = match work {
                     // A thread of its own in SCHED_IDLE: the build takes only CPU time nothing
                     // else wants (its gathers run on the workers, which are idle-class too while
