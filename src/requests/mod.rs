@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::read::produce::ahead::Opening;
 use crate::requests::fs::{Fs, Openable};
 use crate::requests::open_files::{Mode, OpenFiles, ReadFrom};
-use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
+use crate::requests::serve::{AllFile, BatchFile, BatchOpening, Serve, Target};
 use crate::stats::Pending;
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -51,6 +51,14 @@ pub enum Served<Id> {
 pub struct Opened<Id> {
     pub fh: u64,
     pub served: Served<Id>,
+}
+
+/// The open of a batch file being answered: its inode, its handle, the file's size.
+#[derive(Clone, Copy)]
+struct Open {
+    ino: u64,
+    fh: u64,
+    size: u64,
 }
 
 /// What to do once the kernel has its answer.
@@ -155,48 +163,43 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             }
             // Its bytes never change: the kernel keeps them cached across opens.
             Openable::Fixed => now(registrar, opened(Served::Cached)),
-            Openable::Concatenated => match self.fs.target(ino) {
-                Some(Target::All(f)) => self.open_concatenated(f, ino, fh, registrar),
-                _ => now(registrar, Err(Error::answer(libc::EIO))),
-            },
-            Openable::Batch => match self.fs.target(ino) {
-                Some(Target::Batch(f)) => self.open_batch(f, ino, fh, registrar),
-                _ => now(registrar, Err(Error::answer(libc::EIO))),
-            },
+            Openable::All(f) => self.open_all_file(f, ino, fh, registrar),
+            Openable::Batch(f, size) => self.open_batch(f, Open { ino, fh, size }, registrar),
         }
     }
 
-    /// Batch file `f` (inode `ino`): already materialised (the usual case, with the prefetcher
+    /// Batch file `f` (`at`): already materialised (the usual case, with the prefetcher
     /// ahead) answered at once, not behind the building work queued on the worker pool; else
     /// once built.
     fn open_batch<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
         f: BatchFile,
-        ino: u64,
-        fh: u64,
+        at: Open,
         registrar: R,
     ) -> Answer<(R, Result<Opened<Id>>)> {
         let started = std::time::Instant::now();
-        let span = tracing::debug_span!("open", ino);
-        if let Some(file) = span.in_scope(|| self.serve().materialized(f)) {
-            let opened = self.answer_batch(ino, fh, Some(file), &registrar, started);
-            return Answer::Now((registrar, Ok(opened)), self.follow_open(Target::Batch(f)));
+        let span = tracing::debug_span!("open", ino = at.ino);
+        match span.in_scope(|| self.serve().open_batch(f)) {
+            BatchOpening::Ready(file) => {
+                let opened = self.answer_batch(at, Some(file), &registrar, started);
+                Answer::Now((registrar, Ok(opened)), self.follow_open(Target::Batch(f)))
+            }
+            BatchOpening::StoredByOpen => self.open_stored(f, at, registrar, started, span),
+            BatchOpening::Build => {
+                let this = self.clone();
+                let built = async move {
+                    let opened = match this.serve().materialize(f).await {
+                        Ok(file) => {
+                            let file = file.map(|(file, _)| Arc::new(file));
+                            Ok(this.answer_batch(at, file, &registrar, started))
+                        }
+                        Err(e) => Err(e),
+                    };
+                    ((registrar, opened), Then::nothing())
+                };
+                Answer::Later(built.instrument(span).boxed())
+            }
         }
-        if self.serve().stored_by_opens(f) {
-            return self.open_stored(f, ino, fh, registrar, started, span);
-        }
-        let this = self.clone();
-        let built = async move {
-            let opened = match this.serve().materialize(f).await {
-                Ok(file) => {
-                    let file = file.map(|(file, _)| Arc::new(file));
-                    Ok(this.answer_batch(ino, fh, file, &registrar, started))
-                }
-                Err(e) => Err(e),
-            };
-            ((registrar, opened), Then::nothing())
-        };
-        Answer::Later(built.instrument(span).boxed())
     }
 
     /// What follows an answered open of `t`: its reader followed ([`Serve::follow_open`]).
@@ -212,22 +215,22 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
     fn open_stored<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
         f: BatchFile,
-        ino: u64,
-        fh: u64,
+        at: Open,
         registrar: R,
         started: std::time::Instant,
         span: tracing::Span,
     ) -> Answer<(R, Result<Opened<Id>>)> {
+        let ino = at.ino;
         let unopened = self.open_files.unopened(ino);
         if span.in_scope(|| self.serve().store_at_hand(f, ino, unopened)) {
-            let opened = self.answer_batch(ino, fh, None, &registrar, started);
+            let opened = self.answer_batch(at, None, &registrar, started);
             return Answer::Now((registrar, Ok(opened)), self.follow_open(Target::Batch(f)));
         }
         let this = self.clone();
         let built = async move {
             let unopened = || this.open_files.unopened(ino);
             let opened = match this.serve().store_built(f, ino, unopened).await {
-                Ok(()) => Ok(this.answer_batch(ino, fh, None, &registrar, started)),
+                Ok(()) => Ok(this.answer_batch(at, None, &registrar, started)),
                 Err(e) => Err(e),
             };
             ((registrar, opened), Then::nothing())
@@ -237,23 +240,21 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
 
     fn answer_batch<R: Registrar<Id = Id>>(
         &self,
-        ino: u64,
-        fh: u64,
+        at: Open,
         file: Option<Arc<File>>,
         registrar: &R,
         started: std::time::Instant,
     ) -> Opened<Id> {
-        let served = self.served(ino, fh, file, registrar);
+        let served = self.served(at.ino, at.fh, file, registrar);
         let by_passthrough = matches!(served, Served::Passthrough(_));
-        let size = self.fs.getattr(ino).map_or(0, |a| a.size);
-        self.serve().opened(size, started.elapsed(), by_passthrough);
-        Opened { fh, served }
+        (self.serve()).opened(at.size, started.elapsed(), by_passthrough);
+        Opened { fh: at.fh, served }
     }
 
     /// `all.safetensors`, `all/NAME.npy` (`f`, inode `ino`): from the file built ahead where
     /// there is one (waiting for a build near its end), else by the daemon; a reader that has
     /// the file built has the next epoch's built meanwhile.
-    fn open_concatenated<R: Registrar<Id = Id>>(
+    fn open_all_file<R: Registrar<Id = Id>>(
         self: &Arc<Self>,
         f: AllFile,
         ino: u64,

@@ -46,6 +46,16 @@ pub(crate) enum Target {
 }
 
 /// What serving needs of the read path.
+/// What an open of a batch file finds ([`Serve::open_batch`]).
+pub(crate) enum BatchOpening {
+    /// Materialised on the local cache: its backing file.
+    Ready(Arc<File>),
+    /// A file read once (a shuffled epoch's): stored in the kernel's page cache by its open.
+    StoredByOpen,
+    /// To be materialised first.
+    Build,
+}
+
 pub struct Serve {
     materializer: Arc<Materializer>,
     builder: Arc<Builder>,
@@ -118,7 +128,18 @@ impl Serve {
 
     /// A batch file's backing file if it is materialised already (checked), without waiting;
     /// the caller follows the reader ([`Serve::follow_open`]) once it answered.
-    pub(crate) fn materialized(&self, f: BatchFile) -> Option<Arc<File>> {
+    /// What an open of batch file `f` finds: one question of the facade per open.
+    pub(crate) fn open_batch(&self, f: BatchFile) -> BatchOpening {
+        if let Some(file) = self.materialized(f) {
+            return BatchOpening::Ready(file);
+        }
+        match self.stored_by_opens(f) {
+            true => BatchOpening::StoredByOpen,
+            false => BatchOpening::Build,
+        }
+    }
+
+    fn materialized(&self, f: BatchFile) -> Option<Arc<File>> {
         self.materializer.ready(self.item(f))
     }
 
@@ -149,7 +170,7 @@ impl Serve {
     /// Whether batch file `f` is stored in the page cache by its opens, not written. Not a file
     /// the cache holds (one `tensorfs warm` or a GPUDirect reader asked for), which its open
     /// checks and reads by passthrough.
-    pub(crate) fn stored_by_opens(&self, f: BatchFile) -> bool {
+    fn stored_by_opens(&self, f: BatchFile) -> bool {
         let filler = self.prefetcher.filler();
         filler.on() && !filler.tripwires() && !self.materializer.contains(self.item(f))
     }

@@ -116,16 +116,17 @@ pub struct DirEntry {
     pub name: String,
 }
 
-/// How an openable file is served.
+/// What an open of a regular file opens, found with one decode of its inode.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Openable {
-    /// A batch file: materialised and passed through, or served by the daemon.
-    Batch,
+    /// A batch file (of this size): materialised and passed through, or served by the daemon.
+    Batch(BatchFile, u64),
     /// dataset.json: fixed for the mount's life.
     Fixed,
-    /// `all.safetensors`, `all/NAME.npy`: from the file built ahead ([`crate::read::produce::ahead`]) where
-    /// there is one, else served by the daemon from the batches a read spans.
-    Concatenated,
+    /// A one-open file (`all.safetensors`, `all/NAME.npy`): from the file built ahead
+    /// ([`crate::read::produce::ahead`]) where there is one, else served by the daemon from
+    /// the batches a read spans.
+    All(AllFile),
     /// stats.json: new content on every open.
     Live(Vec<u8>),
 }
@@ -406,7 +407,10 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
-        let node = self.node(ino)?;
+        self.attr(ino, self.node(ino)?)
+    }
+
+    fn attr(&self, ino: u64, node: Node) -> Result<Attr> {
         let (kind, size) = match node {
             Node::Root | Node::Meta | Node::Gds | Node::Dir(_) | Node::BatchDir(..) => {
                 (Kind::Dir, 0)
@@ -630,18 +634,21 @@ impl Fs {
     /// What `open` may open: a regular file, or `EISDIR`/`ELOOP`.
     pub(crate) fn openable(&self, ino: u64) -> Result<Openable> {
         let node = self.node(ino)?;
-        match self.getattr(ino)?.kind {
+        let attr = self.attr(ino, node)?;
+        match attr.kind {
             Kind::Dir => Err(Error::answer(libc::EISDIR)),
             Kind::Symlink => Err(Error::answer(libc::ELOOP)),
-            Kind::File => Ok(match node {
-                Node::StatsJson => Openable::Live(self.stats_json()),
+            Kind::File => match node {
+                Node::StatsJson => Ok(Openable::Live(self.stats_json())),
                 Node::DatasetJson if self.touched_at.is_some() => {
-                    Openable::Live(self.dataset_json())
+                    Ok(Openable::Live(self.dataset_json()))
                 }
-                Node::DatasetJson => Openable::Fixed,
-                Node::AllSafetensors(_) | Node::AllNpy(..) => Openable::Concatenated,
-                _ => Openable::Batch,
-            }),
+                Node::DatasetJson => Ok(Openable::Fixed),
+                Node::AllSafetensors(_) | Node::AllNpy(..) => {
+                    self.all_file_of(node).map(Openable::All).ok_or_else(enoent)
+                }
+                _ => Ok(Openable::Batch(self.batch_file_of(node)?, attr.size)),
+            },
         }
     }
 
