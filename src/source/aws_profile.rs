@@ -11,8 +11,14 @@
 //! options or the environment give wins, as in the CLI, except that a profile named by the
 //! mount option wins over the environment's keys.
 //!
-//! `role_arn` (a role assumed through STS) is not done: such a profile is refused in one line
-//! saying how to hand its credentials over instead.
+//! `role_arn` assumes a role through STS (`AssumeRole`, signed with Signature Version 4) with
+//! the credentials of `source_profile` (its keys, its `credential_process`, or a role it
+//! assumes in turn) or of the environment (`credential_source = Environment`), taking
+//! `role_session_name`, `external_id` and `duration_seconds`; the role's credentials are asked
+//! for again before they expire. STS is reached at `AWS_ENDPOINT_URL_STS`, else
+//! `AWS_ENDPOINT_URL`, else the profile's `endpoint_url`, else `sts.REGION.amazonaws.com`.
+//! Other `credential_source`s (instance metadata, a container's) and SSO profiles are refused
+//! in one line.
 
 use anyhow::{Context, Result, anyhow, bail};
 use object_store::CredentialProvider;
@@ -146,6 +152,21 @@ pub(crate) fn apply(builder: AmazonS3Builder, option: Option<&str>) -> Result<Am
     if keyed && option.is_none() {
         return Ok(b);
     }
+    match credentials(&profile, 0)? {
+        Some(provider) => Ok(b.with_credentials(provider)),
+        None => Ok(b),
+    }
+}
+
+type Provider = Arc<dyn CredentialProvider<Credential = AwsCredential>>;
+
+/// How many profiles a chain of `role_arn`s may pass through (the CLI refuses loops too).
+const MAX_CHAIN: usize = 8;
+
+/// What `profile` gives credentials by: its keys, its `credential_process`, or a role it
+/// assumes; `None` where it gives none (object_store's own chain then applies).
+fn credentials(profile: &Profile, depth: usize) -> Result<Option<Provider>> {
+    let name = &profile.name;
     if let (Some(id), Some(secret)) = (
         profile.get("aws_access_key_id"),
         profile.get("aws_secret_access_key"),
@@ -155,23 +176,27 @@ pub(crate) fn apply(builder: AmazonS3Builder, option: Option<&str>) -> Result<Am
             secret_key: secret.to_string(),
             token: profile.get("aws_session_token").map(str::to_string),
         };
-        let fixed = object_store::StaticCredentialProvider::new(credential);
-        return Ok(b.with_credentials(Arc::new(fixed)));
+        return Ok(Some(Arc::new(object_store::StaticCredentialProvider::new(
+            credential,
+        ))));
     }
     if let Some(command) = profile.get("credential_process") {
         let process = ProcessCredentials {
-            profile: profile.name.clone(),
+            profile: name.clone(),
             command: command.to_string(),
             held: Mutex::new(None),
         };
-        return Ok(b.with_credentials(Arc::new(process)));
+        return Ok(Some(Arc::new(process)));
     }
     if let Some(role) = profile.get("role_arn") {
+        return Ok(Some(Arc::new(AssumedRole::of(profile, role, depth)?)));
+    }
+    if profile.get("sso_session").is_some() || profile.get("sso_start_url").is_some() {
         bail!(
-            "AWS profile '{name}' assumes role {role} (role_arn), which tensorfs does not do: give the role's credentials in the environment, as `eval \"$(aws configure export-credentials --profile {name} --format env)\"` does"
+            "AWS profile '{name}' signs in through SSO, which tensorfs does not do: give its credentials in the environment, as `eval \"$(aws configure export-credentials --profile {name} --format env)\"` does"
         );
     }
-    Ok(b)
+    Ok(None)
 }
 
 /// How long before its expiry a credential is asked for again, in seconds.
@@ -256,6 +281,274 @@ impl CredentialProvider for ProcessCredentials {
     }
 }
 
+/// A role assumed through STS with a source profile's (or the environment's) credentials, held
+/// until shortly before they expire.
+struct AssumedRole {
+    profile: String,
+    role: String,
+    session: String,
+    external_id: Option<String>,
+    duration: Option<String>,
+    region: String,
+    endpoint: url::Url,
+    source: Provider,
+    held: Mutex<Option<(Arc<AwsCredential>, Option<i64>)>>,
+}
+
+impl std::fmt::Debug for AssumedRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (f.debug_struct("AssumedRole"))
+            .field("profile", &self.profile)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AssumedRole {
+    fn of(profile: &Profile, role: &str, depth: usize) -> Result<AssumedRole> {
+        let name = &profile.name;
+        if depth >= MAX_CHAIN {
+            bail!("AWS profile '{name}': its roles' source profiles go round in a loop");
+        }
+        let source: Provider = match (
+            profile.get("source_profile"),
+            profile.get("credential_source"),
+        ) {
+            (Some(_), Some(_)) => bail!(
+                "AWS profile '{name}' gives both source_profile and credential_source: give one"
+            ),
+            (Some(source), None) => {
+                let from = load(source)?.ok_or_else(|| {
+                    anyhow!("AWS profile '{name}': its source_profile '{source}' is in neither the credentials nor the config file")
+                })?;
+                // A source profile that is the profile itself gives its own keys (the CLI's
+                // way of naming a role's long-term keys beside it).
+                let from = match source == name.as_str() {
+                    true => Profile {
+                        name: from.name,
+                        keys: (from.keys.into_iter())
+                            .filter(|(k, _)| k != "role_arn")
+                            .collect(),
+                    },
+                    false => from,
+                };
+                credentials(&from, depth + 1)?.ok_or_else(|| {
+                    anyhow!(
+                        "AWS profile '{name}': its source_profile '{source}' gives no credentials"
+                    )
+                })?
+            }
+            (None, Some(how)) if how.eq_ignore_ascii_case("Environment") => {
+                let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+                let (Some(id), Some(secret)) =
+                    (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
+                else {
+                    bail!(
+                        "AWS profile '{name}' takes its credentials from the environment (credential_source = Environment), which has no AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                    );
+                };
+                let credential = AwsCredential {
+                    key_id: id,
+                    secret_key: secret,
+                    token: var("AWS_SESSION_TOKEN"),
+                };
+                Arc::new(object_store::StaticCredentialProvider::new(credential))
+            }
+            (None, Some(how)) => bail!(
+                "AWS profile '{name}' assumes role {role} with credentials from {how} (credential_source), which tensorfs does not read: use source_profile, or credential_source = Environment"
+            ),
+            (None, None) => bail!(
+                "AWS profile '{name}' assumes role {role} but names no source_profile or credential_source"
+            ),
+        };
+        let region = (profile.get("sts_region").or(profile.get("region")))
+            .map(str::to_string)
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| "us-east-1".into());
+        let endpoint = (std::env::var("AWS_ENDPOINT_URL_STS").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .filter(|e| !e.is_empty())
+            .or_else(|| profile.get("endpoint_url").map(str::to_string))
+            .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
+        let endpoint = url::Url::parse(&endpoint)
+            .map_err(|e| anyhow!("AWS profile '{name}': STS endpoint '{endpoint}': {e}"))?;
+        Ok(AssumedRole {
+            profile: name.clone(),
+            role: role.to_string(),
+            session: (profile.get("role_session_name").map(str::to_string))
+                .unwrap_or_else(|| format!("tensorfs-{}", now())),
+            external_id: profile.get("external_id").map(str::to_string),
+            duration: profile.get("duration_seconds").map(str::to_string),
+            region,
+            endpoint,
+            source,
+            held: Mutex::new(None),
+        })
+    }
+
+    /// One `AssumeRole` call: the role's credential, and when it expires.
+    async fn assume(&self) -> Result<(AwsCredential, Option<i64>)> {
+        let what = || {
+            format!(
+                "AWS profile '{}': assuming role {}",
+                self.profile, self.role
+            )
+        };
+        let source = (self.source.get_credential().await).with_context(what)?;
+        let body = {
+            let mut form = url::form_urlencoded::Serializer::new(String::new());
+            form.append_pair("Action", "AssumeRole")
+                .append_pair("Version", "2011-06-15")
+                .append_pair("RoleArn", &self.role)
+                .append_pair("RoleSessionName", &self.session);
+            if let Some(id) = &self.external_id {
+                form.append_pair("ExternalId", id);
+            }
+            if let Some(d) = &self.duration {
+                form.append_pair("DurationSeconds", d);
+            }
+            form.finish()
+        };
+        let host = match (self.endpoint.host_str(), self.endpoint.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            (None, _) => bail!("{}: STS endpoint '{}' names no host", what(), self.endpoint),
+        };
+        let at = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+        let signed = sigv4(&source, &self.region, "sts", &host, &body, &at);
+        crate::source::install_tls_provider();
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .with_context(what)?;
+        let mut request = (client.post(self.endpoint.clone()))
+            .header("content-type", FORM)
+            .header("x-amz-date", &at)
+            .header("authorization", signed);
+        if let Some(token) = &source.token {
+            request = request.header("x-amz-security-token", token);
+        }
+        let reply = request.body(body).send().await.with_context(what)?;
+        let status = reply.status();
+        let text = reply.text().await.with_context(what)?;
+        if !status.is_success() {
+            let why = match (xml_text(&text, "Code"), xml_text(&text, "Message")) {
+                (Some(c), Some(m)) => format!("{c}: {m}"),
+                (Some(c), None) => c,
+                _ => text.lines().next().unwrap_or("").to_string(),
+            };
+            bail!("{}: STS answered {status}: {why}", what());
+        }
+        let (Some(id), Some(secret)) = (
+            xml_text(&text, "AccessKeyId"),
+            xml_text(&text, "SecretAccessKey"),
+        ) else {
+            bail!("{}: STS's answer holds no credentials", what());
+        };
+        let expires = xml_text(&text, "Expiration")
+            .and_then(|e| chrono::DateTime::parse_from_rfc3339(&e).ok())
+            .map(|e| e.timestamp());
+        let credential = AwsCredential {
+            key_id: id,
+            secret_key: secret,
+            token: xml_text(&text, "SessionToken"),
+        };
+        Ok((credential, expires))
+    }
+}
+
+#[async_trait::async_trait]
+impl CredentialProvider for AssumedRole {
+    type Credential = AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
+        if let Some((c, expires)) = self.held.lock().unwrap().as_ref()
+            && expires.is_none_or(|e| e - RENEW_BEFORE > now())
+        {
+            return Ok(c.clone());
+        }
+        let (credential, expires) =
+            self.assume()
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "S3",
+                    source: e.into(),
+                })?;
+        let credential = Arc::new(credential);
+        *self.held.lock().unwrap() = Some((credential.clone(), expires));
+        Ok(credential)
+    }
+}
+
+/// The content type of an STS query (form-encoded POST).
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// The `Authorization` header of a form POST to `/` of `service` at `host`, signed with
+/// Signature Version 4 at time `at` (`YYYYMMDDTHHMMSSZ`).
+fn sigv4(
+    c: &AwsCredential,
+    region: &str,
+    service: &str,
+    host: &str,
+    body: &str,
+    at: &str,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let hex = |b: &[u8]| crate::source::hex(b);
+    let mut headers = vec![
+        ("content-type", FORM.to_string()),
+        ("host", host.to_string()),
+        ("x-amz-date", at.to_string()),
+    ];
+    if let Some(token) = &c.token {
+        headers.push(("x-amz-security-token", token.clone()));
+    }
+    let canonical_headers: String = (headers.iter())
+        .map(|(k, v)| format!("{k}:{v}\n"))
+        .collect();
+    let signed: Vec<&str> = headers.iter().map(|(k, _)| *k).collect();
+    let signed = signed.join(";");
+    let request = format!(
+        "POST\n/\n\n{canonical_headers}\n{signed}\n{}",
+        hex(&Sha256::digest(body.as_bytes()))
+    );
+    let day = &at[..8];
+    let scope = format!("{day}/{region}/{service}/aws4_request");
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{at}\n{scope}\n{}",
+        hex(&Sha256::digest(request.as_bytes()))
+    );
+    let mac = |key: &[u8], data: &str| -> Vec<u8> {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+        ring::hmac::sign(&key, data.as_bytes()).as_ref().to_vec()
+    };
+    let mut key = mac(format!("AWS4{}", c.secret_key).as_bytes(), day);
+    for part in [region, service, "aws4_request"] {
+        key = mac(&key, part);
+    }
+    let signature = hex(&mac(&key, &to_sign));
+    format!(
+        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed}, Signature={signature}",
+        c.key_id
+    )
+}
+
+/// The text of the first element `tag` of an XML answer, its entities unescaped.
+fn xml_text(xml: &str, tag: &str) -> Option<String> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&format!("</{tag}>"))?;
+    let text = &xml[start..end];
+    Some(
+        text.replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&amp;", "&"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +562,36 @@ mod tests {
         assert_eq!(s["profile dev"]["aws_access_key_id"], "AK");
         assert!(!s["profile dev"].contains_key("nested"));
         assert!(!s["profile dev"].contains_key("addressing_style"));
+    }
+
+    #[test]
+    fn a_sigv4_signature_is_the_documented_one() {
+        // AWS's Signature Version 4 test suite, "post-x-www-form-urlencoded" (its key, time
+        // and body; its request signs content-type, host and x-amz-date as this one does).
+        let c = AwsCredential {
+            key_id: "AKIDEXAMPLE".into(),
+            secret_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".into(),
+            token: None,
+        };
+        let auth = sigv4(
+            &c,
+            "us-east-1",
+            "service",
+            "example.amazonaws.com",
+            "Param1=value1",
+            "20150830T123600Z",
+        );
+        assert_eq!(
+            auth,
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, SignedHeaders=content-type;host;x-amz-date, Signature=ff11897932ad3f4e8b18135d722051e5ac45fc38421b1da7b9d196a0fe09473a"
+        );
+    }
+
+    #[test]
+    fn sts_answers_are_read_by_their_elements() {
+        let xml = "<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>ASIA1</AccessKeyId><SecretAccessKey>a/b+c&amp;d</SecretAccessKey></Credentials></AssumeRoleResult></AssumeRoleResponse>";
+        assert_eq!(xml_text(xml, "AccessKeyId").as_deref(), Some("ASIA1"));
+        assert_eq!(xml_text(xml, "SecretAccessKey").as_deref(), Some("a/b+c&d"));
+        assert_eq!(xml_text(xml, "SessionToken"), None);
     }
 }

@@ -613,6 +613,9 @@ def test_refused_plain_http_endpoint_names_aws_allow_http(mounter, remote):
 # --------------------------------------------------------------------------------------------
 
 
+ROLE = "arn:aws:iam::123456789012:role/train"
+
+
 def aws_files(tmp_path, proxy_url: str, monkeypatch) -> tuple[Path, Path]:
     """A credentials and a config file, as `aws configure` writes them, pointed at by the
     environment the daemon inherits; the config's profiles reach the S3 server at PROXY_URL."""
@@ -634,7 +637,12 @@ def aws_files(tmp_path, proxy_url: str, monkeypatch) -> tuple[Path, Path]:
         f"[default]\nregion = {REGION}\nendpoint_url = {proxy_url}\n\n"
         f"[profile team]\nregion = {REGION}\nendpoint_url = {proxy_url}\ns3 =\n  addressing_style = path\n\n"
         f"[profile tool]\nregion = {REGION}\nendpoint_url = {proxy_url}\ncredential_process = {process}\n\n"
-        f"[profile assumed]\nrole_arn = arn:aws:iam::123456789012:role/train\nsource_profile = default\n"
+        f"[profile assumed]\nregion = {REGION}\nendpoint_url = {proxy_url}\nrole_arn = {ROLE}\nsource_profile = default\n"
+        "role_session_name = train-job\n\n"
+        f"[profile chained]\nregion = {REGION}\nendpoint_url = {proxy_url}\nrole_arn = {ROLE}-2\nsource_profile = assumed\n\n"
+        f"[profile fromenv]\nregion = {REGION}\nendpoint_url = {proxy_url}\nrole_arn = {ROLE}\ncredential_source = Environment\n\n"
+        f"[profile imds]\nrole_arn = {ROLE}\ncredential_source = Ec2InstanceMetadata\n\n"
+        f"[profile orphan]\nrole_arn = {ROLE}\nsource_profile = nobody\n"
     )
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
@@ -677,5 +685,32 @@ def test_a_profile_that_cannot_be_used_is_refused_in_one_line(mounter, remote, p
     aws_files(tmp_path, proxy.url, monkeypatch)
     line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=nobody")
     assert "AWS profile 'nobody' is in neither" in line, line
-    line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=assumed")
-    assert "assumes role arn:aws:iam::123456789012:role/train" in line and "export-credentials" in line, line
+    line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=imds")
+    assert "assumes role arn:aws:iam::123456789012:role/train" in line and "Ec2InstanceMetadata" in line, line
+    line = tfs.refused_mount(mounter, remote.src("shuf"), "aws_profile=orphan")
+    assert "source_profile 'nobody'" in line, line
+
+
+def test_a_profile_s_role_is_assumed_through_sts(mounter, remote, proxy, tmp_path, monkeypatch):
+    """role_arn with source_profile (and a role assumed from another role's credentials, and
+    from the environment's keys): the mount signs its reads with the role's credentials, which
+    STS (moto's, through the proxy) gave for a request signed with the source's."""
+    aws_files(tmp_path, proxy.url, monkeypatch)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    src = remote.src("shuf")
+    local = mounter(remote.shuf.path, "batch_size=256")
+    n = local.dataset()["batches_per_epoch"]
+    want = tfs.batch_hashes(local, ["epoch-0"], n)
+    for profile, source_keys in [("assumed", {"AKIDDEFAULT"}), ("chained", {"AKIDDEFAULT"}), ("fromenv", {"AKIDENV"})]:
+        if profile == "fromenv":
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s4")
+        proxy.reset_stats()
+        m = mounter(src, "batch_size=256", f"aws_profile={profile}")
+        assert tfs.batch_hashes(m, ["epoch-0"], n) == want, profile
+        keys = set(proxy.stats()["access_keys"])
+        role_keys = {k for k in keys if k.startswith("ASIA")}
+        # The chained profile's first role signs the call for the second: two role keys.
+        assert len(role_keys) == (2 if profile == "chained" else 1), (profile, keys)
+        assert keys - role_keys == source_keys, (profile, keys)
+        m.unmount()
