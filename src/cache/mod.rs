@@ -1038,6 +1038,7 @@ fn write_parts(file: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::item::FileKind;
 
     #[test]
     fn parts_beyond_one_writev_are_written_whole_and_in_order() {
@@ -1143,7 +1144,6 @@ mod tests {
 
     #[test]
     fn a_kept_one_open_file_is_sealed_as_the_mount_ends_found_by_a_later_one_and_checked() {
-        use crate::model::item::FileKind;
         use crate::model::plan::Batches;
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
@@ -1276,10 +1276,10 @@ mod tests {
     fn batch_files_are_checked_and_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
-        let item = Item::Npy {
+        let item = Item::Batch {
             epoch: 1,
             batch: 2,
-            tensor: 1,
+            kind: FileKind::Npy(1),
         };
         {
             let c = cache(dir.path(), 1 << 20);
@@ -1307,7 +1307,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
-        let item = Item::Safetensors { epoch: 0, batch: 3 };
+        let item = Item::Batch {
+            epoch: 0,
+            batch: 3,
+            kind: FileKind::Safetensors,
+        };
         let (file, path) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         assert!(c.unchanged(item, &file));
         append_a_byte(&path);
@@ -1324,7 +1328,11 @@ mod tests {
     fn only_a_checked_file_opens_without_a_check() {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
-        let item = Item::Safetensors { epoch: 0, batch: 3 };
+        let item = Item::Batch {
+            epoch: 0,
+            batch: 3,
+            kind: FileKind::Safetensors,
+        };
         let c = cache(dir.path(), 1 << 20);
         let (_, path) = c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         assert!(c.checked_already(item));
@@ -1362,7 +1370,11 @@ mod tests {
                     s.spawn(move || {
                         let stats = Stats::default();
                         // Every writer's rename is the first into the epoch's directory.
-                        let item = Item::Safetensors { epoch: 9, batch };
+                        let item = Item::Batch {
+                            epoch: 9,
+                            batch,
+                            kind: FileKind::Safetensors,
+                        };
                         barrier.wait();
                         let stored = c.store_batch_file(item, &[b"abc"], &near, &stats);
                         assert!(stored.is_ok(), "round {round}, batch {batch}: {stored:?}");
@@ -1381,8 +1393,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let (by_attr, by_sidecar) = (
-            Item::Safetensors { epoch: 0, batch: 0 },
-            Item::Safetensors { epoch: 0, batch: 1 },
+            Item::Batch {
+                epoch: 0,
+                batch: 0,
+                kind: FileKind::Safetensors,
+            },
+            Item::Batch {
+                epoch: 0,
+                batch: 1,
+                kind: FileKind::Safetensors,
+            },
         );
         {
             let c = cache(dir.path(), 1 << 20);
@@ -1453,7 +1473,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
-        let item = Item::Safetensors { epoch: 0, batch: 0 };
+        let item = Item::Batch {
+            epoch: 0,
+            batch: 0,
+            kind: FileKind::Safetensors,
+        };
         c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         // A file without its meta (a crash between the data's rename and its sidecar's); a crash
         // mid-write leaves a temp file of a dead process.
@@ -1474,12 +1498,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Stats::default();
         let c = cache(dir.path(), 1 << 20);
-        let npy = |tensor| Item::Npy {
+        let npy = |tensor| Item::Batch {
             epoch: 3,
             batch: 7,
-            tensor,
+            kind: FileKind::Npy(tensor),
         };
-        let st = Item::Safetensors { epoch: 3, batch: 8 };
+        let st = Item::Batch {
+            epoch: 3,
+            batch: 8,
+            kind: FileKind::Safetensors,
+        };
         for item in [npy(0), npy(1), st] {
             c.store_batch_file(item, &[b"abc"], &near, &stats).unwrap();
         }

@@ -21,14 +21,11 @@ pub(crate) enum Item {
     Columns {
         rg: usize,
     },
-    Safetensors {
+    /// File `kind` of batch `batch` of epoch `epoch` (as the plan repeats it).
+    Batch {
         epoch: u64,
         batch: u64,
-    },
-    Npy {
-        epoch: u64,
-        batch: u64,
-        tensor: usize,
+        kind: FileKind,
     },
     /// `all.safetensors` or `all/NAME.npy` of a directory (with its epoch as the plan repeats
     /// it).
@@ -41,14 +38,10 @@ pub(crate) enum Item {
 impl Item {
     /// The item of file `kind` of batch `b`.
     pub(crate) fn of(kind: FileKind, b: BatchRef) -> Item {
-        let (epoch, batch) = (b.epoch(), b.index());
-        match kind {
-            FileKind::Safetensors => Item::Safetensors { epoch, batch },
-            FileKind::Npy(tensor) => Item::Npy {
-                epoch,
-                batch,
-                tensor,
-            },
+        Item::Batch {
+            epoch: b.epoch(),
+            batch: b.index(),
+            kind,
         }
     }
 
@@ -56,9 +49,7 @@ impl Item {
     pub(crate) fn batch(&self) -> Option<BatchRef> {
         match *self {
             Item::Columns { .. } | Item::All { .. } => None,
-            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
-                Some(BatchRef::of_item(epoch, batch))
-            }
+            Item::Batch { epoch, batch, .. } => Some(BatchRef::of_item(epoch, batch)),
         }
     }
 
@@ -66,8 +57,7 @@ impl Item {
     pub(crate) fn kind(&self) -> Option<FileKind> {
         match *self {
             Item::Columns { .. } | Item::All { .. } => None,
-            Item::Safetensors { .. } => Some(FileKind::Safetensors),
-            Item::Npy { tensor, .. } => Some(FileKind::Npy(tensor)),
+            Item::Batch { kind, .. } => Some(kind),
         }
     }
 }

@@ -187,8 +187,7 @@ impl Layout {
     pub(crate) fn item_path(&self, item: Item) -> PathBuf {
         match item {
             Item::Columns { .. } => unreachable!("the cache names columns files by object"),
-            Item::Safetensors { epoch, batch } | Item::Npy { epoch, batch, .. } => {
-                let kind = item.kind().expect("a batch file");
+            Item::Batch { epoch, batch, kind } => {
                 PathBuf::from(epoch_name(epoch)).join(self.file_name(batch, kind))
             }
             Item::All { dir, kind } => PathBuf::from(KEPT_ALL).join(all_name(dir, kind)),
@@ -224,17 +223,11 @@ impl Layout {
         dir: Option<&str>,
         name: &str,
     ) -> Option<Item> {
-        match dir {
-            None => {
-                let batch = parse_safetensors_name(name)?;
-                Some(Item::Safetensors { epoch, batch })
-            }
-            Some(dir) => Some(Item::Npy {
-                epoch,
-                batch: parse_batch(dir)?,
-                tensor: self.parse_npy(name)?,
-            }),
-        }
+        let (batch, kind) = match dir {
+            None => (parse_safetensors_name(name)?, FileKind::Safetensors),
+            Some(dir) => (parse_batch(dir)?, FileKind::Npy(self.parse_npy(name)?)),
+        };
+        Some(Item::Batch { epoch, batch, kind })
     }
 
     /// Every tensor's layout in a batch of `rows` rows, in file order.
