@@ -104,6 +104,7 @@ pub(crate) async fn read(
         },
         bounds,
         ruled_out: 0,
+        memory: Default::default(),
         data_schema: Arc::new(data_schema),
         partitions: Partitions { fields, values },
         deletes: found.iter().map(|f| f.deletion_vector.clone()).collect(),

@@ -1,5 +1,5 @@
-//! Apache Hudi tables (PRODUCT.md §8): a copy-on-write table read at an instant, as the `hudi`
-//! package (hudi-rs) reads it. Its root holds `.hoodie/`: `hoodie.properties` (the table's type
+//! Apache Hudi tables (PRODUCT.md §8): a table read at an instant, as the `hudi` package
+//! (hudi-rs) reads it. Its root holds `.hoodie/`: `hoodie.properties` (the table's type
 //! and layout) and the timeline, one file an instant (`.hoodie/` itself in table versions up
 //! to 6; `.hoodie/timeline/` from 8 on, where a completed instant is named with its
 //! completion time too). Each data file is a base file of a file group, named
@@ -9,10 +9,13 @@
 //! Files of instants not completed (in flight, failed, rolled back) are none of it; cleaned
 //! ones are gone.
 //!
-//! A merge-on-read table with log files to merge is refused in one line, as is one whose
-//! partition columns are only in its paths (`hoodie.datasource.write.drop.partition.columns`).
+//! A merge-on-read table's file slices with log files are merged ([`crate::source::hudi_log`]):
+//! each slice's log files attach by their completion time, as hudi-rs attaches them. A table
+//! whose partition columns are only in its paths
+//! (`hoodie.datasource.write.drop.partition.columns`) is refused in one line.
 //! Hudi's meta columns (`_hoodie_commit_time`, …: strings) are left out of the dataset.
 
+use crate::source::hudi_log::{LogFile, Merging};
 use crate::source::lake::{ColumnBounds, FileBounds, Kind, Opening, Version};
 use crate::source::{ObjectReader, Origin, SourceFile, load_metadata, object_of};
 use crate::stats::Stats;
@@ -34,10 +37,12 @@ pub(crate) async fn open(at: &Opening<'_>) -> Result<crate::source::lake::Table>
     let metas: HashMap<&str, &ObjectMeta> =
         (at.listed.iter()).map(|(n, m)| (n.as_str(), m)).collect();
     let data_schema = schema(at.store, at.url, &t, &metas, at.footers, at.stats).await?;
+    let (t, deletes, memory) = merged(at, t, &metas, &data_schema).await?;
     let bounds = match at.filter {
         Some(_) => partition_bounds(&t, &data_schema),
         None => Vec::new(),
     };
+    let deletes = (t.files.iter()).map(|f| deletes.get(f).cloned()).collect();
     Ok(crate::source::lake::Table {
         version: Version {
             kind: Kind::Hudi,
@@ -45,11 +50,88 @@ pub(crate) async fn open(at: &Opening<'_>) -> Result<crate::source::lake::Table>
         },
         data_schema,
         partitions: Default::default(),
-        deletes: vec![None; t.files.len()],
+        deletes,
         bounds,
         ruled_out: 0,
         files: t.files,
+        memory,
     })
+}
+
+/// A merge-on-read table's file slices with log files merged ([`crate::source::hudi_log`]):
+/// each base file's rows a log replaced or deleted, as its deletion vector, and each slice's
+/// log records served, as a file made in memory beside its base file (`t.files` gains it).
+#[allow(clippy::type_complexity)]
+async fn merged(
+    at: &Opening<'_>,
+    mut t: Table,
+    metas: &HashMap<&str, &ObjectMeta>,
+    data_schema: &arrow::datatypes::SchemaRef,
+) -> Result<(
+    Table,
+    HashMap<String, crate::source::deletes::DeletionVector>,
+    HashMap<String, bytes::Bytes>,
+)> {
+    let (mut deletes, mut memory) = (HashMap::new(), HashMap::new());
+    let Some(merging) = t.merging.take() else {
+        return Ok((t, deletes, memory));
+    };
+    // The columns the log records are read as: the table's, Hudi's own left out.
+    let table = data_schema.as_ref();
+    for slice in std::mem::take(&mut t.slices) {
+        let base = match &slice.base {
+            None => None,
+            Some(name) => {
+                let meta = metas
+                    .get(name.as_str())
+                    .ok_or_else(|| anyhow!("file '{name}' of the Hudi table is not listed"))?;
+                let file =
+                    SourceFile::new(at.url, meta.location.clone(), object_of(name.clone(), meta));
+                Some(ObjectReader::new(
+                    at.store.clone(),
+                    &file,
+                    at.stats.clone(),
+                    Origin::Listing.since(),
+                ))
+            }
+        };
+        let what = || {
+            format!(
+                "file group '{}' of partition '{}'",
+                slice.file_id, slice.partition
+            )
+        };
+        let m = crate::source::hudi_log::merge_slice(
+            at.store,
+            at.root,
+            base,
+            &slice.logs,
+            table,
+            &merging,
+            at.stats,
+        )
+        .await
+        .with_context(what)?;
+        if let Some(name) = &slice.base
+            && !m.deleted.is_empty()
+        {
+            deletes.insert(
+                name.clone(),
+                crate::source::deletes::inline_vector(&m.deleted)?,
+            );
+        }
+        if let Some(rows) = m.rows {
+            let dir = match slice.partition.as_str() {
+                "" => String::new(),
+                p => format!("{p}/"),
+            };
+            let name = format!("{dir}{}.log-records-{}.parquet", slice.file_id, t.version);
+            memory.insert(name.clone(), crate::source::hudi_log::parquet_bytes(&rows)?);
+            t.files.push(name);
+        }
+    }
+    t.files.sort();
+    Ok((t, deletes, memory))
 }
 
 /// A Hudi table's schema: the newest base file's columns, Hudi's meta columns left out.
@@ -98,6 +180,9 @@ pub(crate) struct Table {
     pub(crate) files: Vec<String>,
     /// The one written last: its schema is the table's.
     pub(crate) newest: Option<String>,
+    /// A merge-on-read table's file slices with log files to merge, and how they merge.
+    pub(crate) slices: Vec<Slice>,
+    pub(crate) merging: Option<crate::source::hudi_log::Merging>,
     /// How a file's partition path names its partition columns' values, where it does.
     pub(crate) paths: Option<PartitionPaths>,
 }
@@ -113,10 +198,22 @@ pub(crate) struct PartitionPaths {
     url_encoded: bool,
 }
 
+/// A file slice of a merge-on-read table whose log files are merged at read time: its base
+/// file (none for a file group of log files only) and its log files, in hudi-rs's order.
+#[derive(Clone, Debug)]
+pub(crate) struct Slice {
+    pub(crate) partition: String,
+    pub(crate) file_id: String,
+    pub(crate) base: Option<String>,
+    pub(crate) logs: Vec<LogFile>,
+}
+
 /// An instant of the timeline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Instant {
     time: u64,
+    /// When it completed (timeline layout 2 names it), where known.
+    completion: Option<u64>,
     action: String,
     /// The timeline file of the completed instant.
     file: String,
@@ -268,11 +365,48 @@ pub(crate) async fn read(
             *slot = (instant, name.to_string());
         }
     }
-    if mor && logs {
-        bail!(
-            "it is a merge-on-read table with log files to merge, which tensorfs does not read yet; compact it, or read a copy-on-write table"
-        );
-    }
+    let (newest, slices, merging) = match mor && logs {
+        false => (newest, Vec::new(), None),
+        true => {
+            let ordering = (get("hoodie.table.ordering.fields"))
+                .or(get("hoodie.table.precombine.field"))
+                .map(|f| {
+                    f.split(',')
+                        .map(str::trim)
+                        .filter(|f| !f.is_empty())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            if ordering.len() > 1 {
+                bail!(
+                    "it orders its records by several fields ({}), which tensorfs does not merge yet",
+                    ordering.join(",")
+                );
+            }
+            let owned = |k: &str| get(k).map(str::to_string);
+            let merging = Merging {
+                mode: crate::source::hudi_log::Mode::of(
+                    &owned,
+                    table_version,
+                    !ordering.is_empty(),
+                )?,
+                ordering: ordering.first().map(|f| f.to_string()),
+                key_fields: (get("hoodie.table.recordkey.fields").unwrap_or(""))
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|f| !f.is_empty())
+                    .map(String::from)
+                    .collect(),
+                meta_fields: get("hoodie.populate.meta.fields") != Some("false"),
+                table_version,
+                completed: commits.iter().map(|i| i.time).collect(),
+                first_active: completed.first().map(|i| i.time),
+                as_of,
+            };
+            let (newest, slices) = file_slices(names, &commits, &replaced, table_version, as_of);
+            (newest, slices, Some(merging))
+        }
+    };
     let last = newest.values().max().map(|(_, name)| name.clone());
     let mut files: Vec<String> = newest.into_values().map(|(_, name)| name).collect();
     files.sort();
@@ -303,7 +437,100 @@ pub(crate) async fn read(
         files,
         newest: last,
         paths,
+        slices,
+        merging,
     })
+}
+
+/// A merge-on-read table's file slices at instant `as_of`, as hudi-rs lists them: each file
+/// group's slices keyed by its committed base files' instants; each log file (of a completed
+/// instant, from table version 8 on) in the slice with the greatest key at or before its
+/// completion (else its own instant), or opening a slice of its own where none is; the slice
+/// read is the one with the greatest key at or before `as_of`, in a file group not replaced.
+/// Returns each group's base file read (by (partition, file id): its instant and name) and the
+/// slices with log files.
+#[allow(clippy::type_complexity)]
+fn file_slices(
+    names: &[&str],
+    commits: &[&Instant],
+    replaced: &HashSet<(String, String)>,
+    table_version: u32,
+    as_of: u64,
+) -> (BTreeMap<(String, String), (u64, String)>, Vec<Slice>) {
+    let completion: HashMap<u64, Option<u64>> =
+        commits.iter().map(|i| (i.time, i.completion)).collect();
+    // Each group's slices: key → (base file, log files).
+    let mut groups: BTreeMap<(String, String), BTreeMap<u64, (Option<String>, Vec<LogFile>)>> =
+        BTreeMap::new();
+    let mut logs: Vec<((String, String), LogFile)> = Vec::new();
+    for name in names {
+        if name.starts_with(HOODIE) {
+            continue;
+        }
+        let Some((partition, file)) = split_partition(name) else {
+            continue;
+        };
+        if file.starts_with('.') {
+            if let Some(mut log) = LogFile::parse(name) {
+                log.completion = completion.get(&log.instant).copied().flatten();
+                // From table version 8 on a log file is its own delta commit's: one not
+                // completed is none of the table.
+                if table_version >= 8 && !completion.contains_key(&log.instant) {
+                    continue;
+                }
+                logs.push(((partition.to_string(), log.file_id.clone()), log));
+            }
+            continue;
+        }
+        let Some((file_id, instant)) = base_file(file) else {
+            continue;
+        };
+        if !completion.contains_key(&instant) {
+            continue;
+        }
+        let group = groups
+            .entry((partition.to_string(), file_id.to_string()))
+            .or_default();
+        group.entry(instant).or_default().0 = Some(name.to_string());
+    }
+    logs.sort_by_key(|(_, l)| l.order());
+    for (group, log) in logs {
+        let slices = groups.entry(group).or_default();
+        let key = log.completion.unwrap_or(log.instant);
+        let at = match slices.range(..=key).next_back() {
+            Some((&k, _)) => k,
+            None => log.instant,
+        };
+        slices.entry(at).or_default().1.push(log);
+    }
+    let mut newest = BTreeMap::new();
+    let mut out = Vec::new();
+    for ((partition, file_id), slices) in groups {
+        if replaced.contains(&(partition.clone(), file_id.clone())) {
+            continue;
+        }
+        let Some((&key, (base, logs))) = slices.range(..=as_of).next_back() else {
+            continue;
+        };
+        if logs.is_empty() {
+            if let Some(base) = base {
+                newest.insert((partition, file_id), (key, base.clone()));
+            }
+            continue;
+        }
+        let mut logs = logs.clone();
+        logs.sort_by_key(LogFile::order);
+        if let Some(base) = base {
+            newest.insert((partition.clone(), file_id.clone()), (key, base.clone()));
+        }
+        out.push(Slice {
+            partition,
+            file_id,
+            base: base.clone(),
+            logs,
+        });
+    }
+    (newest, out)
 }
 
 /// Each file's partition values as bounds of the table's columns of `schema` (integers,
@@ -414,7 +641,10 @@ fn completed_instants(names: &[&str], timeline: &str) -> Vec<Instant> {
         if action.contains('.') || action == "inflight" || action == "requested" {
             continue;
         }
-        let time = stem.split('_').next().unwrap_or(stem);
+        let (time, completion) = match stem.split_once('_') {
+            Some((t, c)) => (t, c.parse::<u64>().ok()),
+            None => (stem, None),
+        };
         if time.len() < 14 || !time.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
@@ -423,6 +653,7 @@ fn completed_instants(names: &[&str], timeline: &str) -> Vec<Instant> {
         };
         out.push(Instant {
             time,
+            completion,
             action: action.to_string(),
             file: name.to_string(),
         });

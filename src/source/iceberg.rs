@@ -307,6 +307,7 @@ pub(crate) async fn open(at: &crate::source::lake::Opening<'_>) -> Result<Table>
         deletes,
         bounds,
         ruled_out,
+        memory: Default::default(),
     })
 }
 

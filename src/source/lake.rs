@@ -116,6 +116,22 @@ pub(crate) struct Table {
     /// Data files a `where=` ruled out before they were even listed (an Iceberg manifest left
     /// unread).
     pub(crate) ruled_out: u64,
+    /// Data files the table kind made in memory (a Hudi file slice's merged log records), by
+    /// name: served from here, never listed.
+    pub(crate) memory: std::collections::HashMap<String, bytes::Bytes>,
+}
+
+/// What a listing would say of an object made in memory: its size, and a version that names
+/// its bytes (so the cache keys its columns by them).
+pub(crate) fn memory_meta(location: Path, bytes: &bytes::Bytes) -> ObjectMeta {
+    use sha2::{Digest, Sha256};
+    ObjectMeta {
+        location,
+        last_modified: chrono::DateTime::UNIX_EPOCH,
+        size: bytes.len() as u64,
+        e_tag: Some(crate::source::hex(&Sha256::digest(bytes)[..16])),
+        version: None,
+    }
 }
 
 /// What a table's metadata says of one data file's columns without reading it (Delta's

@@ -25,6 +25,7 @@ pub(crate) mod delta_log;
 pub mod filter;
 pub(crate) mod footer;
 pub(crate) mod hudi;
+pub(crate) mod hudi_log;
 pub(crate) mod iceberg;
 pub(crate) mod iceberg_rest;
 pub(crate) mod lake;
@@ -108,6 +109,9 @@ pub struct SourceFile {
     footer: tokio::sync::OnceCell<Footer>,
     /// The rows the table deletes from it, loaded when a read first needs them.
     deleted: tokio::sync::OnceCell<Arc<roaring::RoaringTreemap>>,
+    /// The object's bytes, where a table kind made it in memory (a Hudi file slice's merged
+    /// log records): read from here, not from the store.
+    pub(crate) memory: Option<bytes::Bytes>,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -140,6 +144,7 @@ impl SourceFile {
             location,
             footer: tokio::sync::OnceCell::new(),
             deleted: tokio::sync::OnceCell::new(),
+            memory: None,
         }
     }
 }
@@ -508,6 +513,7 @@ impl Source {
             .map(|(name, meta)| {
                 let (store, stats) = (at.store.clone(), at.stats.clone());
                 async move {
+                    let memory = table.and_then(|t| t.memory.get(&name)).cloned();
                     let mut object = object_of(name, &meta);
                     object.deletes = deletes.get(object.name.as_str()).map(|&d| d.clone());
                     if let Some(pinned) = earlier.and_then(|e| e.same(&object)) {
@@ -518,6 +524,7 @@ impl Source {
                         return Ok(SourceFile::new(url, meta.location, object));
                     }
                     let mut file = SourceFile::new(url, meta.location, object);
+                    file.memory = memory;
                     let reader = ObjectReader::new(
                         store.clone(),
                         &file,
@@ -658,6 +665,9 @@ impl Source {
         for name in &table.files {
             let meta = match metas.remove(name) {
                 Some(meta) => meta,
+                None if table.memory.contains_key(name) => {
+                    lake::memory_meta(child(root, name)?, &table.memory[name])
+                }
                 None => store.head(&child(root, name)?).await.map_err(|e| {
                     anyhow!(
                         "source '{source}': file '{name}' of {} version {} cannot be read: {e}",

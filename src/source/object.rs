@@ -138,6 +138,8 @@ pub(crate) struct ObjectReader {
     stats: Arc<Stats>,
     /// Since when the object must not have changed, for the error when it has.
     since: &'static str,
+    /// The object's bytes where it is made in memory ([`SourceFile::memory`]).
+    memory: Option<Bytes>,
 }
 
 /// Ranges closer than this are fetched as one request; farther apart, the bytes between them
@@ -167,6 +169,7 @@ impl ObjectReader {
             modified: Some(file.modified.clone()),
             stats,
             since,
+            memory: file.memory.clone(),
         }
     }
 
@@ -186,6 +189,7 @@ impl ObjectReader {
             modified: None,
             stats,
             since: "under the mount",
+            memory: None,
         }
     }
 
@@ -213,6 +217,17 @@ impl ObjectReader {
     /// One ranged GET, pinned to the object's version: an object replaced under a live mount
     /// fails the read rather than mixing two versions into a batch.
     pub(crate) async fn get(&self, range: Range<u64>) -> Result<Bytes> {
+        if let Some(bytes) = &self.memory {
+            let (start, end) = (range.start as usize, range.end as usize);
+            if start > end || end > bytes.len() {
+                bail!(
+                    "object '{}': {start}..{end} of {} bytes",
+                    self.location,
+                    bytes.len()
+                );
+            }
+            return Ok(bytes.slice(start..end));
+        }
         Stats::add(&self.stats.c.remote_requests, 1);
         Stats::add(&self.stats.c.remote_bytes, range.end - range.start);
         let options = GetOptions {

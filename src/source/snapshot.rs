@@ -203,6 +203,12 @@ impl Objects {
 
 /// The snapshot of an opened source, with the nulls its view had to read recorded.
 pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
+    if let Some(f) = source.files.iter().find(|f| f.memory.is_some()) {
+        bail!(
+            "a snapshot of a Hudi merge-on-read table whose file slices have log files to merge (such as '{}') is not made yet: mount the table at its instant (version=) instead",
+            f.name
+        );
+    }
     let mut facts = source.facts.clone();
     for (field, file) in &view.nulls_read {
         facts.nulls[*field] = match file {
