@@ -35,6 +35,9 @@ pub struct Object {
     pub(crate) deletes: Option<crate::source::deletes::DeletionVector>,
     /// How many of each row group's rows it deletes (empty: none), once known.
     pub(crate) rg_deleted: Vec<u64>,
+    /// The object's bytes, where the table kind made it in memory (a Hudi file slice's merged
+    /// log records): read from here, never from the store, and pinned with a snapshot.
+    pub(crate) memory: Option<bytes::Bytes>,
 }
 
 impl Object {
@@ -735,6 +738,7 @@ mod tests {
             modified: String::new(),
             footer_len: 0,
             rg_rows: vec![10],
+            memory: None,
         }
     }
 

@@ -109,9 +109,6 @@ pub struct SourceFile {
     footer: tokio::sync::OnceCell<Footer>,
     /// The rows the table deletes from it, loaded when a read first needs them.
     deleted: tokio::sync::OnceCell<Arc<roaring::RoaringTreemap>>,
-    /// The object's bytes, where a table kind made it in memory (a Hudi file slice's merged
-    /// log records): read from here, not from the store.
-    pub(crate) memory: Option<bytes::Bytes>,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -144,7 +141,6 @@ impl SourceFile {
             location,
             footer: tokio::sync::OnceCell::new(),
             deleted: tokio::sync::OnceCell::new(),
-            memory: None,
         }
     }
 }
@@ -515,6 +511,7 @@ impl Source {
                 async move {
                     let memory = table.and_then(|t| t.memory.get(&name)).cloned();
                     let mut object = object_of(name, &meta);
+                    object.memory = memory;
                     object.deletes = deletes.get(object.name.as_str()).map(|&d| d.clone());
                     if let Some(pinned) = earlier.and_then(|e| e.same(&object)) {
                         // Pinned before, unchanged since: its footer is not read.
@@ -524,7 +521,6 @@ impl Source {
                         return Ok(SourceFile::new(url, meta.location, object));
                     }
                     let mut file = SourceFile::new(url, meta.location, object);
-                    file.memory = memory;
                     let reader = ObjectReader::new(
                         store.clone(),
                         &file,
@@ -885,6 +881,7 @@ fn object_of(name: String, meta: &ObjectMeta) -> Object {
         modified: meta.last_modified.to_string(),
         footer_len: 0,
         rg_rows: Vec::new(),
+        memory: None,
     }
 }
 

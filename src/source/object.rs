@@ -138,7 +138,7 @@ pub(crate) struct ObjectReader {
     stats: Arc<Stats>,
     /// Since when the object must not have changed, for the error when it has.
     since: &'static str,
-    /// The object's bytes where it is made in memory ([`SourceFile::memory`]).
+    /// The object's bytes where it is made in memory ([`crate::source::catalog::Object::memory`]).
     memory: Option<Bytes>,
 }
 

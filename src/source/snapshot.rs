@@ -33,9 +33,11 @@ const MAGIC: &[u8; 18] = b"tensorfs snapshot\n";
 /// rows a table deletes from its files; a snapshot without deletes is written as format 1,
 /// which an older tensorfs reads the same.
 /// Format 3 adds the `where=` expression whose rows it keeps, which its fingerprint names (an
-/// older tensorfs would compute another fingerprint and call the file damaged).
-const FORMAT: u32 = 3;
-const FORMATS_READ: [u32; 3] = [1, 2, 3];
+/// older tensorfs would compute another fingerprint and call the file damaged). Format 4 adds
+/// the bytes of objects made in memory (a Hudi merge-on-read slice's merged log records), which
+/// an older tensorfs would look for in the store.
+const FORMAT: u32 = 4;
+const FORMATS_READ: [u32; 4] = [1, 2, 3, 4];
 /// Magic, format, body length, SHA-256 of the body.
 const HEADER: usize = MAGIC.len() + 4 + 8 + 32;
 
@@ -94,6 +96,10 @@ struct Objects {
     deletes: Vec<Option<crate::source::deletes::DeletionVector>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     deleted: Vec<u64>,
+    /// The bytes of each object made in memory, in base64 (format 4; all empty where none
+    /// is): a Hudi file slice's merged log records, which no store holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    made: Vec<Option<String>>,
 }
 
 impl Objects {
@@ -108,6 +114,12 @@ impl Objects {
             o.footer_lens.push(f.footer_len);
             o.row_groups.push(f.rg_rows.len() as u32);
             o.rows.extend(&f.rg_rows);
+        }
+        if objects.iter().any(|f| f.memory.is_some()) {
+            let b64 = base64::engine::general_purpose::STANDARD;
+            o.made = (objects.iter())
+                .map(|f| f.memory.as_ref().map(|m| b64.encode(m)))
+                .collect();
         }
         if objects.iter().any(|f| f.deletes.is_some()) {
             for f in objects {
@@ -151,6 +163,19 @@ impl Objects {
         if deletes.len() != n || deleted_groups != self.deleted.len() as u64 {
             bail!("its deletion vectors disagree with its objects");
         }
+        let made = match self.made.is_empty() {
+            true => vec![None; n],
+            false => self.made,
+        };
+        if made.len() != n {
+            bail!("its objects made in memory disagree with its objects");
+        }
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut made = (made.into_iter())
+            .map(|m| m.map(|m| b64.decode(m).map(bytes::Bytes::from)).transpose())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!("an object made in memory is not base64: {e}"))?
+            .into_iter();
         let mut deleted = self.deleted.into_iter();
         let mut deletes = deletes.into_iter();
         let mut rows = self.rows.into_iter();
@@ -179,6 +204,7 @@ impl Objects {
                         rg_rows,
                         deletes,
                         rg_deleted,
+                        memory: made.next().flatten(),
                     }
                 },
             )
@@ -203,12 +229,6 @@ impl Objects {
 
 /// The snapshot of an opened source, with the nulls its view had to read recorded.
 pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
-    if let Some(f) = source.files.iter().find(|f| f.memory.is_some()) {
-        bail!(
-            "a snapshot of a Hudi merge-on-read table whose file slices have log files to merge (such as '{}') is not made yet: mount the table at its instant (version=) instead",
-            f.name
-        );
-    }
     let mut facts = source.facts.clone();
     for (field, file) in &view.nulls_read {
         facts.nulls[*field] = match file {
@@ -244,8 +264,10 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         selection: source.selected.as_ref().map(|s| s.text.clone()),
     };
     // Without deletes, the body is format 1's: a snapshot an older tensorfs can read.
-    let format = if body.selection.is_some() {
+    let format = if !body.objects.made.is_empty() {
         FORMAT
+    } else if body.selection.is_some() {
+        3
     } else if body.objects.has_deletes() || body.table_kind.is_some() {
         2
     } else {
