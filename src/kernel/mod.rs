@@ -1,8 +1,10 @@
-//! The kernel side: the fuser adapter (`fuse`), the daemon's own calls into its mount
-//! (`own_mount`), and [`Session`], the read path's [`Kernel`] over a FUSE session's notifier.
+//! The kernel side: the fuser adapter (`fuse`), mounting and unmounting the session
+//! (`mounting`), the daemon's own calls into its mount (`own_mount`), and [`Session`], the read
+//! path's [`Kernel`] over a FUSE session's notifier.
 //! Nothing below this folder knows fuser.
 
 pub(crate) mod fuse;
+pub(crate) mod mounting;
 mod own_mount;
 
 use crate::read::follow::page_cache::Kernel;
