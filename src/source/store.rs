@@ -149,7 +149,19 @@ pub(crate) fn open_store(
             )
         }
         ObjectStoreScheme::MicrosoftAzure => {
-            cloud_store!(MicrosoftAzureBuilder, AzureConfigKey::Client, url, options)
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(retry());
+            for (key, value) in CLIENT_DEFAULTS {
+                b = b.with_config(AzureConfigKey::Client(key), value);
+            }
+            for (k, v) in options {
+                b = b.with_config(k.parse().map_err(|_| bad_key(k))?, v);
+            }
+            if azure_cli_unless_given(&b, azure_login_dir().as_deref(), options) {
+                b = b.with_use_azure_cli(true);
+            }
+            Arc::new(b.build()?) as Arc<dyn ObjectStore>
         }
         ObjectStoreScheme::Http => {
             let mut client = ClientOptions::new();
@@ -183,6 +195,58 @@ pub(crate) fn open_store(
         other => bail!("{other:?} sources are not supported"),
     };
     Ok((store, Path::parse(path)?))
+}
+
+/// Whether an Azure store given no credential of its own (no key, SAS, token, client secret,
+/// federated token, managed identity endpoint or emulator, in the options or the environment)
+/// takes the Azure CLI's login (`az login`: its profile in `AZURE_CONFIG_DIR`, else
+/// `~/.azure/`), as Azure's own tools do, rather than asking instance metadata. An explicit
+/// `azure_use_azure_cli=false` keeps managed identity.
+fn azure_cli_unless_given(
+    b: &MicrosoftAzureBuilder,
+    login: Option<&std::path::Path>,
+    options: &[(String, String)],
+) -> bool {
+    use AzureConfigKey as K;
+    let given = [
+        K::AccessKey,
+        K::SasKey,
+        K::Token,
+        K::ClientSecret,
+        K::FederatedTokenFile,
+        K::MsiEndpoint,
+        K::ObjectId,
+        K::MsiResourceId,
+        K::UseEmulator,
+        K::SkipSignature,
+        K::UseFabricEndpoint,
+    ];
+    if given.iter().any(|k| {
+        b.get_config_value(k)
+            .is_some_and(|v| !v.is_empty() && v != "false")
+    }) {
+        return false;
+    }
+    // Told either way (a builder reads an unset flag as false, so it cannot tell).
+    let told = (options.iter()).any(|(k, _)| matches!(k.parse::<K>(), Ok(K::UseAzureCli)))
+        || std::env::var_os("AZURE_USE_AZURE_CLI").is_some();
+    if told {
+        return false;
+    }
+    let Some(dir) = login else {
+        return false;
+    };
+    // A login leaves the account's subscriptions in the profile.
+    std::fs::read_to_string(dir.join("azureProfile.json"))
+        .is_ok_and(|profile| profile.contains("\"subscriptions\"") && profile.contains("\"id\""))
+}
+
+/// Where the Azure CLI keeps its login: `AZURE_CONFIG_DIR`, else `~/.azure`.
+fn azure_login_dir() -> Option<std::path::PathBuf> {
+    match std::env::var_os("AZURE_CONFIG_DIR") {
+        Some(d) => Some(d.into()),
+        None => Some(std::path::PathBuf::from(std::env::var_os("HOME")?).join(".azure")),
+    }
 }
 
 /// The `Authorization` header an HTTP source sends, and the other options. object_store's HTTP
@@ -293,5 +357,42 @@ mod tests {
             .expect("the request ends");
             assert!(listed.is_err(), "{url}: nothing listens there");
         }
+    }
+
+    #[test]
+    fn an_azure_store_given_nothing_takes_the_cli_s_login() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = "az://container/prefix";
+        let bare = || {
+            MicrosoftAzureBuilder::new()
+                .with_url(url)
+                .with_account("acct")
+        };
+        let none: &[(String, String)] = &[];
+        assert!(
+            !azure_cli_unless_given(&bare(), Some(dir.path()), none),
+            "no login"
+        );
+        std::fs::write(
+            dir.path().join("azureProfile.json"),
+            r#"{"subscriptions": [{"id": "0000", "name": "x"}]}"#,
+        )
+        .unwrap();
+        assert!(azure_cli_unless_given(&bare(), Some(dir.path()), none));
+        let keyed = bare().with_access_key("a2V5");
+        assert!(
+            !azure_cli_unless_given(&keyed, Some(dir.path()), none),
+            "a key given"
+        );
+        let off = [("azure_use_azure_cli".to_string(), "false".to_string())];
+        assert!(
+            !azure_cli_unless_given(&bare(), Some(dir.path()), &off),
+            "told not to"
+        );
+        let emulated = bare().with_use_emulator(true);
+        assert!(
+            !azure_cli_unless_given(&emulated, Some(dir.path()), none),
+            "the emulator"
+        );
     }
 }
