@@ -247,7 +247,7 @@ fn build_all(files: &[PathBuf], jobs: usize) -> (u64, Vec<String>) {
 /// `steps`) and the bar (`show`) up to date; why it was not built.
 fn built_whole(f: &Path, done: &AtomicU64, show: &dyn Fn(), steps: u64) -> Result<(), String> {
     loop {
-        match xattr::get(f, crate::requests::fs::WARM_XATTR) {
+        match xattr::get(f, crate::requests::files::WARM_XATTR) {
             Ok(Some(v)) if v == b"ready" => return Ok(()),
             Ok(Some(v)) if v == b"skipped" => {
                 return Err(
@@ -311,7 +311,7 @@ fn keep_all(files: &[PathBuf], jobs: usize) -> (u64, Vec<String>) {
 /// Batch file `f` materialised on the mount's cache: its size.
 fn kept(f: &Path) -> std::io::Result<u64> {
     let size = std::fs::metadata(f)?.len();
-    match xattr::get(f, crate::requests::fs::WARM_XATTR)? {
+    match xattr::get(f, crate::requests::files::WARM_XATTR)? {
         Some(v) if v == b"ready" => Ok(size),
         _ => Err(std::io::Error::other(
             "not materialised: no room in the cache (the mount's log says more)",

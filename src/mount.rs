@@ -20,6 +20,7 @@ use crate::read::produce::materialize::Materializer;
 use crate::read::readers::Readers;
 use crate::requests::Requests;
 use crate::requests::fs::{Fs, Tree};
+use crate::requests::serve::Serve;
 use crate::source::Source;
 use crate::source::view::{self, View};
 use crate::stats::Stats;
@@ -541,10 +542,14 @@ impl Dataset {
         )
     }
 
-    /// The filesystem core over this dataset and its cache: the parts that build, cache,
-    /// materialise and prefetch batches, wired together. What a mount serves, and what the
-    /// in-process tests drive without FUSE.
-    pub fn filesystem(&self, opts: &Options, runtime: tokio::runtime::Handle) -> Result<Fs> {
+    /// The filesystem core over this dataset and its cache: the tree, and the serving facade
+    /// over the parts that build, cache, materialise and prefetch batches, wired together. What
+    /// a mount serves (through [`Requests`]), and what the in-process tests drive without FUSE.
+    pub fn filesystem(
+        &self,
+        opts: &Options,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<(Fs, Arc<Serve>)> {
         let layout = self.layout();
         let widths: Vec<usize> = self.view.tensors.iter().map(|t| t.row_bytes()).collect();
         let placement = Arc::new(Placement::for_mount(
@@ -606,16 +611,21 @@ impl Dataset {
             opts.prefetch,
             opts.epochs,
         );
-        Ok(Fs::new(Tree {
+        let serve = Arc::new(Serve::new(
             materializer,
             builder,
             prefetcher,
             ahead,
+            layout.clone(),
+        ));
+        let fs = Fs::new(Tree {
+            backing: serve.clone(),
             layout,
             epochs: opts.epochs,
             world_size: opts.world_size,
             dataset_json,
-        }))
+        });
+        Ok((fs, serve))
     }
 
     /// What `memory_limit` leaves for the buffers (decoded row groups, built batches) once the
@@ -1019,11 +1029,17 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
     };
     let runtime = runtime(opts.threads)?;
     let mounted = open_for_mount(source, opts, &runtime).and_then(|dataset| {
-        let fs = Arc::new(dataset.filesystem(opts, runtime.handle().clone())?);
+        let (fs, serve) = dataset.filesystem(opts, runtime.handle().clone())?;
+        let fs = Arc::new(fs);
         let metrics = opts.metrics.as_deref().map(Endpoint::bind).transpose()?;
         let passthrough = opts.passthrough == crate::options::Passthrough::Auto;
         let kernel_opens = opts.opens == crate::options::Opens::Kernel;
-        let requests = Arc::new(Requests::new(fs.clone(), passthrough, kernel_opens));
+        let requests = Arc::new(Requests::new(
+            fs.clone(),
+            serve.clone(),
+            passthrough,
+            kernel_opens,
+        ));
         let adapter = FuseAdapter::new(requests, runtime.handle().clone());
         let session = session(adapter, mountpoint, source, opts)?;
         // At once: a daemon killed from here on leaves no dead mount behind.
@@ -1031,14 +1047,13 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
             w.watch(mountpoint);
         }
         let kernel = Arc::new(crate::kernel::Session::new(session.notifier()));
-        fs.serve()
-            .store_in(PageCache::new(kernel, mountpoint), kernel_opens);
+        serve.store_in(PageCache::new(kernel, mountpoint), kernel_opens);
         if let Some(endpoint) = metrics {
             endpoint.serve(fs.clone());
         }
-        Ok((dataset, session, fs))
+        Ok((dataset, session, serve))
     });
-    let (dataset, mut session, fs) = match mounted {
+    let (dataset, mut session, serve) = match mounted {
         Ok(m) => m,
         Err(e) => {
             ready.report(&Err(anyhow!("{}", one_line(&e))));
@@ -1075,7 +1090,7 @@ pub fn serve(source: &str, mountpoint: &Path, opts: &Options, mut ready: Ready) 
         Err(e) => return Err(anyhow::Error::new(e).context("FUSE session")),
     }
     tracing::info!("unmounted {}", mountpoint.display());
-    let sealed = fs.serve().seal_kept();
+    let sealed = serve.seal_kept();
     if sealed > 0 {
         tracing::info!("{sealed} files built ahead kept for a later mount");
     }

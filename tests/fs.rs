@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
 use tensorfs::read::layout;
-use tensorfs::requests::fs::{Fs, Kind, ROOT_INO};
+use tensorfs::requests::fs::{Kind, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 use tensorfs::source::catalog::Pinned;
 use tensorfs::source::{Listing, Source};
@@ -158,8 +158,11 @@ async fn store() -> Arc<Flaky> {
     store
 }
 
+/// The request core of a mount (passthrough offered, as the kernel offers it).
+type Core = Requests<usize>;
+
 struct Mounted {
-    fs: Fs,
+    fs: Arc<Core>,
     dataset: Dataset,
     _cache: tempfile::TempDir,
 }
@@ -175,7 +178,11 @@ async fn mount(store: Arc<Flaky>, options: &str) -> Mounted {
 }
 
 /// The core over `store` with its cache in `cache` (a remount finds what an earlier mount left).
-async fn mount_on(store: Arc<Flaky>, options: &str, cache: &std::path::Path) -> (Fs, Dataset) {
+async fn mount_on(
+    store: Arc<Flaky>,
+    options: &str,
+    cache: &std::path::Path,
+) -> (Arc<Core>, Dataset) {
     let opts = Options::parse(&[
         options.to_string(),
         format!("cache_dir={}", cache.display()),
@@ -195,13 +202,16 @@ async fn mount_on(store: Arc<Flaky>, options: &str, cache: &std::path::Path) -> 
     .unwrap();
     let dataset = Dataset::over(Arc::new(source), &opts, stats).await.unwrap();
     dataset.check().unwrap();
-    let fs = dataset
+    let (fs, serve) = dataset
         .filesystem(&opts, tokio::runtime::Handle::current())
         .unwrap();
-    (fs, dataset)
+    (
+        Arc::new(Requests::new(Arc::new(fs), serve, true, false)),
+        dataset,
+    )
 }
 
-fn ino(fs: &Fs, path: &str) -> u64 {
+fn ino(fs: &tensorfs::requests::fs::Fs, path: &str) -> u64 {
     path.split('/').fold(ROOT_INO, |parent, name| {
         fs.lookup(parent, name)
             .unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -209,7 +219,8 @@ fn ino(fs: &Fs, path: &str) -> u64 {
     })
 }
 
-fn names(fs: &Fs, path: &str) -> Vec<String> {
+fn names(core: &Core, path: &str) -> Vec<String> {
+    let fs = core.fs();
     let dir = if path.is_empty() {
         ROOT_INO
     } else {
@@ -223,17 +234,17 @@ fn names(fs: &Fs, path: &str) -> Vec<String> {
         .collect()
 }
 
-async fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
-    let ino = ino(fs, path);
-    let size = fs.getattr(ino).unwrap().size;
+async fn read_all(core: &Core, path: &str) -> Vec<u8> {
+    let ino = ino(core.fs(), path);
+    let size = core.fs().getattr(ino).unwrap().size;
     let mut out = Vec::new();
     while (out.len() as u64) < size {
-        let chunk = fs.read(ino, out.len() as u64, 100_000).await.unwrap();
+        let chunk = core.read_ino(ino, out.len() as u64, 100_000).await.unwrap();
         assert!(!chunk.is_empty(), "{path}: short at {}", out.len());
         out.extend(chunk);
     }
     assert_eq!(
-        fs.read(ino, size, 10).await.unwrap(),
+        core.read_ino(ino, size, 10).await.unwrap(),
         b"",
         "{path}: data past its size"
     );
@@ -283,10 +294,10 @@ async fn the_tree_lists_epochs_batches_and_one_open_files() {
     assert_eq!(names(&m.fs, "epoch-1/rank-1-of-2").len(), 3 * 2 + 2);
     // The daemon's own listings (of the files it stores) get a directory's batches alone, from
     // any batch's entries on: the rank views after them are not made for them.
-    let e1 = ino(&m.fs, "epoch-1");
+    let e1 = ino(m.fs.fs(), "epoch-1");
     let own = |from: u64| -> Vec<String> {
         let at = layout::DOT_ENTRIES + layout::batch_file_entry(from);
-        let entries = m.fs.readdir(e1, at, 10_000, true).unwrap();
+        let entries = m.fs.fs().readdir(e1, at, 10_000, true).unwrap();
         entries.into_iter().map(|e| e.name).collect()
     };
     assert_eq!(own(0).len(), 6 * 2, "{:?}", own(0));
@@ -300,18 +311,21 @@ async fn the_tree_lists_epochs_batches_and_one_open_files() {
         ]
     );
     // Any epoch resolves by name; a batch past the end does not.
-    assert!(m.fs.lookup(ROOT_INO, "epoch-99").is_ok());
-    let e0 = ino(&m.fs, "epoch-0");
+    assert!(m.fs.fs().lookup(ROOT_INO, "epoch-99").is_ok());
+    let e0 = ino(m.fs.fs(), "epoch-0");
     assert_eq!(
-        m.fs.lookup(e0, "000006.safetensors").unwrap_err().errno(),
+        m.fs.fs()
+            .lookup(e0, "000006.safetensors")
+            .unwrap_err()
+            .errno(),
         libc::ENOENT
     );
     assert_eq!(
-        m.fs.lookup(e0, "06.safetensors").unwrap_err().errno(),
+        m.fs.fs().lookup(e0, "06.safetensors").unwrap_err().errno(),
         libc::ENOENT
     );
-    let gds = ino(&m.fs, "gds/epoch-0/000001.safetensors");
-    assert_eq!(m.fs.getattr(gds).unwrap().kind, Kind::Symlink);
+    let gds = ino(m.fs.fs(), "gds/epoch-0/000001.safetensors");
+    assert_eq!(m.fs.fs().getattr(gds).unwrap().kind, Kind::Symlink);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +343,11 @@ async fn batches_read_and_opened_are_the_plans_rows() {
             let got = ids(tensor(&bytes, "id"));
             assert_eq!(got, planned(&m.dataset, epoch, i), "{path}");
             // Opened: materialised on the cache, byte for byte what reads give.
-            let (file, _) = m.fs.materialize(ino(&m.fs, &path)).await.unwrap().unwrap();
+            let (file, _) =
+                m.fs.materialize(ino(m.fs.fs(), &path))
+                    .await
+                    .unwrap()
+                    .unwrap();
             assert_eq!(std::fs::read(file_path(&file)).unwrap(), bytes, "{path}");
             let npy = read_all(&m.fs, &format!("epoch-{epoch}/{i:06}/id.npy")).await;
             assert_eq!(&npy[4096..], tensor(&bytes, "id"));
@@ -362,7 +380,7 @@ async fn a_cache_smaller_than_the_epoch_stays_within_its_size_and_serves_the_rig
     for epoch in 0..3 {
         for i in 0..11 {
             let path = format!("epoch-{epoch}/{i:06}.safetensors");
-            m.fs.materialize(ino(&m.fs, &path)).await.unwrap();
+            m.fs.materialize(ino(m.fs.fs(), &path)).await.unwrap();
             let bytes = read_all(&m.fs, &path).await;
             assert_eq!(
                 ids(tensor(&bytes, "id")),
@@ -384,8 +402,8 @@ async fn a_remote_fault_is_eio_for_that_read_and_the_mount_goes_on() {
     let store = store().await;
     let m = mount(store.clone(), "batch_size=100,shuffle=none,prefetch=0").await;
     store.failing.store(true, Ordering::SeqCst);
-    let i = ino(&m.fs, "epoch-0/000002.safetensors");
-    let e = m.fs.read(i, 0, 4096).await.unwrap_err();
+    let i = ino(m.fs.fs(), "epoch-0/000002.safetensors");
+    let e = m.fs.read_ino(i, 0, 4096).await.unwrap_err();
     assert_eq!(e.errno(), libc::EIO);
     assert!(e.to_string().contains("connection reset"), "{e}");
     assert_eq!(m.fs.materialize(i).await.unwrap_err().errno(), libc::EIO);
@@ -407,7 +425,7 @@ async fn an_object_replaced_under_the_mount_is_never_served() {
         .unwrap();
     // Batch 4 is rows 400..500, all from b.
     let e =
-        m.fs.read(ino(&m.fs, "epoch-0/000004.safetensors"), 0, 4096)
+        m.fs.read_ino(ino(m.fs.fs(), "epoch-0/000004.safetensors"), 0, 4096)
             .await
             .unwrap_err();
     assert_eq!(e.errno(), libc::EIO);
@@ -444,8 +462,8 @@ async fn one_open_files_gather_only_the_tensors_and_batches_they_span() {
     );
 
     // Rows 250..260 of epoch 0's all/id.npy lie in batch 2 alone.
-    let ino = ino(&m.fs, "epoch-0/all/id.npy");
-    let got = m.fs.read(ino, 4096 + 250 * 8, 80).await.unwrap();
+    let ino = ino(m.fs.fs(), "epoch-0/all/id.npy");
+    let got = m.fs.read_ino(ino, 4096 + 250 * 8, 80).await.unwrap();
     assert_eq!(ids(&got), planned(&m.dataset, 0, 2)[50..60]);
     assert_eq!(stat("tensors_gathered"), 13, "tensor id of batch 2 alone");
     let file = read_all(&m.fs, "epoch-0/000002.safetensors").await;
@@ -464,14 +482,14 @@ async fn the_tensors_read_through_all_npy_files_are_gathered_together() {
     let m = mount(store().await, "batch_size=100,shuffle=global,prefetch=0").await;
     let stat = |k: &str| m.dataset.stats.to_json()[k].as_u64().unwrap();
     let (id, x) = (
-        ino(&m.fs, "epoch-0/all/id.npy"),
-        ino(&m.fs, "epoch-0/all/x.npy"),
+        ino(m.fs.fs(), "epoch-0/all/id.npy"),
+        ino(m.fs.fs(), "epoch-0/all/x.npy"),
     );
     for i in 0..6u64 {
         let want = planned(&m.dataset, 0, i);
-        let got = m.fs.read(id, 4096 + i * 800, 800).await.unwrap();
+        let got = m.fs.read_ino(id, 4096 + i * 800, 800).await.unwrap();
         assert_eq!(ids(&got), want, "id of batch {i}");
-        let got = m.fs.read(x, 4096 + i * 400, 400).await.unwrap();
+        let got = m.fs.read_ino(x, 4096 + i * 400, 400).await.unwrap();
         let xs: Vec<f32> = got
             .chunks(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -490,7 +508,7 @@ async fn materialize_epoch_0(options: &str, cache: &std::path::Path) -> Vec<i64>
     let mut want = Vec::new();
     for i in 0..6 {
         let path = format!("epoch-0/{i:06}.safetensors");
-        fs.materialize(ino(&fs, &path))
+        fs.materialize(ino(fs.fs(), &path))
             .await
             .unwrap()
             .expect("materialised");
@@ -586,7 +604,7 @@ async fn mount_pinned(
     pinned: &[u8],
     options: &str,
     cache: &std::path::Path,
-) -> (Fs, Dataset) {
+) -> (Arc<Core>, Dataset) {
     let opts = Options::parse(&[
         options.to_string(),
         format!("cache_dir={}", cache.display()),
@@ -599,13 +617,16 @@ async fn mount_pinned(
         Source::pinned_over(store, &url, "memory:///data", pinned, None, stats.clone()).unwrap();
     let dataset = Dataset::over(Arc::new(source), &opts, stats).await.unwrap();
     dataset.check().unwrap();
-    let fs = dataset
+    let (fs, serve) = dataset
         .filesystem(&opts, tokio::runtime::Handle::current())
         .unwrap();
-    (fs, dataset)
+    (
+        Arc::new(Requests::new(Arc::new(fs), serve, true, false)),
+        dataset,
+    )
 }
 
-async fn dataset_json(fs: &Fs) -> serde_json::Value {
+async fn dataset_json(fs: &Core) -> serde_json::Value {
     serde_json::from_slice(&read_all(fs, "dataset.json").await).unwrap()
 }
 
@@ -846,7 +867,7 @@ async fn a_snapshot_pins_the_dataset_whatever_changes_after() {
     assert_eq!(read_all(&fs, "epoch-0/000001.safetensors").await, first);
     // Batch 4 is rows 400..500, all from b, written again (same rows, another version).
     let e = fs
-        .read(ino(&fs, "epoch-0/000004.safetensors"), 0, 4096)
+        .read_ino(ino(fs.fs(), "epoch-0/000004.safetensors"), 0, 4096)
         .await
         .unwrap_err();
     assert_eq!(e.errno(), libc::EIO);
@@ -861,7 +882,7 @@ async fn a_snapshot_pins_the_dataset_whatever_changes_after() {
         .await
         .unwrap();
     let e = fs
-        .read(ino(&fs, "epoch-0/000002.safetensors"), 0, 4096)
+        .read_ino(ino(fs.fs(), "epoch-0/000002.safetensors"), 0, 4096)
         .await
         .unwrap_err();
     assert_eq!(e.errno(), libc::EIO);
@@ -944,12 +965,15 @@ async fn read_fh(requests: &Arc<Requests<usize>>, path: &str, fh: u64) -> Vec<u8
 /// ids shared by an inode's opens, refusals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opens_are_answered_by_the_core_for_every_file_kind() {
-    let Mounted { fs, _cache, .. } = mount(store().await, "batch_size=100,prefetch=0").await;
-    let fs = Arc::new(fs);
+    let Mounted {
+        fs: requests,
+        _cache,
+        ..
+    } = mount(store().await, "batch_size=100,prefetch=0").await;
+    let (fs, serve) = (requests.fs().clone(), requests.serve().clone());
     let registered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let requests = Arc::new(Requests::<usize>::new(fs.clone(), true, false));
     let batch = "epoch-0/000001.safetensors";
-    let want = read_all(&fs, batch).await;
+    let want = read_all(&requests, batch).await;
 
     // A batch file: materialised, then handed to the kernel by passthrough; a second open of
     // the inode shares its id; once both are closed a new open registers anew.
@@ -989,17 +1013,25 @@ async fn opens_are_answered_by_the_core_for_every_file_kind() {
     assert!(id.is_none() && !direct);
     assert_eq!(
         read_fh(&requests, "dataset.json", fh).await,
-        read_all(&fs, "dataset.json").await
+        read_all(&requests, "dataset.json").await
     );
     let all = "epoch-0/all/id.npy";
     let (fh, id, _) = open(&requests, &registered, all, libc::O_RDONLY)
         .await
         .unwrap();
     assert!(id.is_none());
-    assert_eq!(read_fh(&requests, all, fh).await, read_all(&fs, all).await);
+    assert_eq!(
+        read_fh(&requests, all, fh).await,
+        read_all(&requests, all).await
+    );
 
     // Without passthrough, a batch file is read through its handle from the daemon.
-    let daemon = Arc::new(Requests::<usize>::new(fs.clone(), false, false));
+    let daemon = Arc::new(Requests::<usize>::new(
+        fs.clone(),
+        serve.clone(),
+        false,
+        false,
+    ));
     let (fh, id, _) = open(&daemon, &registered, batch, libc::O_RDONLY)
         .await
         .unwrap();
@@ -1019,7 +1051,12 @@ async fn opens_are_answered_by_the_core_for_every_file_kind() {
         .await
         .unwrap_err();
     assert_eq!(e.errno(), libc::EISDIR);
-    let kernel = Arc::new(Requests::<usize>::new(fs.clone(), true, true));
+    let kernel = Arc::new(Requests::<usize>::new(
+        fs.clone(),
+        serve.clone(),
+        true,
+        true,
+    ));
     let e = open(&kernel, &registered, batch, libc::O_RDONLY)
         .await
         .unwrap_err();

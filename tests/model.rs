@@ -545,13 +545,13 @@ impl Core {
             (dataset.filesystem(&opts, tokio::runtime::Handle::current()))
                 .map_err(|e| e.to_string())
         })?;
+        let (fs, serve) = fs;
         let kernel = Arc::new(PageStore::default());
         // No mount point: the daemon's calls into its mount (to make names known) fail, as
         // they may in a real mount, and opens store their files themselves.
         let mountpoint = Path::new("/nonexistent/tensorfs-in-process");
-        fs.serve()
-            .store_in(PageCache::new(kernel.clone(), mountpoint), false);
-        let requests = Arc::new(Requests::new(Arc::new(fs), true, false));
+        serve.store_in(PageCache::new(kernel.clone(), mountpoint), false);
+        let requests = Arc::new(Requests::new(Arc::new(fs), serve, true, false));
         Ok(Core {
             runtime,
             requests,
@@ -652,16 +652,16 @@ impl Under for Core {
 
     fn readlink(&self, rel: &Path) -> std::io::Result<PathBuf> {
         let ino = self.ino(rel)?;
-        let fs = self.requests.fs();
-        let target = self.runtime.block_on(fs.readlink(ino)).map_err(errno)?;
+        let target = (self.runtime)
+            .block_on(self.requests.readlink(ino))
+            .map_err(errno)?;
         Ok(PathBuf::from(std::ffi::OsString::from_vec(target)))
     }
 
     fn path_xattr(&self, rel: &Path) -> std::io::Result<PathBuf> {
         let ino = self.ino(rel)?;
-        let fs = self.requests.fs();
         let path = (self.runtime)
-            .block_on(fs.getxattr(ino, "user.tensorfs.path"))
+            .block_on(self.requests.getxattr(ino, "user.tensorfs.path"))
             .map_err(errno)?;
         Ok(PathBuf::from(std::ffi::OsString::from_vec(path)))
     }

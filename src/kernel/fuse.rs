@@ -302,9 +302,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let fs = self.fs.clone();
+        let requests = self.requests.clone();
         self.runtime.spawn(async move {
-            match fs.readlink(ino.0).await {
+            match requests.readlink(ino.0).await {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(errno(e, "readlink")),
             }
@@ -368,10 +368,10 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let fs = self.fs.clone();
+        let requests = self.requests.clone();
         let name = name.to_string_lossy().into_owned();
         self.runtime.spawn(async move {
-            match fs.getxattr(ino.0, &name).await {
+            match requests.getxattr(ino.0, &name).await {
                 Ok(value) => xattr_reply(reply, &value, size),
                 Err(e) => reply.error(errno(e, "getxattr")),
             }
@@ -379,7 +379,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
+        match self.requests.listxattr(ino.0) {
             Ok(names) => xattr_reply(reply, &names, size),
             Err(e) => reply.error(errno(e, "listxattr")),
         }

@@ -9,11 +9,13 @@
 //! do after the reply: letting the prefetcher follow the reader costs more than the reply, so it
 //! comes after it.
 //!
-//! The request core, this folder: `fs` (the tree: lookups, attributes, listings, links,
-//! extended attributes; what an inode is), `serve` (the serving facade: the reads behind open
-//! files, keyed by the file, not the inode), `open_files` (the open-file table), and this
-//! module (open, read, release).
+//! The request core, this folder: `fs` (the tree: lookups, attributes, listings; what an
+//! inode is, and the narrow [`fs::Backing`] it asks of the serving side), `serve` (the serving
+//! facade: the reads behind open files, keyed by the file, not the inode), `files` (`readlink`,
+//! the extended attributes, reads by inode), `open_files` (the open-file table), and this module
+//! (open, read, release). [`Requests`] holds the tree and the facade side by side.
 
+pub(crate) mod files;
 pub mod fs;
 pub(crate) mod open_files;
 pub mod serve;
@@ -30,6 +32,29 @@ use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::Instrument;
+
+/// The facade is what the tree asks of the serving side: the two meet here, not in each other.
+impl crate::requests::fs::Backing for Serve {
+    fn plan(&self) -> &crate::model::plan::Plan {
+        Serve::plan(self)
+    }
+
+    fn stats(&self) -> &crate::stats::Stats {
+        Serve::stats(self)
+    }
+
+    fn memory(&self) -> usize {
+        Serve::memory(self)
+    }
+
+    fn depths(&self) -> Vec<serde_json::Value> {
+        Serve::depths(self)
+    }
+
+    fn backing_path(&self, f: BatchFile) -> std::path::PathBuf {
+        Serve::backing_path(self, f)
+    }
+}
 
 /// What answering an open needs of the kernel: a backing file registered for passthrough. The
 /// adapter implements it over its reply; the in-process tests with a counter.
@@ -94,6 +119,7 @@ pub enum Answer<T> {
 /// The filesystem core as the kernel's requests reach it.
 pub struct Requests<Id> {
     fs: Arc<Fs>,
+    serve: Arc<Serve>,
     open_files: OpenFiles<Id>,
     /// Whether to try passthrough: asked for, offered by the kernel, and not refused since.
     passthrough: AtomicBool,
@@ -102,9 +128,15 @@ pub struct Requests<Id> {
 }
 
 impl<Id: Send + Sync + 'static> Requests<Id> {
-    pub fn new(fs: Arc<Fs>, passthrough: bool, kernel_opens: bool) -> Requests<Id> {
+    pub fn new(
+        fs: Arc<Fs>,
+        serve: Arc<Serve>,
+        passthrough: bool,
+        kernel_opens: bool,
+    ) -> Requests<Id> {
         Requests {
             fs,
+            serve,
             open_files: OpenFiles::default(),
             passthrough: AtomicBool::new(passthrough && !kernel_opens),
             kernel_opens,
@@ -116,8 +148,9 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         &self.fs
     }
 
-    fn serve(&self) -> &Arc<Serve> {
-        self.fs.serve()
+    /// The serving facade: what an open file's bytes come from.
+    pub fn serve(&self) -> &Arc<Serve> {
+        &self.serve
     }
 
     pub(crate) fn kernel_opens(&self) -> bool {
@@ -357,7 +390,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
             let read = async move {
                 let data = match target {
                     Some(t) => serve.read_unopened(t, offset, size).await,
-                    None => fs.read(ino, offset, size).await,
+                    None => fs.read(ino, offset, size),
                 };
                 (data, Then::nothing())
             };
@@ -383,7 +416,7 @@ impl<Id: Send + Sync + 'static> Requests<Id> {
         let read = async move {
             let data = match target {
                 Some(t) => serve.read_open(t, file, offset, size).await,
-                None => fs.read(ino, offset, size).await,
+                None => fs.read(ino, offset, size),
             };
             (data, Then::nothing())
         };

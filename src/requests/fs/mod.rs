@@ -10,19 +10,13 @@
 use crate::error::{Error, Result, enoent};
 use crate::model::item::FileKind;
 use crate::model::plan::{Batches, Plan};
-use crate::read::follow::prefetch::Prefetcher;
 use crate::read::layout::{self, ALL, ALL_SAFETENSORS, Layout};
-use crate::read::produce::ahead::{Ahead, Warming};
-use crate::read::produce::builder::Builder;
-use crate::read::produce::materialize::Materializer;
-use crate::requests::serve::{AllFile, BatchFile, Serve, Target};
+use crate::requests::serve::{AllFile, BatchFile, Target};
 use crate::stats::Stats;
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 pub const ROOT_INO: u64 = 1;
 const DATASET_JSON_INO: u64 = 2;
@@ -35,17 +29,6 @@ const META: &str = ".tensorfs";
 const STATS_JSON: &str = "stats.json";
 /// stats.json's size is a multiple of this.
 const STATS_JSON_STEP: u64 = 4096;
-/// The extended attribute that names a batch file's backing file.
-pub(crate) const PATH_XATTR: &str = "user.tensorfs.path";
-/// The extended attribute `tensorfs warm` asks of a one-open file: its build started (or the
-/// file an earlier mount kept checked) where nothing of it is known yet, and how far it is:
-/// `ready`, `skipped` (no room, failed, or stopped by a reader), or the part done (0 to 1). Of a
-/// batch file: materialised on the cache (`ready`) or not (`skipped`: no room), once asked.
-/// Not listed: it is a request, not an attribute.
-pub(crate) const WARM_XATTR: &str = "user.tensorfs.warm";
-/// How long a backing file handed out by path stays pinned in the cache.
-const PIN_GRACE: Duration = Duration::from_secs(300);
-
 const KIND_SHIFT: u32 = 60;
 const DIR_SHIFT: u32 = 44;
 const BATCH_SHIFT: u32 = 12;
@@ -64,23 +47,21 @@ pub(crate) enum Node {
     StatsJson,
     /// An epoch or rank directory, in the main tree or under `gds/`.
     Dir(u32),
-    Safetensors(u32, u64),
+    /// File `kind` of batch `i`: `NNNNNN.safetensors`, or `NNNNNN/NAME.npy`.
+    Batch(u32, u64, FileKind),
     BatchDir(u32, u64),
-    Npy(u32, u64, usize),
-    /// `all.safetensors`: every batch of the directory, back to back.
-    AllSafetensors(u32),
+    /// A one-open file: `all.safetensors` (every batch of the directory, back to back), or
+    /// `all/NAME.npy`.
+    All(u32, FileKind),
     /// `all/`
     AllDir(u32),
-    /// `all/NAME.npy`
-    AllNpy(u32, usize),
 }
 
 impl Node {
     /// The batch file a node is: (directory, batch, which file).
     fn batch_file(self) -> Option<(u32, u64, FileKind)> {
         match self {
-            Node::Safetensors(d, i) => Some((d, i, FileKind::Safetensors)),
-            Node::Npy(d, i, t) => Some((d, i, FileKind::Npy(t))),
+            Node::Batch(d, i, kind) => Some((d, i, kind)),
             _ => None,
         }
     }
@@ -88,8 +69,7 @@ impl Node {
     /// The one-open file a node is: (directory, which file).
     fn all_file(self) -> Option<(u32, FileKind)> {
         match self {
-            Node::AllSafetensors(d) => Some((d, FileKind::Safetensors)),
-            Node::AllNpy(d, t) => Some((d, FileKind::Npy(t))),
+            Node::All(d, kind) => Some((d, kind)),
             _ => None,
         }
     }
@@ -142,12 +122,12 @@ fn encode(node: Node) -> u64 {
         Node::Meta => META_INO,
         Node::StatsJson => STATS_JSON_INO,
         Node::Dir(d) => pack(1, d, 0, 0),
-        Node::Safetensors(d, i) => pack(2, d, i, 0),
+        Node::Batch(d, i, FileKind::Safetensors) => pack(2, d, i, 0),
         Node::BatchDir(d, i) => pack(3, d, i, 0),
-        Node::Npy(d, i, t) => pack(4, d, i, t),
-        Node::AllSafetensors(d) => pack(5, d, 0, 0),
+        Node::Batch(d, i, FileKind::Npy(t)) => pack(4, d, i, t),
+        Node::All(d, FileKind::Safetensors) => pack(5, d, 0, 0),
         Node::AllDir(d) => pack(6, d, 0, 0),
-        Node::AllNpy(d, t) => pack(7, d, 0, t),
+        Node::All(d, FileKind::Npy(t)) => pack(7, d, 0, t),
     }
 }
 
@@ -162,12 +142,12 @@ fn decode(ino: u64) -> Option<Node> {
         (0, META_INO) => Node::Meta,
         (0, STATS_JSON_INO) => Node::StatsJson,
         (1, _) => Node::Dir(d),
-        (2, _) => Node::Safetensors(d, i),
+        (2, _) => Node::Batch(d, i, FileKind::Safetensors),
         (3, _) => Node::BatchDir(d, i),
-        (4, _) => Node::Npy(d, i, t),
-        (5, _) => Node::AllSafetensors(d),
+        (4, _) => Node::Batch(d, i, FileKind::Npy(t)),
+        (5, _) => Node::All(d, FileKind::Safetensors),
         (6, _) => Node::AllDir(d),
-        (7, _) => Node::AllNpy(d, t),
+        (7, _) => Node::All(d, FileKind::Npy(t)),
         _ => return None,
     })
 }
@@ -179,12 +159,30 @@ struct Dirs {
     ids: HashMap<(Batches, bool), u32>,
 }
 
+/// What a `gds/` symlink links to ([`Fs::link`]).
+pub(crate) enum Link {
+    Batch(BatchFile),
+    /// A one-open file, and the path to it in the main tree.
+    All(AllFile, String),
+}
+
+/// What the tree asks of the serving side: the plan its names come from, the counters and
+/// gauges stats.json shows, and where a batch file's backing file lies (a `gds/` link's
+/// target). The bytes behind its files are the request core's ([`crate::requests`]).
+pub(crate) trait Backing: Send + Sync {
+    fn plan(&self) -> &Plan;
+    fn stats(&self) -> &Stats;
+    /// Bytes the read path holds in the daemon's memory.
+    fn memory(&self) -> usize;
+    /// Each reader's depth ahead.
+    fn depths(&self) -> Vec<serde_json::Value>;
+    /// Where batch file `f`'s backing file is (or will be) in the local cache.
+    fn backing_path(&self, f: BatchFile) -> PathBuf;
+}
+
 /// What the tree is made from.
 pub(crate) struct Tree {
-    pub(crate) materializer: Arc<Materializer>,
-    pub(crate) builder: Arc<Builder>,
-    pub(crate) prefetcher: Prefetcher,
-    pub(crate) ahead: Ahead,
+    pub(crate) backing: Arc<dyn Backing>,
     pub(crate) layout: Arc<Layout>,
     pub(crate) epochs: u64,
     pub(crate) world_size: Option<u64>,
@@ -192,8 +190,7 @@ pub(crate) struct Tree {
 }
 
 pub struct Fs {
-    /// What the files' bytes come from.
-    serve: Arc<Serve>,
+    backing: Arc<dyn Backing>,
     layout: Arc<Layout>,
     epochs: u64,
     world_size: Option<u64>,
@@ -212,23 +209,13 @@ pub struct Fs {
 impl Fs {
     pub(crate) fn new(tree: Tree) -> Fs {
         let Tree {
-            materializer,
-            builder,
-            prefetcher,
-            ahead,
+            backing,
             layout,
             epochs,
             world_size,
             dataset_json,
         } = tree;
-        let serve = Arc::new(Serve::new(
-            materializer,
-            builder,
-            prefetcher,
-            ahead,
-            layout.clone(),
-        ));
-        let plan = serve.plan();
+        let plan = backing.plan();
         let mut sizes = HashMap::new();
         for rows in [plan.options().batch_size, plan.last_batch_len()] {
             let kinds = std::iter::once(FileKind::Safetensors)
@@ -244,7 +231,7 @@ impl Fs {
             .position(|w| w == placeholder.as_bytes())
             .map(|at| at + key.len());
         Fs {
-            serve,
+            backing,
             layout,
             epochs,
             world_size,
@@ -257,16 +244,11 @@ impl Fs {
     }
 
     pub(crate) fn stats(&self) -> &Stats {
-        self.serve.stats()
+        self.backing.stats()
     }
 
     fn plan(&self) -> &Plan {
-        self.serve.plan()
-    }
-
-    /// The serving facade: what an open file's bytes come from.
-    pub fn serve(&self) -> &Arc<Serve> {
-        &self.serve
+        self.backing.plan()
     }
 
     /// The file of the main tree whose bytes the read path serves that `ino` is: a batch file
@@ -345,8 +327,8 @@ impl Fs {
 
     fn stats_json(&self) -> Vec<u8> {
         let mut v = self.stats().to_json();
-        v["memory_bytes"] = serde_json::json!(self.serve.memory());
-        v["readers"] = serde_json::json!(self.serve.depths());
+        v["memory_bytes"] = serde_json::json!(self.backing.memory());
+        v["readers"] = serde_json::json!(self.backing.depths());
         let mut out = serde_json::to_vec_pretty(&v).expect("stats serialise");
         // Padded with spaces (whitespace a JSON document may end with) to a size that only
         // grows, in steps of 4 KiB: the size a stat reports is then the size the next open
@@ -360,7 +342,7 @@ impl Fs {
 
     /// The counters in Prometheus's text exposition format (`metrics=`).
     pub(crate) fn metrics_text(&self) -> String {
-        let memory = self.serve.memory() as u64;
+        let memory = self.backing.memory() as u64;
         self.stats().prometheus(memory)
     }
 
@@ -420,22 +402,18 @@ impl Fs {
             // Its content changes all the time: each open reads a snapshot of it (direct-io),
             // padded to the size reported here.
             Node::StatsJson => (Kind::File, self.stats_json().len() as u64),
-            Node::Safetensors(d, i) | Node::Npy(d, i, _) => {
+            Node::Batch(d, i, kind) => {
                 let (b, gds) = self.dir_entry(d)?;
                 match gds {
                     true => (
                         Kind::Symlink,
                         self.backing_path(node)?.as_os_str().len() as u64,
                     ),
-                    false => {
-                        let (_, _, kind) = node.batch_file().expect("a batch file");
-                        (Kind::File, self.batch_file_size(b, i, kind))
-                    }
+                    false => (Kind::File, self.batch_file_size(b, i, kind)),
                 }
             }
-            Node::AllSafetensors(d) | Node::AllNpy(d, _) => {
+            Node::All(d, kind) => {
                 let (b, gds) = self.dir_entry(d)?;
-                let (_, kind) = node.all_file().expect("a one-open file");
                 match gds {
                     // No backing file holds them: under gds/ they link to the main tree.
                     true => (Kind::Symlink, self.all_link(node)?.len() as u64),
@@ -460,9 +438,13 @@ impl Fs {
             }
             Node::Dir(d) => self.lookup_in_dir(d, name)?,
             Node::BatchDir(d, i) => {
-                Node::Npy(d, i, self.layout.parse_npy(name).ok_or_else(enoent)?)
+                let t = self.layout.parse_npy(name).ok_or_else(enoent)?;
+                Node::Batch(d, i, FileKind::Npy(t))
             }
-            Node::AllDir(d) => Node::AllNpy(d, self.layout.parse_npy(name).ok_or_else(enoent)?),
+            Node::AllDir(d) => Node::All(
+                d,
+                FileKind::Npy(self.layout.parse_npy(name).ok_or_else(enoent)?),
+            ),
             _ => return Err(Error::answer(libc::ENOTDIR)),
         };
         self.getattr(encode(node))
@@ -473,14 +455,14 @@ impl Fs {
     fn lookup_in_dir(&self, d: u32, name: &str) -> Result<Node> {
         let (b, gds) = self.dir_entry(d)?;
         if name == ALL_SAFETENSORS {
-            return Ok(Node::AllSafetensors(d));
+            return Ok(Node::All(d, FileKind::Safetensors));
         }
         if name == ALL {
             return Ok(Node::AllDir(d));
         }
         if let Some(stem) = name.strip_suffix(".safetensors") {
             let i = self.parse_batch(b, stem).ok_or_else(enoent)?;
-            return Ok(Node::Safetensors(d, i));
+            return Ok(Node::Batch(d, i, FileKind::Safetensors));
         }
         if let Some(i) = self.parse_batch(b, name) {
             return Ok(Node::BatchDir(d, i));
@@ -535,7 +517,8 @@ impl Fs {
             let (i, file_entry) = layout::entry_batch(k);
             let name = layout::batch_name(i);
             return Ok(Some(if file_entry {
-                entry(Node::Safetensors(d, i), file, layout::safetensors_name(i))
+                let node = Node::Batch(d, i, FileKind::Safetensors);
+                entry(node, file, layout::safetensors_name(i))
             } else {
                 entry(Node::BatchDir(d, i), Kind::Dir, name)
             }));
@@ -543,7 +526,7 @@ impl Fs {
         match k - layout::batch_file_entry(n) {
             0 => {
                 return Ok(Some(entry(
-                    Node::AllSafetensors(d),
+                    Node::All(d, FileKind::Safetensors),
                     file,
                     ALL_SAFETENSORS.into(),
                 )));
@@ -601,8 +584,10 @@ impl Fs {
                 }
                 Node::Dir(d) if batches_only && !self.is_batch_entry(d, k)? => Ok(None),
                 Node::Dir(d) => self.dir_child(d, k),
-                Node::BatchDir(d, i) => self.npy_child(d, k, |t| Node::Npy(d, i, t)),
-                Node::AllDir(d) => self.npy_child(d, k, |t| Node::AllNpy(d, t)),
+                Node::BatchDir(d, i) => {
+                    self.npy_child(d, k, |t| Node::Batch(d, i, FileKind::Npy(t)))
+                }
+                Node::AllDir(d) => self.npy_child(d, k, |t| Node::All(d, FileKind::Npy(t))),
                 _ => Err(Error::answer(libc::ENOTDIR)),
             }
         };
@@ -644,9 +629,7 @@ impl Fs {
                     Ok(Openable::Live(self.dataset_json()))
                 }
                 Node::DatasetJson => Ok(Openable::Fixed),
-                Node::AllSafetensors(_) | Node::AllNpy(..) => {
-                    self.all_file_of(node).map(Openable::All).ok_or_else(enoent)
-                }
+                Node::All(..) => self.all_file_of(node).map(Openable::All).ok_or_else(enoent),
                 _ => Ok(Openable::Batch(self.batch_file_of(node)?, attr.size)),
             },
         }
@@ -654,56 +637,33 @@ impl Fs {
 
     /// Where a batch file's backing file is (or will be) in the local cache.
     fn backing_path(&self, node: Node) -> Result<PathBuf> {
-        Ok(self.serve.backing_path(self.batch_file_of(node)?))
+        Ok(self.backing.backing_path(self.batch_file_of(node)?))
     }
 
-    /// The backing file's path, once materialised, pinned for GPUDirect readers.
-    async fn handed_out_path(&self, node: Node) -> Result<Vec<u8>> {
-        let f = self.batch_file_of(node)?;
-        let (_, path) = (self.serve.materialize(f).await?)
-            .ok_or_else(|| Error::limit(libc::EIO, "the cache cannot hold the file now"))?;
-        self.serve.pin(f, PIN_GRACE);
-        Ok(path.into_os_string().into_encoded_bytes())
-    }
-
-    /// Reads `size` bytes at `offset` of file `ino`, building what it spans first if it must.
-    pub async fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+    /// The bytes at `offset` of dataset.json or stats.json; `EISDIR` for anything else (the
+    /// batch files' bytes are the request core's).
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         match self.node(ino)? {
             Node::DatasetJson => Ok(self.dataset_json_at(offset, size)),
             Node::StatsJson => Ok(layout::slice(&[&self.stats_json()], offset, size)),
-            _ => match self.target(ino) {
-                Some(t) => self.serve.read(t, offset, size).await,
-                None => Err(Error::answer(libc::EISDIR)),
-            },
+            _ => Err(Error::answer(libc::EISDIR)),
         }
     }
 
-    /// Batch file `ino`'s backing file, materialised on the local cache first if it must be
-    /// ([`Serve::materialize`]).
-    pub async fn materialize(&self, ino: u64) -> Result<Option<(File, PathBuf)>> {
-        match self.target(ino) {
-            Some(Target::Batch(f)) => self.serve.materialize(f).await,
-            _ => Err(Error::answer(libc::EINVAL)),
-        }
-    }
-
-    /// `readlink` of a `gds/` symlink.
-    pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+    /// What a `gds/` symlink `ino` links to: a batch file (whose backing file it names once
+    /// materialised), or a one-open file (its file built ahead, else `fallback`, the same file
+    /// in the main tree by a relative path).
+    pub(crate) fn link(&self, ino: u64) -> Result<Link> {
         if self.getattr(ino)?.kind != Kind::Symlink {
             return Err(Error::answer(libc::EINVAL));
         }
-        match self.node(ino)? {
-            node @ (Node::AllSafetensors(_) | Node::AllNpy(..)) => {
-                let built = match self.all_file_of(node) {
-                    Some(f) => self.serve.all_built(f).await,
-                    None => None,
-                };
-                match built {
-                    Some(path) => Ok(path.into_os_string().into_encoded_bytes()),
-                    None => Ok(self.all_link(node)?.into_bytes()),
-                }
-            }
-            node => self.handed_out_path(node).await,
+        let node = self.node(ino)?;
+        match node {
+            Node::All(..) => Ok(Link::All(
+                self.all_file_of(node).ok_or_else(enoent)?,
+                self.all_link(node)?,
+            )),
+            node => Ok(Link::Batch(self.batch_file_of(node)?)),
         }
     }
 
@@ -727,55 +687,6 @@ impl Fs {
     pub(crate) fn is_live(&self, ino: u64) -> bool {
         ino == STATS_JSON_INO || (ino == DATASET_JSON_INO && self.touched_at.is_some())
     }
-
-    /// Whether `ino` is a batch file (`.safetensors` or `.npy`) of the main tree.
-    pub(crate) fn is_batch_file(&self, ino: u64) -> bool {
-        matches!(self.target(ino), Some(Target::Batch(_)))
-    }
-
-    /// The names of a node's extended attributes.
-    pub(crate) fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        let built = || match self.target(ino) {
-            Some(Target::All(f)) => self.serve.has_built(f),
-            _ => false,
-        };
-        Ok(if self.is_batch_file(ino) || built() {
-            format!("{PATH_XATTR}\0").into_bytes()
-        } else {
-            Vec::new()
-        })
-    }
-
-    /// `user.tensorfs.path`: the backing file's path, materialised and pinned; for a one-open
-    /// file, its file built ahead while there is one.
-    pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>> {
-        if let Some(Target::All(f)) = self.target(ino) {
-            if name == WARM_XATTR {
-                return Ok(match self.serve.warm(f) {
-                    Warming::Ready => "ready".into(),
-                    Warming::Skipped => "skipped".into(),
-                    Warming::Under(done) => format!("{done:.4}").into_bytes(),
-                });
-            }
-            if name == PATH_XATTR {
-                return (self.serve.all_built(f).await)
-                    .map(|path| path.into_os_string().into_encoded_bytes())
-                    .ok_or(Error::answer(libc::ENODATA));
-            }
-        }
-        if !self.is_batch_file(ino) {
-            return Err(Error::answer(libc::ENODATA));
-        }
-        match name {
-            // `tensorfs warm`: the file kept on the local cache, where its opens find it.
-            WARM_XATTR => Ok(match self.materialize(ino).await? {
-                Some(_) => "ready".into(),
-                None => "skipped".into(),
-            }),
-            PATH_XATTR => self.handed_out_path(self.node(ino)?).await,
-            _ => Err(Error::answer(libc::ENODATA)),
-        }
-    }
 }
 
 fn entry(node: Node, kind: Kind, name: String) -> DirEntry {
@@ -797,13 +708,13 @@ mod tests {
             Node::DatasetJson,
             Node::Dir(0),
             Node::Dir(65535),
-            Node::Safetensors(3, 0),
-            Node::Safetensors(65535, MAX_BATCHES - 1),
+            Node::Batch(3, 0, FileKind::Safetensors),
+            Node::Batch(65535, MAX_BATCHES - 1, FileKind::Safetensors),
             Node::BatchDir(1, 12345),
-            Node::Npy(2, 99, 4095),
-            Node::AllSafetensors(7),
+            Node::Batch(2, 99, FileKind::Npy(4095)),
+            Node::All(7, FileKind::Safetensors),
             Node::AllDir(65535),
-            Node::AllNpy(3, 4095),
+            Node::All(3, FileKind::Npy(4095)),
         ] {
             assert_eq!(decode(encode(node)), Some(node));
         }
