@@ -184,7 +184,7 @@ fn credentials(profile: &Profile, depth: usize) -> Result<Option<Provider>> {
         let process = ProcessCredentials {
             profile: name.clone(),
             command: command.to_string(),
-            held: Mutex::new(None),
+            held: Held::default(),
         };
         return Ok(Some(Arc::new(process)));
     }
@@ -208,6 +208,36 @@ fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// A credential held until shortly before it expires (for ever where it does not).
+#[derive(Debug, Default)]
+struct Held(Mutex<Option<(Arc<AwsCredential>, Option<i64>)>>);
+
+impl Held {
+    /// The credential held, unless it expires within [`RENEW_BEFORE`].
+    fn fresh(&self) -> Option<Arc<AwsCredential>> {
+        let held = self.0.lock().unwrap();
+        let (c, expires) = held.as_ref()?;
+        expires
+            .is_none_or(|e| e - RENEW_BEFORE > now())
+            .then(|| c.clone())
+    }
+
+    /// Holds `credential` (expiring at `expires`) from now on.
+    fn keep(&self, (credential, expires): (AwsCredential, Option<i64>)) -> Arc<AwsCredential> {
+        let credential = Arc::new(credential);
+        *self.0.lock().unwrap() = Some((credential.clone(), expires));
+        credential
+    }
+}
+
+/// A credential that could not be had, as object_store's error.
+fn failed(e: anyhow::Error) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: e.into(),
+    }
+}
+
 /// Credentials a profile's `credential_process` prints (the CLI's JSON, version 1), held until
 /// shortly before they expire.
 #[derive(Debug)]
@@ -215,7 +245,7 @@ struct ProcessCredentials {
     profile: String,
     command: String,
     /// The credential, and when it expires (seconds since the Unix epoch), if it does.
-    held: Mutex<Option<(Arc<AwsCredential>, Option<i64>)>>,
+    held: Held,
 }
 
 /// Runs a profile's `credential_process`: its credential, and when it expires.
@@ -260,24 +290,15 @@ impl CredentialProvider for ProcessCredentials {
     type Credential = AwsCredential;
 
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        if let Some((c, expires)) = self.held.lock().unwrap().as_ref()
-            && expires.is_none_or(|e| e - RENEW_BEFORE > now())
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.held.fresh() {
+            return Ok(c);
         }
         let (profile, command) = (self.profile.clone(), self.command.clone());
-        let failed = |e: anyhow::Error| object_store::Error::Generic {
-            store: "S3",
-            source: e.into(),
-        };
-        let (credential, expires) =
-            tokio::task::spawn_blocking(move || run_process(&profile, &command))
-                .await
-                .map_err(|e| failed(e.into()))?
-                .map_err(failed)?;
-        let credential = Arc::new(credential);
-        *self.held.lock().unwrap() = Some((credential.clone(), expires));
-        Ok(credential)
+        let got = tokio::task::spawn_blocking(move || run_process(&profile, &command))
+            .await
+            .map_err(|e| failed(e.into()))?
+            .map_err(failed)?;
+        Ok(self.held.keep(got))
     }
 }
 
@@ -292,7 +313,7 @@ struct AssumedRole {
     region: String,
     endpoint: url::Url,
     source: Provider,
-    held: Mutex<Option<(Arc<AwsCredential>, Option<i64>)>>,
+    held: Held,
 }
 
 impl std::fmt::Debug for AssumedRole {
@@ -383,7 +404,7 @@ impl AssumedRole {
             region,
             endpoint,
             source,
-            held: Mutex::new(None),
+            held: Held::default(),
         })
     }
 
@@ -463,21 +484,11 @@ impl CredentialProvider for AssumedRole {
     type Credential = AwsCredential;
 
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        if let Some((c, expires)) = self.held.lock().unwrap().as_ref()
-            && expires.is_none_or(|e| e - RENEW_BEFORE > now())
-        {
-            return Ok(c.clone());
+        if let Some(c) = self.held.fresh() {
+            return Ok(c);
         }
-        let (credential, expires) =
-            self.assume()
-                .await
-                .map_err(|e| object_store::Error::Generic {
-                    store: "S3",
-                    source: e.into(),
-                })?;
-        let credential = Arc::new(credential);
-        *self.held.lock().unwrap() = Some((credential.clone(), expires));
-        Ok(credential)
+        let got = self.assume().await.map_err(failed)?;
+        Ok(self.held.keep(got))
     }
 }
 

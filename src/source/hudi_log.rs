@@ -922,66 +922,41 @@ fn orderings(batch: &RecordBatch, m: &Merging) -> Result<Vec<Option<Ordering>>> 
     let Some(c) = batch.column_by_name(field) else {
         return Ok(vec![Some(Ordering::Default); batch.num_rows()]);
     };
-    let n = c.len();
-    let valid = |i: usize| c.is_valid(i);
+    // Each row's value, a null ordering as none given.
+    let each = |value: &dyn Fn(usize) -> Ordering| -> Vec<Option<Ordering>> {
+        (0..c.len())
+            .map(|i| {
+                Some(if c.is_valid(i) {
+                    value(i)
+                } else {
+                    Ordering::Default
+                })
+            })
+            .collect()
+    };
     Ok(match c.data_type() {
         DataType::Float16 | DataType::Float32 | DataType::Float64 => {
             let c = arrow::compute::cast(c, &DataType::Float64)?;
             let c = c.as_primitive::<arrow::datatypes::Float64Type>();
-            (0..n)
-                .map(|i| {
-                    Some(match valid(i) {
-                        true => Ordering::Double(c.value(i)),
-                        false => Ordering::Default,
-                    })
-                })
-                .collect()
+            each(&|i| Ordering::Double(c.value(i)))
         }
         DataType::Decimal128(_, s) => {
             let c = c.as_primitive::<arrow::datatypes::Decimal128Type>();
-            (0..n)
-                .map(|i| {
-                    Some(match valid(i) {
-                        true => Ordering::Decimal(c.value(i), *s),
-                        false => Ordering::Default,
-                    })
-                })
-                .collect()
+            each(&|i| Ordering::Decimal(c.value(i), *s))
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             let c = arrow::compute::cast(c, &DataType::Utf8)?;
             let c = c.as_string::<i32>();
-            (0..n)
-                .map(|i| {
-                    Some(match valid(i) {
-                        true => Ordering::String(c.value(i).to_string()),
-                        false => Ordering::Default,
-                    })
-                })
-                .collect()
+            each(&|i| Ordering::String(c.value(i).to_string()))
         }
         DataType::Boolean => {
             let c = c.as_boolean();
-            (0..n)
-                .map(|i| {
-                    Some(match valid(i) {
-                        true => Ordering::Long(c.value(i) as i64),
-                        false => Ordering::Default,
-                    })
-                })
-                .collect()
+            each(&|i| Ordering::Long(c.value(i) as i64))
         }
         t if t.is_integer() || t.is_temporal() => {
             let c = arrow::compute::cast(c, &DataType::Int64)?;
             let c = c.as_primitive::<arrow::datatypes::Int64Type>();
-            (0..n)
-                .map(|i| {
-                    Some(match valid(i) {
-                        true => Ordering::Long(c.value(i)),
-                        false => Ordering::Default,
-                    })
-                })
-                .collect()
+            each(&|i| Ordering::Long(c.value(i)))
         }
         t => bail!("its ordering field '{field}' is a {t}, which tensorfs does not compare"),
     })
