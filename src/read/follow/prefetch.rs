@@ -633,6 +633,8 @@ struct Pace {
     last_step_ns: AtomicU64,
     /// Tokio's clock, which tests pause.
     started: tokio::time::Instant,
+    /// Work pending handed over by its reader's last step, for a walk that set its own aside.
+    handed: std::sync::Mutex<Option<crate::stats::Pending>>,
 }
 
 impl Pace {
@@ -642,6 +644,7 @@ impl Pace {
             at: AtomicU64::new(0),
             last_step_ns: AtomicU64::new(0),
             started: tokio::time::Instant::now(),
+            handed: std::sync::Mutex::new(None),
         }
     }
 
@@ -649,6 +652,16 @@ impl Pace {
     fn step(&self) {
         let now = self.started.elapsed().as_nanos() as u64;
         self.last_step_ns.store(now, Ordering::Relaxed);
+    }
+
+    /// Work pending from its reader's step, held until the walk takes it: the step's own ends
+    /// with its follow-up, before the walk wakes to see where the reader is.
+    fn hand(&self, pending: crate::stats::Pending) {
+        *self.handed.lock().unwrap() = Some(pending);
+    }
+
+    fn take_handed(&self) -> Option<crate::stats::Pending> {
+        self.handed.lock().unwrap().take()
     }
 
     /// Waits until its reader has taken no step for [`IDLE`].
@@ -708,6 +721,8 @@ impl NextEpoch {
         }) = walks.get(&dir.chain())
         {
             pace.step();
+            // A walk set aside waiting on its reader takes up its work from this step on.
+            pace.hand(self.stats.pending());
         }
         let plan = self.plan();
         let next = dir.next_epoch();
@@ -744,8 +759,7 @@ impl NextEpoch {
         let (me, kinds) = (self.clone(), kinds.to_vec());
         let pending = self.stats.pending();
         runtime.spawn(async move {
-            let _pending = pending;
-            let end = me.walk(dir, next, &kinds, from, &pace).await;
+            let end = me.walk(dir, next, &kinds, from, &pace, pending).await;
             let mut walks = me.walks.lock().unwrap();
             if let Some(w) = walks.get_mut(&next.chain())
                 && w.dir == next
@@ -764,9 +778,14 @@ impl NextEpoch {
         kinds: &[FileKind],
         from: u64,
         pace: &Pace,
+        pending: crate::stats::Pending,
     ) -> WalkState {
         let plan = self.plan();
         let stats = &self.stats;
+        // Counted as work pending while it works or waits on work in flight; set aside while
+        // it waits on what only its reader's next step changes (nothing else pending), so that
+        // a mount whose reader is idle reads as idle. Its reader's step hands it back.
+        let mut held = Some(pending);
         let mut waiting_since: Option<Instant> = None;
         let mut j = from;
         while j < plan.count(dir) {
@@ -792,7 +811,13 @@ impl NextEpoch {
                     .map(|why| (PAUSE, why)),
                 false => Some((PAUSE_BUSY, "its reader's next files are not all ready")),
             };
+            if let Some(handed) = pace.take_handed() {
+                held = Some(handed);
+            }
             if let Some((pause, why)) = wait {
+                if held.is_some() && stats.c.work_pending.load(Ordering::Relaxed) == 1 {
+                    held = None;
+                }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= GIVE_UP {
                     tracing::debug!(
@@ -805,6 +830,9 @@ impl NextEpoch {
                 continue;
             }
             waiting_since = None;
+            if held.is_none() {
+                held = Some(self.stats.pending());
+            }
             if self.filler.on() {
                 // This batch and the next few whose row groups are at hand, stored by one
                 // worker's job: a trip to a worker and back costs more than a small batch.
