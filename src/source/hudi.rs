@@ -81,19 +81,7 @@ async fn merged(
     for slice in std::mem::take(&mut t.slices) {
         let base = match &slice.base {
             None => None,
-            Some(name) => {
-                let meta = metas
-                    .get(name.as_str())
-                    .ok_or_else(|| anyhow!("file '{name}' of the Hudi table is not listed"))?;
-                let file =
-                    SourceFile::new(at.url, meta.location.clone(), object_of(name.clone(), meta));
-                Some(ObjectReader::new(
-                    at.store.clone(),
-                    &file,
-                    at.stats.clone(),
-                    Origin::Listing.since(),
-                ))
-            }
+            Some(name) => Some(listed_reader((at.store, at.url, at.stats), metas, name)?.1),
         };
         let what = || {
             format!(
@@ -149,11 +137,7 @@ async fn schema(
             table.version
         );
     };
-    let meta = metas
-        .get(newest.as_str())
-        .ok_or_else(|| anyhow!("file '{newest}' of the Hudi table is not listed"))?;
-    let file = SourceFile::new(url, meta.location.clone(), object_of(newest.clone(), meta));
-    let reader = ObjectReader::new(store.clone(), &file, stats.clone(), Origin::Listing.since());
+    let (file, reader) = listed_reader((store, url, stats), metas, newest)?;
     let (metadata, _) = load_metadata(&reader, footers, &file.id, 0)
         .await
         .with_context(|| format!("file '{newest}' is not a readable Parquet file"))?;
@@ -162,6 +146,34 @@ async fn schema(
         .filter(|&i| !is_meta_column(schema.field(i).name()))
         .collect();
     Ok(Arc::new(schema.project(&keep)?))
+}
+
+/// The fields a table property lists (`a,b`), none where it is unset or empty.
+fn field_list(value: Option<&str>) -> Vec<String> {
+    (value.unwrap_or("").split(','))
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// A reader of data file `name` as listed (`metas`), its version pinned as listed.
+fn listed_reader(
+    at: (&Arc<dyn ObjectStore>, &Url, &Arc<Stats>),
+    metas: &HashMap<&str, &ObjectMeta>,
+    name: &str,
+) -> Result<(SourceFile, ObjectReader)> {
+    let (store, url, stats) = at;
+    let meta = metas
+        .get(name)
+        .ok_or_else(|| anyhow!("file '{name}' of the Hudi table is not listed"))?;
+    let file = SourceFile::new(
+        url,
+        meta.location.clone(),
+        object_of(name.to_string(), meta),
+    );
+    let reader = ObjectReader::new(store.clone(), &file, stats.clone(), Origin::Listing.since());
+    Ok((file, reader))
 }
 
 /// The directory that makes a Hudi table.
@@ -368,15 +380,9 @@ pub(crate) async fn read(
     let (newest, slices, merging) = match mor && logs {
         false => (newest, Vec::new(), None),
         true => {
-            let ordering = (get("hoodie.table.ordering.fields"))
-                .or(get("hoodie.table.precombine.field"))
-                .map(|f| {
-                    f.split(',')
-                        .map(str::trim)
-                        .filter(|f| !f.is_empty())
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
+            let ordering = field_list(
+                (get("hoodie.table.ordering.fields")).or(get("hoodie.table.precombine.field")),
+            );
             if ordering.len() > 1 {
                 bail!(
                     "it orders its records by several fields ({}), which tensorfs does not merge yet",
@@ -390,13 +396,8 @@ pub(crate) async fn read(
                     table_version,
                     !ordering.is_empty(),
                 )?,
-                ordering: ordering.first().map(|f| f.to_string()),
-                key_fields: (get("hoodie.table.recordkey.fields").unwrap_or(""))
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|f| !f.is_empty())
-                    .map(String::from)
-                    .collect(),
+                ordering: ordering.first().cloned(),
+                key_fields: field_list(get("hoodie.table.recordkey.fields")),
                 meta_fields: get("hoodie.populate.meta.fields") != Some("false"),
                 table_version,
                 completed: commits.iter().map(|i| i.time).collect(),
@@ -421,12 +422,7 @@ pub(crate) async fn read(
     ]
     .iter()
     .any(|k| keygen.ends_with(k));
-    let fields: Vec<String> = (get("hoodie.table.partition.fields").unwrap_or(""))
-        .split(',')
-        .map(str::trim)
-        .filter(|f| !f.is_empty())
-        .map(String::from)
-        .collect();
+    let fields = field_list(get("hoodie.table.partition.fields"));
     let paths = (plain && !fields.is_empty()).then(|| PartitionPaths {
         fields,
         hive_style: get("hoodie.datasource.write.hive_style_partitioning") == Some("true"),
