@@ -142,6 +142,15 @@ impl Prefetcher {
         &self.filler
     }
 
+    /// Starts `work` on the runtime, counted as work pending from now until it ends.
+    fn spawn_counted(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let pending = self.stats.pending();
+        self.runtime.spawn(async move {
+            work.await;
+            drop(pending);
+        });
+    }
+
     fn plan(&self) -> &Plan {
         self.builder.plan()
     }
@@ -205,9 +214,7 @@ impl Prefetcher {
                 let materializer = self.materializer.clone();
                 let scheduled = self.scheduled.clone();
                 Stats::add(&self.stats.c.prefetch_scheduled, 1);
-                let pending = self.stats.pending();
-                self.runtime.spawn(async move {
-                    let _pending = pending;
+                self.spawn_counted(async move {
                     if let Err(e) = materializer.prefetch(item).await {
                         tracing::warn!("prefetch of {item:?}: {}", crate::describe(&e));
                     }
@@ -263,9 +270,7 @@ impl Prefetcher {
         }
         let filler = self.filler.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
-        let pending = self.stats.pending();
-        self.runtime.spawn(async move {
-            let _pending = pending;
+        self.spawn_counted(async move {
             // Its reader reads it from the daemon instead (the same bytes), and meets any
             // error of the build there; a store fails as a mount goes away.
             if let Err(e) = filler.fill(dir, j, kind, from).await {
@@ -362,9 +367,7 @@ impl Prefetcher {
         }
         let scheduled = self.scheduled.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
-        let pending = self.stats.pending();
-        self.runtime.spawn(async move {
-            let _pending = pending;
+        self.spawn_counted(async move {
             match builder.tensor(b, t).await {
                 Ok(_) => store(&builder),
                 Err(e) => tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e)),
@@ -398,9 +401,7 @@ impl Prefetcher {
             return;
         }
         let builder = self.builder.clone();
-        let pending = self.stats.pending();
-        self.runtime.spawn(async move {
-            let _pending = pending;
+        self.spawn_counted(async move {
             if let Err(e) = builder.warm_row_groups(&fresh).await {
                 tracing::warn!(
                     "prefetch of the row groups of (epoch, batch) {:?}: {}",
@@ -426,9 +427,7 @@ impl Prefetcher {
             return;
         }
         let builder = self.builder.clone();
-        let pending = self.stats.pending();
-        self.runtime.spawn(async move {
-            let _pending = pending;
+        self.spawn_counted(async move {
             if let Err(e) = builder.warm_blocks(&wanted).await {
                 tracing::warn!(
                     "prefetch of the blocks of (epoch, batch) {:?}: {}",
