@@ -942,4 +942,7 @@ def test_a_cache_file_changed_under_the_mount_never_kills_it(mounter, big_ds, tm
         n = m.dataset()["batches_per_epoch"]
         assert tfs.batch_hashes(m, [f"epoch-{epoch}"], n) == tfs.batch_hashes(fresh, [f"epoch-{epoch}"], n)
     assert tfs.is_mounted(m.path) and all(tfs.alive(p) for p in m.pids), "the daemon died"
-    assert tfs.stats(m)["cache_corrupt_dropped"] > 0
+    if change != "remove":
+        # Changed bytes are never used: the files are dropped and decoded again. A removed
+        # file's mapping still holds its bytes (its inode lives while mapped), which are used on.
+        assert tfs.stats(m)["cache_corrupt_dropped"] > 0

@@ -49,6 +49,9 @@ pub(crate) const TRIPWIRE_PAGE: u64 = 4096;
 /// each reader, and the epoch and rank directories read.
 const LISTED_DIRS: usize = 64;
 
+/// Stores into a one-open file between two lookups of its inode ([`PageCache::ino_of`]).
+const STORES_PER_LOOKUP: u32 = 64;
+
 /// The names one listing of a directory gave.
 type Listing = Arc<HashSet<OsString>>;
 
@@ -88,6 +91,8 @@ pub struct PageCache {
     mountpoint: PathBuf,
     /// The last directories listed, each its last listing ([`PageCache::make_file_known`]).
     listed: Arc<Mutex<LruCache<String, Listing>>>,
+    /// One-open files' inodes as last looked up, with the stores made since.
+    inos: Arc<Mutex<LruCache<String, (u64, u32)>>>,
 }
 
 impl PageCache {
@@ -96,6 +101,9 @@ impl PageCache {
             kernel,
             mountpoint: mountpoint.to_path_buf(),
             listed: Arc::new(Mutex::new(LruCache::new(
+                NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
+            ))),
+            inos: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
         }
@@ -214,16 +222,33 @@ impl PageCache {
         if to <= from {
             return Ok(false);
         }
-        let path = self.mountpoint.join(&job.file);
+        let ino = self.ino_of(&job.file)?;
+        let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
+        self.kernel.store(ino, from, piece)?;
+        Ok(true)
+    }
+
+    /// The inode of one-open file `file` (under the mount point), known to the kernel. A file
+    /// being read stays known (its reader holds it), so it is looked up again (an `openat2`
+    /// and a `statx`, 2% of the daemon's CPU in a cold epoch when made for every store) only
+    /// every [`STORES_PER_LOOKUP`] stores. An inode number names one file for the mount's life:
+    /// a store to an inode the kernel let go meanwhile is dropped, never put in another file.
+    fn ino_of(&self, file: &str) -> std::io::Result<u64> {
+        if let Some((ino, stores)) = self.inos.lock().unwrap().get_mut(file)
+            && *stores < STORES_PER_LOOKUP
+        {
+            *stores += 1;
+            return Ok(*ino);
+        }
+        let path = self.mountpoint.join(file);
         let ino = match self.kernel.cached_ino(&path) {
             Some(ino) => ino,
             None => call_into_mount(&*self.kernel, move || {
                 std::fs::symlink_metadata(&path).map(|m| m.ino())
             })??,
         };
-        let piece = &bytes[(from - job.at) as usize..(to - job.at) as usize];
-        self.kernel.store(ino, from, piece)?;
-        Ok(true)
+        self.inos.lock().unwrap().put(file.to_string(), (ino, 0));
+        Ok(ino)
     }
 
     /// Stores the file that is the concatenation of `parts`, from its byte `from` on, in the
