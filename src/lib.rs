@@ -11,6 +11,7 @@
 
 mod cache;
 pub mod client;
+pub mod daemon;
 pub mod error;
 mod kernel;
 mod metrics;
@@ -113,6 +114,11 @@ pub(crate) fn describe(e: &anyhow::Error) -> String {
     out
 }
 
+/// An error as the one line a refused command prints.
+pub fn one_line(e: &anyhow::Error) -> String {
+    crate::describe(e).replace('\n', " ")
+}
+
 #[cfg(test)]
 mod tests {
     /// The folders and modules of `src/`, bottom up: each may use only those in layers below
@@ -127,6 +133,7 @@ mod tests {
         &["requests"],
         &["kernel", "metrics", "client"],
         &["mount"],
+        &["daemon"],
     ];
 
     /// The `crate::` modules each top-level module's code (its tests aside) names, by file.

@@ -1,6 +1,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
-use tensorfs::mount::{self, Dataset, Ready};
+use tensorfs::daemon::{self, Ready};
+use tensorfs::mount::{self, Dataset};
 use tensorfs::options::Options;
 
 #[derive(Parser)]
@@ -110,7 +111,7 @@ fn arguments() -> Result<Vec<String>, String> {
 }
 
 fn fail(e: &anyhow::Error) -> ExitCode {
-    eprintln!("tensorfs: error: {}", mount::one_line(e));
+    eprintln!("tensorfs: error: {}", tensorfs::one_line(e));
     ExitCode::FAILURE
 }
 
@@ -159,11 +160,11 @@ fn main() -> ExitCode {
                 let ready = if foreground {
                     Ready::Foreground
                 } else {
-                    mount::daemonize(&mount::log_file(&opts))?
+                    daemon::daemonize(&daemon::log_file(&opts))?
                 };
-                mount::hide_secrets(&opts);
+                daemon::hide_secrets(&opts);
                 init_logging(&opts.log);
-                mount::serve(&source, &mountpoint, &opts, ready)
+                daemon::serve(&source, &mountpoint, &opts, ready)
             };
             match run() {
                 Ok(()) => ExitCode::SUCCESS,
