@@ -408,16 +408,16 @@ fn print_order_and_tensors(d: &Dataset, opts: &Options) {
             .map(|s| s.to_string())
             .collect();
         let unit = t.unit.map(|u| format!("  unit {u}")).unwrap_or_default();
-        let item = &d.view.items[t.item];
+        let item = &d.view.features[t.feature];
         let scalar_field = (d.source.unischema.as_ref())
             .and_then(|u| u.field(&item.name))
             .filter(|f| !f.codec.is_cell());
         let codec = match (&item.kind, scalar_field) {
             _ if t.part != tensorfs::source::view::Part::Data => String::new(),
-            (tensorfs::source::view::ItemKind::Cell { spec, .. }, _) => {
+            (tensorfs::source::view::FeatureKind::Cell { spec, .. }, _) => {
                 format!("  from {} cells", spec.codec.name())
             }
-            (tensorfs::source::view::ItemKind::Column { .. }, Some(f)) => {
+            (tensorfs::source::view::FeatureKind::Column { .. }, Some(f)) => {
                 format!("  from {} values", f.codec.name())
             }
             _ => String::new(),

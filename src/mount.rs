@@ -149,7 +149,7 @@ pub struct Mixture {
 
 /// One source of a mixture.
 pub struct Member {
-    pub spec: crate::source::mixture::Spec,
+    pub spec: crate::source::mixture::SourceSpec,
     pub source: Arc<Source>,
     pub view: Arc<View>,
     /// Its rows an epoch draws.

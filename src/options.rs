@@ -467,7 +467,7 @@ enum Setter {
 
 /// One mount option, declared once: parsing, the cache keys, `dataset.json`, `--help` and the
 /// test against docs/options.md's tables all come from [`SPECS`].
-pub(crate) struct Spec {
+pub(crate) struct OptionSpec {
     pub(crate) name: &'static str,
     /// How `--help` and docs/options.md write it: `batch_size=N`, `drop_last`.
     pub(crate) form: &'static str,
@@ -485,7 +485,7 @@ pub(crate) struct Spec {
     get: fn(&Options) -> serde_json::Value,
 }
 
-impl std::fmt::Debug for Spec {
+impl std::fmt::Debug for OptionSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name)
     }
@@ -551,8 +551,8 @@ fn absolute(value: &str) -> PathBuf {
 
 /// Every option tensorfs itself takes (object_store keys and mount(8)'s generic ones aside), in
 /// the order `--help` and docs/options.md list them.
-pub(crate) static SPECS: &[Spec] = &[
-    Spec {
+pub(crate) static SPECS: &[OptionSpec] = &[
+    OptionSpec {
         name: "batch_size",
         form: "batch_size=N",
         role: Role::Order,
@@ -565,7 +565,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.batch_size),
     },
-    Spec {
+    OptionSpec {
         name: "drop_last",
         form: "drop_last",
         role: Role::Order,
@@ -575,7 +575,7 @@ pub(crate) static SPECS: &[Spec] = &[
         set: Setter::Flag(|o| &mut o.drop_last),
         get: |o| json!(o.drop_last),
     },
-    Spec {
+    OptionSpec {
         name: "columns",
         form: "columns=A:B:C",
         role: Role::Columns,
@@ -591,7 +591,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.columns),
     },
-    Spec {
+    OptionSpec {
         name: "seed",
         form: "seed=N",
         role: Role::Order,
@@ -604,7 +604,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.seed),
     },
-    Spec {
+    OptionSpec {
         name: "epoch_rows",
         form: "epoch_rows=N",
         role: Role::Order,
@@ -617,7 +617,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.epoch_rows),
     },
-    Spec {
+    OptionSpec {
         name: "shuffle",
         form: "shuffle=block|window|global|none",
         role: Role::Order,
@@ -630,7 +630,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(name_of(o.shuffle, SHUFFLES)),
     },
-    Spec {
+    OptionSpec {
         name: "shuffle_block",
         form: "shuffle_block=ROWS",
         role: Role::Order,
@@ -643,7 +643,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.block()),
     },
-    Spec {
+    OptionSpec {
         name: "shuffle_window",
         form: "shuffle_window=K",
         role: Role::Order,
@@ -656,7 +656,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.shuffle_window),
     },
-    Spec {
+    OptionSpec {
         name: "cast",
         form: "cast=COL:DTYPE",
         role: Role::Columns,
@@ -673,7 +673,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| pairs(&o.casts),
     },
-    Spec {
+    OptionSpec {
         name: "stack",
         form: "stack=NAME:C1+C2+…",
         role: Role::Columns,
@@ -699,7 +699,7 @@ pub(crate) static SPECS: &[Spec] = &[
             json!(v)
         },
     },
-    Spec {
+    OptionSpec {
         name: "pad",
         form: "pad=COL:L",
         role: Role::Columns,
@@ -717,7 +717,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| pairs(&o.pads),
     },
-    Spec {
+    OptionSpec {
         name: "partitions",
         form: "partitions=P",
         role: Role::Order,
@@ -730,7 +730,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.partitions),
     },
-    Spec {
+    OptionSpec {
         name: "nulls",
         form: "nulls=error|zero",
         role: Role::Columns,
@@ -743,7 +743,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.nulls.name()),
     },
-    Spec {
+    OptionSpec {
         name: "transform",
         form: "transform=FILE.py:NAME|MODULE:NAME",
         role: Role::Columns,
@@ -765,7 +765,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.transform),
     },
-    Spec {
+    OptionSpec {
         name: "transform_path",
         form: "transform_path=DIR",
         role: Role::Columns,
@@ -778,7 +778,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.transform_path),
     },
-    Spec {
+    OptionSpec {
         name: "transform_version",
         form: "transform_version=STR",
         role: Role::Columns,
@@ -791,7 +791,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.transform_version),
     },
-    Spec {
+    OptionSpec {
         name: "transform_columns",
         form: "transform_columns=A:B:C",
         role: Role::Columns,
@@ -808,7 +808,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.transform_columns),
     },
-    Spec {
+    OptionSpec {
         name: "epochs",
         form: "epochs=E",
         role: Role::Runtime,
@@ -821,7 +821,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.epochs),
     },
-    Spec {
+    OptionSpec {
         name: "world_size",
         form: "world_size=W",
         role: Role::Runtime,
@@ -834,7 +834,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.world_size),
     },
-    Spec {
+    OptionSpec {
         name: "nonempty",
         form: "nonempty",
         role: Role::Runtime,
@@ -844,7 +844,7 @@ pub(crate) static SPECS: &[Spec] = &[
         set: Setter::Flag(|o| &mut o.nonempty),
         get: |o| json!(o.nonempty),
     },
-    Spec {
+    OptionSpec {
         name: "threads",
         form: "threads=N",
         role: Role::Runtime,
@@ -857,7 +857,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.threads),
     },
-    Spec {
+    OptionSpec {
         name: "transform_workers",
         form: "transform_workers=N",
         role: Role::Runtime,
@@ -870,7 +870,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.udf().map(|u| u.workers)),
     },
-    Spec {
+    OptionSpec {
         name: "python",
         form: "python=PATH",
         role: Role::Runtime,
@@ -883,7 +883,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.python),
     },
-    Spec {
+    OptionSpec {
         name: "memory_limit",
         form: "memory_limit=SIZE",
         role: Role::Runtime,
@@ -898,7 +898,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.memory_limit),
     },
-    Spec {
+    OptionSpec {
         name: "allow_other",
         form: "allow_other",
         role: Role::Runtime,
@@ -908,7 +908,7 @@ pub(crate) static SPECS: &[Spec] = &[
         set: Setter::Flag(|o| &mut o.allow_other),
         get: |o| json!(o.allow_other),
     },
-    Spec {
+    OptionSpec {
         name: "auto_unmount",
         form: "auto_unmount",
         role: Role::Runtime,
@@ -918,7 +918,7 @@ pub(crate) static SPECS: &[Spec] = &[
         set: Setter::Flag(|o| &mut o.auto_unmount),
         get: |o| json!(o.auto_unmount),
     },
-    Spec {
+    OptionSpec {
         name: "metrics",
         form: "metrics=ADDR:PORT",
         role: Role::Runtime,
@@ -937,7 +937,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.metrics),
     },
-    Spec {
+    OptionSpec {
         name: "log",
         form: "log=LEVEL",
         role: Role::Runtime,
@@ -953,7 +953,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.log),
     },
-    Spec {
+    OptionSpec {
         name: "cache_dir",
         form: "cache_dir=PATH",
         role: Role::Runtime,
@@ -969,7 +969,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.cache_dir),
     },
-    Spec {
+    OptionSpec {
         name: "cache_size",
         form: "cache_size=SIZE",
         role: Role::Runtime,
@@ -985,7 +985,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.cache_size),
     },
-    Spec {
+    OptionSpec {
         name: "passthrough",
         form: "passthrough=auto|off",
         role: Role::Runtime,
@@ -998,7 +998,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(name_of(o.passthrough, PASSTHROUGHS)),
     },
-    Spec {
+    OptionSpec {
         name: "opens",
         form: "opens=daemon|kernel",
         role: Role::Runtime,
@@ -1011,7 +1011,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(name_of(o.opens, OPENS)),
     },
-    Spec {
+    OptionSpec {
         name: "prefetch",
         form: "prefetch=N",
         role: Role::Runtime,
@@ -1024,7 +1024,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.prefetch),
     },
-    Spec {
+    OptionSpec {
         name: "snapshot",
         form: "snapshot=PATH|URL",
         role: Role::Dataset,
@@ -1037,7 +1037,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.snapshot),
     },
-    Spec {
+    OptionSpec {
         name: "version",
         form: "version=N|TIME",
         role: Role::Dataset,
@@ -1061,7 +1061,7 @@ pub(crate) static SPECS: &[Spec] = &[
             None => json!(null),
         },
     },
-    Spec {
+    OptionSpec {
         name: "where",
         form: "where=EXPR",
         role: Role::Dataset,
@@ -1076,7 +1076,7 @@ pub(crate) static SPECS: &[Spec] = &[
         }),
         get: |o| json!(o.selection),
     },
-    Spec {
+    OptionSpec {
         name: "fingerprint",
         form: "fingerprint=HEX",
         role: Role::Dataset,
@@ -1099,7 +1099,7 @@ pub(crate) static SPECS: &[Spec] = &[
 ];
 
 /// The option named `key`, if tensorfs takes it.
-pub(crate) fn spec(key: &str) -> Option<&'static Spec> {
+pub(crate) fn spec(key: &str) -> Option<&'static OptionSpec> {
     SPECS.iter().find(|s| s.name == key)
 }
 
@@ -1169,8 +1169,8 @@ impl Options {
     }
 
     /// The transform asked for, if any.
-    pub(crate) fn udf(&self) -> Option<crate::udf::Spec> {
-        Some(crate::udf::Spec {
+    pub(crate) fn udf(&self) -> Option<crate::udf::TransformOptions> {
+        Some(crate::udf::TransformOptions {
             target: self.transform.clone()?,
             path: self.transform_path.clone(),
             version: self.transform_version.clone(),
@@ -1450,7 +1450,7 @@ mod tests {
 
     /// Two parses that differ in option `s` alone: off and on for a flag, the default and the
     /// example for a value. A transform is given, as the `transform_` options need one.
-    fn differing(s: &Spec) -> (Options, Options) {
+    fn differing(s: &OptionSpec) -> (Options, Options) {
         let base = "transform=t.py:f";
         let parse = |opt: String| Options::parse(&[base, opt.as_str()]).unwrap();
         match s.set {

@@ -7,7 +7,7 @@ use std::time::Instant;
 /// What a counter measures, for the Prometheus exposition: a count that only grows, a level
 /// (a gauge), or nanoseconds (exposed in seconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum MetricKind {
     Count,
     Level,
     Nanos,
@@ -26,10 +26,10 @@ macro_rules! counters {
             }
 
             /// Every counter: its name (as in stats.json), kind, what it counts, and its value.
-            pub(crate) fn described(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
+            pub(crate) fn described(&self) -> Vec<(&'static str, MetricKind, &'static str, u64)> {
                 vec![$((
                     stringify!($name),
-                    Kind::$kind,
+                    MetricKind::$kind,
                     concat!($($doc),+),
                     self.$name.load(Ordering::Relaxed),
                 ),)*]
@@ -240,13 +240,13 @@ impl Stats {
                 continue;
             }
             let (full, ty, v) = match kind {
-                Kind::Count => (format!("tensorfs_{name}_total"), "counter", value as f64),
-                Kind::Nanos => {
+                MetricKind::Count => (format!("tensorfs_{name}_total"), "counter", value as f64),
+                MetricKind::Nanos => {
                     let base = name.trim_end_matches("_ns");
                     let v = value as f64 / 1e9;
                     (format!("tensorfs_{base}_seconds_total"), "counter", v)
                 }
-                Kind::Level => (format!("tensorfs_{name}"), "gauge", value as f64),
+                MetricKind::Level => (format!("tensorfs_{name}"), "gauge", value as f64),
             };
             metric(&full, ty, help, &[(String::new(), v)]);
         }

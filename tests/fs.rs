@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
 use tensorfs::read::layout;
-use tensorfs::requests::fs::{Kind, ROOT_INO};
+use tensorfs::requests::fs::{EntryType, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 use tensorfs::source::catalog::Pinned;
 use tensorfs::source::{Listing, Source};
@@ -325,7 +325,7 @@ async fn the_tree_lists_epochs_batches_and_one_open_files() {
         libc::ENOENT
     );
     let gds = ino(m.fs.fs(), "gds/epoch-0/000001.safetensors");
-    assert_eq!(m.fs.fs().getattr(gds).unwrap().kind, Kind::Symlink);
+    assert_eq!(m.fs.fs().getattr(gds).unwrap().kind, EntryType::Symlink);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

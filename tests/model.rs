@@ -29,7 +29,7 @@ use tensorfs::mount::Dataset;
 use tensorfs::options::Options;
 use tensorfs::read::follow::page_cache::{Kernel, PageCache};
 use tensorfs::read::format::{self, TensorLayout};
-use tensorfs::requests::fs::{Kind, ROOT_INO};
+use tensorfs::requests::fs::{EntryType, ROOT_INO};
 use tensorfs::requests::{Answer, Registrar, Requests, Served};
 
 /// (rows, row group size) of each file.
@@ -585,9 +585,9 @@ impl Under for Core {
     fn stat(&self, rel: &Path) -> std::io::Result<Stat> {
         let attr = self.requests.fs().getattr(self.ino(rel)?).map_err(errno)?;
         Ok(match attr.kind {
-            Kind::Dir => Stat::Dir,
-            Kind::File => Stat::File(attr.size),
-            Kind::Symlink => Stat::Symlink,
+            EntryType::Dir => Stat::Dir,
+            EntryType::File => Stat::File(attr.size),
+            EntryType::Symlink => Stat::Symlink,
         })
     }
 

@@ -1097,7 +1097,7 @@ mod tests {
                         name: name.into(),
                         dtype: crate::model::dtype::DType::I32,
                         inner: vec![],
-                        item: 0,
+                        feature: 0,
                         part: crate::source::view::Part::Data,
                         unit: None,
                     })

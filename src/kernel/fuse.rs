@@ -2,7 +2,7 @@
 //! files, [`Fs`] for the tree) and one reply; answers that wait on a build are replied from
 //! tokio tasks, so the FUSE threads never wait on one.
 
-use crate::requests::fs::{Attr, Fs, Kind};
+use crate::requests::fs::{Attr, EntryType, Fs};
 use crate::requests::{Answer, Opened, Registrar, Requests, Served};
 use fuser::{
     AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -110,9 +110,9 @@ impl FuseAdapter {
 
     fn attr(&self, a: &Attr) -> FileAttr {
         let (kind, perm, nlink) = match a.kind {
-            Kind::Dir => (FileType::Directory, 0o555, 2),
-            Kind::File => (FileType::RegularFile, 0o444, 1),
-            Kind::Symlink => (FileType::Symlink, 0o777, 1),
+            EntryType::Dir => (FileType::Directory, 0o555, 2),
+            EntryType::File => (FileType::RegularFile, 0o444, 1),
+            EntryType::Symlink => (FileType::Symlink, 0o777, 1),
         };
         let mtime = match self.revalidated(a.ino) {
             true => SystemTime::now(),
@@ -321,9 +321,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let listed = self.list(req, ino, offset, |e, next| {
             let kind = match e.kind {
-                Kind::Dir => FileType::Directory,
-                Kind::File => FileType::RegularFile,
-                Kind::Symlink => FileType::Symlink,
+                EntryType::Dir => FileType::Directory,
+                EntryType::File => FileType::RegularFile,
+                EntryType::Symlink => FileType::Symlink,
             };
             Ok(reply.add(INodeNo(e.ino), next, kind, &e.name))
         });

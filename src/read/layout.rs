@@ -437,7 +437,7 @@ mod tests {
             name: name.into(),
             dtype,
             inner,
-            item: 0,
+            feature: 0,
             part: crate::source::view::Part::Data,
             unit: None,
         };

@@ -625,7 +625,7 @@ pub(crate) fn fingerprint(
     }
     // A Delta table's as it always was; the other kinds' named.
     match table {
-        Some(v) if v.kind == crate::source::lake::Kind::Delta => {
+        Some(v) if v.kind == crate::source::lake::TableKind::Delta => {
             h.update(format!("delta table version {}\0", v.number))
         }
         Some(v) => h.update(format!("{} version {}\0", v.what(), v.number)),
@@ -787,7 +787,7 @@ mod tests {
             fingerprint(Some(&summary), None, &refs(&a), None, None)
         );
         let v3 = crate::source::lake::Version {
-            kind: crate::source::lake::Kind::Delta,
+            kind: crate::source::lake::TableKind::Delta,
             number: 3,
         };
         assert_ne!(base, fingerprint(None, Some(v3), &refs(&a), None, None));

@@ -9,7 +9,7 @@
 
 use crate::source::catalog::{FIELD_ID, PHYSICAL_NAME};
 use crate::source::delta_log::{self, Added};
-use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
+use crate::source::lake::{ColumnBounds, FileBounds, Table, TableKind, Version};
 use crate::source::partition::{Partitions, Value};
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::{DataType, Field, FieldRef, Fields, Schema, TimeUnit};
@@ -99,7 +99,7 @@ pub(crate) async fn read(
         .collect();
     Ok(Table {
         version: Version {
-            kind: Kind::Delta,
+            kind: TableKind::Delta,
             number: version,
         },
         bounds,

@@ -16,7 +16,7 @@
 //! Hudi's meta columns (`_hoodie_commit_time`, …: strings) are left out of the dataset.
 
 use crate::source::hudi_log::{LogFile, Merging};
-use crate::source::lake::{ColumnBounds, FileBounds, Kind, Opening, Version};
+use crate::source::lake::{ColumnBounds, FileBounds, Opening, TableKind, Version};
 use crate::source::{ObjectReader, Origin, SourceFile, load_metadata, object_of};
 use crate::stats::Stats;
 use anyhow::{Context, Result, anyhow, bail};
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use url::Url;
 
 /// The table at the instant asked for, as every table kind answers
-/// ([`crate::source::lake::Kind::open`]).
+/// ([`crate::source::lake::TableKind::open`]).
 pub(crate) async fn open(at: &Opening<'_>) -> Result<crate::source::lake::Table> {
     let names: Vec<&str> = at.listed.iter().map(|(n, _)| n.as_str()).collect();
     let t = read(at.store.clone(), at.root, &names, at.version).await?;
@@ -45,7 +45,7 @@ pub(crate) async fn open(at: &Opening<'_>) -> Result<crate::source::lake::Table>
     let deletes = (t.files.iter()).map(|f| deletes.get(f).cloned()).collect();
     Ok(crate::source::lake::Table {
         version: Version {
-            kind: Kind::Hudi,
+            kind: TableKind::Hudi,
             number: t.version,
         },
         data_schema,

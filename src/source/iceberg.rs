@@ -15,7 +15,7 @@
 //! vectors of format 3 (Puffin files) are refused in one line naming them.
 
 use crate::source::ObjectReader;
-use crate::source::lake::{ColumnBounds, FileBounds, Kind, Table, Version};
+use crate::source::lake::{ColumnBounds, FileBounds, Table, TableKind, Version};
 use crate::source::partition::Partitions;
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
@@ -298,7 +298,7 @@ pub(crate) async fn open(at: &crate::source::lake::Opening<'_>) -> Result<Table>
         .collect::<Result<_>>()?;
     Ok(Table {
         version: Version {
-            kind: Kind::Iceberg,
+            kind: TableKind::Iceberg,
             number: id as u64,
         },
         data_schema,

@@ -5,7 +5,7 @@
 //! read as the table at a version, and a source inside one (a partition directory, a data
 //! file) is refused: a plain listing of its files would serve rows the table no longer has.
 //!
-//! The seam every table kind answers through ([`Kind::open`] → [`Table`]): which data files,
+//! The seam every table kind answers through ([`TableKind::open`] → [`Table`]): which data files,
 //! with which partition values, statistics and deletes, at which version. Each kind is one
 //! file (`delta`, `iceberg`, `hudi`); a prefix that is no table is `listing`'s, a summary file
 //! `summary`'s, a snapshot `snapshot`'s. What follows is the same for all
@@ -23,7 +23,7 @@ use url::Url;
 /// A version of a table: a Delta version, an Iceberg snapshot id, a Hudi instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Version {
-    pub(crate) kind: Kind,
+    pub(crate) kind: TableKind,
     pub number: u64,
 }
 
@@ -31,9 +31,9 @@ impl Version {
     /// How `dataset.json` and messages name the table's kind.
     pub fn what(&self) -> &'static str {
         match self.kind {
-            Kind::Delta => "delta table",
-            Kind::Iceberg => "iceberg table",
-            Kind::Hudi => "hudi table",
+            TableKind::Delta => "delta table",
+            TableKind::Iceberg => "iceberg table",
+            TableKind::Hudi => "hudi table",
         }
     }
 }
@@ -41,27 +41,27 @@ impl Version {
 /// A kind of table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Kind {
+pub(crate) enum TableKind {
     Delta,
     Iceberg,
     Hudi,
 }
 
-impl Kind {
+impl TableKind {
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Kind::Delta => "Delta Lake",
-            Kind::Iceberg => "Apache Iceberg",
-            Kind::Hudi => "Apache Hudi",
+            TableKind::Delta => "Delta Lake",
+            TableKind::Iceberg => "Apache Iceberg",
+            TableKind::Hudi => "Apache Hudi",
         }
     }
 
     /// The directory under a table's root that makes it one.
     fn marker(self) -> &'static str {
         match self {
-            Kind::Delta => crate::source::delta::LOG,
-            Kind::Iceberg => "metadata",
-            Kind::Hudi => ".hoodie",
+            TableKind::Delta => crate::source::delta::LOG,
+            TableKind::Iceberg => "metadata",
+            TableKind::Hudi => ".hoodie",
         }
     }
 }
@@ -85,15 +85,15 @@ pub(crate) struct Opening<'a> {
     pub(crate) stats: &'a Arc<Stats>,
 }
 
-impl Kind {
+impl TableKind {
     /// The table at the version asked for (its latest by default).
     pub(crate) async fn open(self, at: &Opening<'_>) -> Result<Table> {
         match self {
-            Kind::Delta => {
+            TableKind::Delta => {
                 delta::read(at.store.clone(), at.root, at.version, at.filter.is_some()).await
             }
-            Kind::Iceberg => iceberg::open(at).await,
-            Kind::Hudi => hudi::open(at).await,
+            TableKind::Iceberg => iceberg::open(at).await,
+            TableKind::Hudi => hudi::open(at).await,
         }
     }
 }
@@ -156,19 +156,19 @@ pub(crate) struct ColumnBounds {
 /// Delta table's log must hold a commit or a checkpoint pointer ([`crate::source::delta`]);
 /// an Iceberg table's `metadata/` a `*.metadata.json` or `version-hint.text`; a Hudi table's
 /// `.hoodie/` its `hoodie.properties`.
-pub(crate) fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Kind> {
+pub(crate) fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<TableKind> {
     if crate::source::delta::is_table(names.clone()) {
-        return Some(Kind::Delta);
+        return Some(TableKind::Delta);
     }
     for name in names {
         if let Some(entry) = name.strip_prefix("metadata/")
             && !entry.contains('/')
             && (entry.ends_with(".metadata.json") || entry == "version-hint.text")
         {
-            return Some(Kind::Iceberg);
+            return Some(TableKind::Iceberg);
         }
         if name == ".hoodie/hoodie.properties" {
-            return Some(Kind::Hudi);
+            return Some(TableKind::Hudi);
         }
     }
     None
@@ -180,12 +180,12 @@ pub(crate) fn kind_of<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> O
 pub(crate) async fn enclosing(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
-) -> Result<Option<(Kind, Path)>> {
+) -> Result<Option<(TableKind, Path)>> {
     let parts: Vec<_> = prefix.parts().collect();
     let mut checks = Vec::new();
     for depth in (0..parts.len()).rev() {
         let dir: Path = parts[..depth].iter().cloned().collect();
-        for kind in [Kind::Delta, Kind::Iceberg, Kind::Hudi] {
+        for kind in [TableKind::Delta, TableKind::Iceberg, TableKind::Hudi] {
             let (store, dir) = (store.clone(), dir.clone());
             checks.push(async move {
                 let marker = dir.clone().join(kind.marker());
@@ -222,16 +222,19 @@ mod tests {
     fn markers_make_tables() {
         assert_eq!(
             kind_of(["metadata/v3.metadata.json", "data/a.parquet"]),
-            Some(Kind::Iceberg)
+            Some(TableKind::Iceberg)
         );
-        assert_eq!(kind_of(["metadata/version-hint.text"]), Some(Kind::Iceberg));
+        assert_eq!(
+            kind_of(["metadata/version-hint.text"]),
+            Some(TableKind::Iceberg)
+        );
         assert_eq!(
             kind_of([".hoodie/hoodie.properties", "p=1/a.parquet"]),
-            Some(Kind::Hudi)
+            Some(TableKind::Hudi)
         );
         assert_eq!(
             kind_of(["_delta_log/00000000000000000000.json"]),
-            Some(Kind::Delta)
+            Some(TableKind::Delta)
         );
         // A metadata directory of something else, or a nested one, is no table.
         assert_eq!(kind_of(["metadata/notes.txt", "a.parquet"]), None);
@@ -252,7 +255,7 @@ mod tests {
             store.put(&Path::from(key), vec![0u8].into()).await.unwrap();
         }
         let found = enclosing(&store, &Path::from("lake/t/p=1")).await.unwrap();
-        assert_eq!(found, Some((Kind::Hudi, Path::from("lake/t"))));
+        assert_eq!(found, Some((TableKind::Hudi, Path::from("lake/t"))));
         assert_eq!(
             enclosing(&store, &Path::from("lake/plain")).await.unwrap(),
             None

@@ -17,7 +17,7 @@ pub(crate) enum Listed {
     /// A prefix that is no table (or one object): its `*.parquet` objects.
     Plain(Vec<(String, ObjectMeta)>),
     /// The root of a table of this kind, with every object under it (its metadata's too).
-    Table(lake::Kind, Vec<(String, ObjectMeta)>),
+    Table(lake::TableKind, Vec<(String, ObjectMeta)>),
 }
 
 /// Lists what `prefix` holds: one object named by the source is the dataset, whatever its name

@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 /// One `[[source]]` of a mixture.
 #[derive(Clone, Debug)]
-pub struct Spec {
+pub struct SourceSpec {
     /// The SOURCE as written (for messages and dataset.json).
     pub url: String,
     /// Where it is opened: a relative local path joined to the `.toml`'s directory.
@@ -58,7 +58,7 @@ pub fn names_one(source: &str) -> bool {
 }
 
 /// The sources the `.toml` at `path` lists, read from the local file system.
-pub fn read(path: &str) -> Result<Vec<Spec>> {
+pub fn read(path: &str) -> Result<Vec<SourceSpec>> {
     let file = path.strip_prefix("file://").unwrap_or(path);
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("mixture '{path}' cannot be read"))?;
@@ -69,7 +69,7 @@ pub fn read(path: &str) -> Result<Vec<Spec>> {
 }
 
 /// The sources of a mixture's text; relative local paths are joined to `dir`.
-fn parse(text: &str, dir: &std::path::Path) -> Result<Vec<Spec>> {
+fn parse(text: &str, dir: &std::path::Path) -> Result<Vec<SourceSpec>> {
     let file: File = toml::from_str(text).map_err(|e| {
         // toml's message spans lines (the line quoted, a caret): one line here.
         let first = e.message().lines().next().unwrap_or("").to_string();
@@ -89,7 +89,7 @@ fn parse(text: &str, dir: &std::path::Path) -> Result<Vec<Spec>> {
         .collect()
 }
 
-fn spec(e: Entry, dir: &std::path::Path) -> Result<Spec> {
+fn spec(e: Entry, dir: &std::path::Path) -> Result<SourceSpec> {
     let size = match (e.proportion, e.repeat, e.choose) {
         (None, None, None) => Size::Repeat(1.0),
         (Some(p), None, None) if p.is_finite() && p >= 0.0 => Size::Proportion(p),
@@ -123,7 +123,7 @@ fn spec(e: Entry, dir: &std::path::Path) -> Result<Spec> {
         true => dir.join(at).to_string_lossy().into_owned(),
         false => at.to_string(),
     };
-    Ok(Spec {
+    Ok(SourceSpec {
         location: beside(&e.url),
         url: e.url,
         selection: e.selection.filter(|s| !s.trim().is_empty()),

@@ -181,24 +181,24 @@ impl Origin {
 
 /// How a listing mount goes, said every few seconds while it is long: a mount of many objects
 /// is otherwise silent until it returns (stderr with --foreground, else the daemon's log).
-struct Progress {
+struct ListingProgress {
     started: std::time::Instant,
     objects: usize,
     read: std::sync::atomic::AtomicUsize,
     said: std::sync::Mutex<std::time::Instant>,
 }
 
-impl Progress {
+impl ListingProgress {
     const EVERY: Duration = Duration::from_secs(3);
 
-    fn new(started: std::time::Instant, objects: usize) -> Progress {
+    fn new(started: std::time::Instant, objects: usize) -> ListingProgress {
         if started.elapsed() >= Self::EVERY {
             tracing::info!(
                 "listed {objects} objects in {:.1} s",
                 started.elapsed().as_secs_f64()
             );
         }
-        Progress {
+        ListingProgress {
             started,
             objects,
             read: Default::default(),
@@ -497,7 +497,7 @@ impl Source {
         started: std::time::Instant,
     ) -> Result<Vec<SourceFile>> {
         let (url, footers) = (&at.url, at.footers.as_deref());
-        let progress = &Progress::new(started, chosen.objects.len());
+        let progress = &ListingProgress::new(started, chosen.objects.len());
         let table = chosen.table.as_ref();
         let by_name = table.map(|t| t.data_schema.as_ref());
         let deletes: std::collections::HashMap<&str, &deletes::DeletionVector> = (table.iter())

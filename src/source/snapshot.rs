@@ -71,7 +71,7 @@ struct Body {
     #[serde(default)]
     table_version: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    table_kind: Option<crate::source::lake::Kind>,
+    table_kind: Option<crate::source::lake::TableKind>,
     /// The `where=` expression whose rows the objects' deletes hold (format 3).
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     selection: Option<String>,
@@ -241,7 +241,7 @@ pub fn encode(source: &Source, view: &View) -> Result<Vec<u8>> {
         (true, None) => "summary file",
         (false, None) => "listing",
     };
-    let delta = |v: &crate::source::lake::Version| v.kind == crate::source::lake::Kind::Delta;
+    let delta = |v: &crate::source::lake::Version| v.kind == crate::source::lake::TableKind::Delta;
     let body = Body {
         written_by: format!("tensorfs {}", env!("CARGO_PKG_VERSION")),
         created: std::time::SystemTime::now()
@@ -359,7 +359,9 @@ pub fn decode(bytes: &[u8], at: &str) -> Result<Pinned> {
     let table = body
         .table_version
         .map(|number| crate::source::lake::Version {
-            kind: body.table_kind.unwrap_or(crate::source::lake::Kind::Delta),
+            kind: body
+                .table_kind
+                .unwrap_or(crate::source::lake::TableKind::Delta),
             number,
         });
     let fingerprint = catalog::fingerprint(

@@ -1,6 +1,6 @@
 //! The tensor view: which tensors a dataset shows under the mount options, and what it refuses.
 //!
-//! Columns map to items (a column, a stack of columns, or a padded list column); an item gives
+//! Columns map to features (a column, a stack of columns, or a padded list column); a feature gives
 //! one tensor, plus `NAME.len` for a padded list and `NAME.mask` when nulls are zero-filled.
 //! Everything a mount would refuse is found here, before anything is mounted.
 
@@ -16,7 +16,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ItemKind {
+pub enum FeatureKind {
     /// A scalar or fixed-size-list column.
     Column { field: usize },
     /// Scalar columns stacked into `[B, k]`.
@@ -31,9 +31,9 @@ pub enum ItemKind {
 }
 
 #[derive(Clone, Debug)]
-pub struct Item {
+pub struct Feature {
     pub name: String,
-    pub kind: ItemKind,
+    pub kind: FeatureKind,
     /// The element type as decoded from Arrow (for a stack, its members' common type).
     pub(crate) source_dtype: DType,
     /// The element type served, after `cast=`.
@@ -58,7 +58,7 @@ pub struct Tensor {
     pub dtype: DType,
     /// The shape of one row; the batch file's shape is `[rows] + inner`.
     pub(crate) inner: Vec<usize>,
-    pub item: usize,
+    pub feature: usize,
     pub part: Part,
     pub unit: Option<&'static str>,
 }
@@ -77,7 +77,7 @@ impl Tensor {
 
 #[derive(Debug)]
 pub struct View {
-    pub items: Vec<Item>,
+    pub features: Vec<Feature>,
     pub tensors: Vec<Tensor>,
     /// The Arrow field indices to read, ascending (the order of a projected batch's columns).
     pub(crate) roots: Vec<usize>,
@@ -131,7 +131,7 @@ enum Mapped {
 
 /// How a column maps, under its Petastorm Unischema field where the dataset has one: encoded
 /// cells become tensors of the field's dtype and shape; a scalar keeps its column's mapping
-/// (and is served in the field's dtype, see [`items`]).
+/// (and is served in the field's dtype, see [`features`]).
 fn map_column(
     field: &arrow::datatypes::Field,
     unischema: Option<&crate::source::petastorm::Unischema>,
@@ -331,7 +331,7 @@ fn type_name(dt: &DataType) -> String {
 }
 
 /// The dataset's columns as the options select them.
-struct Columns<'a> {
+struct Selection<'a> {
     schema: &'a Schema,
     unischema: Option<&'a crate::source::petastorm::Unischema>,
     index: HashMap<&'a str, usize>,
@@ -340,14 +340,14 @@ struct Columns<'a> {
     mapped: HashMap<usize, Option<Mapped>>,
 }
 
-impl<'a> Columns<'a> {
+impl<'a> Selection<'a> {
     fn select(
         schema: &'a Schema,
         unischema: Option<&'a crate::source::petastorm::Unischema>,
         undecodable: &BTreeMap<String, String>,
         opts: &Options,
         problems: &mut Vec<String>,
-    ) -> Columns<'a> {
+    ) -> Selection<'a> {
         let index: HashMap<&str, usize> = schema
             .fields()
             .iter()
@@ -380,7 +380,7 @@ impl<'a> Columns<'a> {
                 None => (i, map_column(schema.field(i), unischema)),
             })
             .collect();
-        Columns {
+        Selection {
             schema,
             unischema,
             index,
@@ -413,12 +413,12 @@ fn all_names(schema: &Schema) -> String {
 /// variable-length list kept, `nulls=zero` where a kept column has nulls). Every hint of one
 /// refusal keeps the same columns, so any of them mounts.
 struct Hint<'a> {
-    cols: &'a Columns<'a>,
+    cols: &'a Selection<'a>,
     /// The file where each column of a known mapping has nulls, if it has any.
     nulls: HashMap<usize, Option<String>>,
     nulls_error: bool,
     padded: Vec<&'a str>,
-    /// Columns that go into a `stack=` of the options: their tensor is the stack's.
+    /// Selection that go into a `stack=` of the options: their tensor is the stack's.
     stacked: HashSet<usize>,
     /// Tensor names the options' stacks take.
     stack_names: Vec<&'a str>,
@@ -427,7 +427,7 @@ struct Hint<'a> {
 impl<'a> Hint<'a> {
     async fn new(
         source: &Source,
-        cols: &'a Columns<'a>,
+        cols: &'a Selection<'a>,
         opts: &'a Options,
         applied: Option<&crate::udf::Applied>,
     ) -> Result<Hint<'a>> {
@@ -568,7 +568,7 @@ impl<'a> Hint<'a> {
 
 /// Fields that cannot be served (Petastorm fields, columns of an undecodable codec), one line
 /// each.
-fn refused_fields(cols: &Columns, hint: &Hint) -> Vec<String> {
+fn refused_fields(cols: &Selection, hint: &Hint) -> Vec<String> {
     cols.selected
         .iter()
         .filter_map(|i| match &cols.mapped[i] {
@@ -579,7 +579,7 @@ fn refused_fields(cols: &Columns, hint: &Hint) -> Vec<String> {
 }
 
 /// Selected columns of types with no tensor mapping, all in one line.
-fn unsupported_types(cols: &Columns, hint: &Hint) -> Option<String> {
+fn unsupported_types(cols: &Selection, hint: &Hint) -> Option<String> {
     let unsupported: Vec<String> = cols
         .selected
         .iter()
@@ -608,7 +608,7 @@ fn unsupported_types(cols: &Columns, hint: &Hint) -> Option<String> {
 
 /// Checks `stack=` and `pad=` against the columns; returns each stacked column's stack.
 fn check_stacks_and_pads(
-    cols: &Columns,
+    cols: &Selection,
     opts: &Options,
     problems: &mut Vec<String>,
 ) -> HashMap<usize, usize> {
@@ -648,14 +648,14 @@ fn check_stacks_and_pads(
     stack_of
 }
 
-/// The item of stack `si`, if its members can form one.
+/// The feature of stack `si`, if its members can form one.
 fn stack_item(
-    cols: &Columns,
+    cols: &Selection,
     opts: &Options,
     si: usize,
     casts: &HashMap<&str, DType>,
     problems: &mut Vec<String>,
-) -> Option<Item> {
+) -> Option<Feature> {
     let (sname, members) = &opts.stacks[si];
     let mut fields = Vec::new();
     let mut dtypes: Vec<(String, DType)> = Vec::new();
@@ -689,9 +689,9 @@ fn stack_item(
         return None;
     }
     let source_dtype = dtypes[0].1;
-    Some(Item {
+    Some(Feature {
         name: sname.clone(),
-        kind: ItemKind::Stack { fields },
+        kind: FeatureKind::Stack { fields },
         source_dtype,
         dtype: casts.get(sname.as_str()).copied().unwrap_or(source_dtype),
         inner: vec![members.len()],
@@ -700,35 +700,38 @@ fn stack_item(
     })
 }
 
-/// The items the selected columns give: columns, stacks, padded lists.
-fn items(
-    cols: &Columns,
+/// The features the selected columns give: columns, stacks, padded lists.
+fn features(
+    cols: &Selection,
     opts: &Options,
     stack_of: &HashMap<usize, usize>,
     hint: &Hint,
     problems: &mut Vec<String>,
-) -> Vec<Item> {
+) -> Vec<Feature> {
     let pads: HashMap<&str, usize> = opts.pads.iter().map(|(c, l)| (c.as_str(), *l)).collect();
     let casts: HashMap<&str, DType> = opts.casts.iter().map(|(c, d)| (c.as_str(), *d)).collect();
-    let mut items: Vec<Item> = Vec::new();
+    let mut features: Vec<Feature> = Vec::new();
     let mut stacks_done: HashSet<usize> = HashSet::new();
     for &i in &cols.selected {
         let name = cols.name(i);
         let Some(m) = &cols.mapped[&i] else { continue };
         if let Some(&si) = stack_of.get(&i) {
             if stacks_done.insert(si)
-                && let Some(item) = stack_item(cols, opts, si, &casts, problems)
+                && let Some(feature) = stack_item(cols, opts, si, &casts, problems)
             {
-                items.push(item);
+                features.push(feature);
             }
             continue;
         }
         let (kind, elem, inner, unit) = match m {
-            Mapped::Fixed { elem, inner, unit } => {
-                (ItemKind::Column { field: i }, *elem, inner.clone(), *unit)
-            }
+            Mapped::Fixed { elem, inner, unit } => (
+                FeatureKind::Column { field: i },
+                *elem,
+                inner.clone(),
+                *unit,
+            ),
             Mapped::Cell { elem, inner, spec } => (
-                ItemKind::Cell {
+                FeatureKind::Cell {
                     field: i,
                     spec: spec.clone(),
                 },
@@ -738,7 +741,7 @@ fn items(
             ),
             Mapped::Refused(_) => continue,
             Mapped::List { elem, unit } => match pads.get(name) {
-                Some(&len) => (ItemKind::Pad { field: i, len }, *elem, vec![len], *unit),
+                Some(&len) => (FeatureKind::Pad { field: i, len }, *elem, vec![len], *unit),
                 None => {
                     problems.push(format!(
                         "column '{name}' is a variable-length list ({}); give it a fixed length with pad={}:L (longer lists are cut){}",
@@ -756,7 +759,7 @@ fn items(
             .and_then(|u| u.field(name))
             .filter(|f| f.codec == crate::source::petastorm::Codec::Scalar)
             .and_then(|f| f.dtype);
-        items.push(Item {
+        features.push(Feature {
             name: name.to_string(),
             kind,
             source_dtype: elem,
@@ -768,7 +771,7 @@ fn items(
     }
     for (c, _) in &opts.casts {
         // A column left out by columns= has nothing to cast, as with pad=.
-        let known = items.iter().any(|it| it.name == *c)
+        let known = features.iter().any(|it| it.name == *c)
             || opts.stacks.iter().any(|(_, members)| members.contains(c))
             || cols.index.contains_key(c.as_str());
         if !known {
@@ -778,27 +781,27 @@ fn items(
             ));
         }
     }
-    items
+    features
 }
 
-impl Item {
+impl Feature {
     fn fields(&self) -> Vec<usize> {
         match &self.kind {
-            ItemKind::Column { field }
-            | ItemKind::Pad { field, .. }
-            | ItemKind::Cell { field, .. } => {
+            FeatureKind::Column { field }
+            | FeatureKind::Pad { field, .. }
+            | FeatureKind::Cell { field, .. } => {
                 vec![*field]
             }
-            ItemKind::Stack { fields } => fields.clone(),
+            FeatureKind::Stack { fields } => fields.clone(),
         }
     }
 }
 
 /// Nulls, found from the statistics (and from the data where those cannot tell): a mask with
 /// `nulls=zero`, else a refusal.
-fn mark_nulls(items: &mut [Item], cols: &Columns, hint: &Hint, problems: &mut Vec<String>) {
-    for item in items {
-        let with_nulls = item
+fn mark_nulls(features: &mut [Feature], cols: &Selection, hint: &Hint, problems: &mut Vec<String>) {
+    for feature in features {
+        let with_nulls = feature
             .fields()
             .into_iter()
             .find_map(|f| Some((f, hint.nulls.get(&f)?.clone()?)));
@@ -806,54 +809,54 @@ fn mark_nulls(items: &mut [Item], cols: &Columns, hint: &Hint, problems: &mut Ve
             continue;
         };
         if !hint.nulls_error {
-            item.mask = true;
+            feature.mask = true;
             continue;
         }
         let col = cols.name(f);
         let others = hint.or_leave_out_nulls();
         problems.push(format!(
             "column '{col}' has null values (in '{file}'); mount with nulls=zero to fill them with zeros and add a '{}.mask' tensor{others}",
-            item.name,
+            feature.name,
         ));
     }
 }
 
-/// The tensors the items give: each item's data, `NAME.len` for a padded list, `NAME.mask`
+/// The tensors the features give: each feature's data, `NAME.len` for a padded list, `NAME.mask`
 /// where nulls are zero-filled.
-fn tensors_of(items: &[Item]) -> Vec<Tensor> {
+fn tensors_of(features: &[Feature]) -> Vec<Tensor> {
     let mut tensors = Vec::new();
-    for (ii, item) in items.iter().enumerate() {
+    for (ii, feature) in features.iter().enumerate() {
         let mut push = |name: String, dtype, inner: Vec<usize>, part, unit| {
             tensors.push(Tensor {
                 name,
                 dtype,
                 inner,
-                item: ii,
+                feature: ii,
                 part,
                 unit,
             })
         };
         push(
-            item.name.clone(),
-            item.dtype,
-            item.inner.clone(),
+            feature.name.clone(),
+            feature.dtype,
+            feature.inner.clone(),
             Part::Data,
-            item.unit,
+            feature.unit,
         );
-        if matches!(item.kind, ItemKind::Pad { .. }) {
+        if matches!(feature.kind, FeatureKind::Pad { .. }) {
             push(
-                format!("{}.len", item.name),
+                format!("{}.len", feature.name),
                 DType::I32,
                 vec![],
                 Part::Len,
                 None,
             );
         }
-        if item.mask {
+        if feature.mask {
             push(
-                format!("{}.mask", item.name),
+                format!("{}.mask", feature.name),
                 DType::U8,
-                item.inner.clone(),
+                feature.inner.clone(),
                 Part::Mask,
                 None,
             );
@@ -863,14 +866,19 @@ fn tensors_of(items: &[Item]) -> Vec<Tensor> {
 }
 
 /// Every tensor must be a distinct, valid file name.
-fn check_tensor_names(tensors: &[Tensor], items: &[Item], hint: &Hint, problems: &mut Vec<String>) {
+fn check_tensor_names(
+    tensors: &[Tensor],
+    features: &[Feature],
+    hint: &Hint,
+    problems: &mut Vec<String>,
+) {
     let mut names = HashSet::new();
     for t in tensors {
         if !valid_file_name(&t.name) {
             problems.push(format!(
                 "tensor '{}' cannot be a file name; rename it with stack={}",
                 t.name,
-                hint.or_leave_out(&items[t.item].fields(), "its column")
+                hint.or_leave_out(&features[t.feature].fields(), "its column")
             ));
         } else if !names.insert(t.name.as_str()) {
             problems.push(format!(
@@ -905,23 +913,23 @@ pub(crate) async fn build_with(
         ),
         Some(a) => (a.schema.clone(), Vec::new(), &no_codecs, None),
     };
-    let cols = Columns::select(&schema, unischema, undecodable, opts, &mut problems);
+    let cols = Selection::select(&schema, unischema, undecodable, opts, &mut problems);
     let hint = Hint::new(source, &cols, opts, applied).await?;
     problems.extend(unsupported_types(&cols, &hint));
     problems.extend(refused_fields(&cols, &hint));
     let stack_of = check_stacks_and_pads(&cols, opts, &mut problems);
-    let mut items = items(&cols, opts, &stack_of, &hint, &mut problems);
-    mark_nulls(&mut items, &cols, &hint, &mut problems);
-    let tensors = tensors_of(&items);
-    check_tensor_names(&tensors, &items, &hint, &mut problems);
-    if items.is_empty() && problems.is_empty() {
+    let mut features = features(&cols, opts, &stack_of, &hint, &mut problems);
+    mark_nulls(&mut features, &cols, &hint, &mut problems);
+    let tensors = tensors_of(&features);
+    check_tensor_names(&tensors, &features, &hint, &mut problems);
+    if features.is_empty() && problems.is_empty() {
         problems.push("the dataset has no columns to serve".into());
     }
     // Each refusal is one line; a line break in a name it quotes is shown as its escape.
     for p in &mut problems {
         *p = p.replace('\n', "\\n").replace('\r', "\\r");
     }
-    let roots: BTreeSet<usize> = items.iter().flat_map(Item::fields).collect();
+    let roots: BTreeSet<usize> = features.iter().flat_map(Feature::fields).collect();
     let mut nulls_read: Vec<(usize, Option<String>)> = (hint.nulls.iter())
         .filter(|_| applied.is_none())
         .filter(|(i, _)| matches!(source.facts.nulls[**i], NullFact::Unknown(_)))
@@ -929,7 +937,7 @@ pub(crate) async fn build_with(
         .collect();
     nulls_read.sort();
     Ok(View {
-        items,
+        features,
         tensors,
         roots: roots.into_iter().collect(),
         problems,

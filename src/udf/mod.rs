@@ -27,7 +27,7 @@ const WORKER: &str = include_str!("worker.py");
 
 /// How a transform is asked for: the mount options of PRODUCT.md §10.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Spec {
+pub struct TransformOptions {
     /// `FILE.py:NAME` or `MODULE:NAME`.
     pub target: String,
     /// `transform_path=`: where MODULE is imported from.
@@ -77,7 +77,7 @@ struct Hello {
 
 /// The pool of workers for one transform.
 pub struct Udf {
-    spec: Spec,
+    spec: TransformOptions,
     /// Hex digest of the function's sources, the spec and the version.
     digest: String,
     /// Whether the function is a Petastorm TransformSpec.
@@ -93,7 +93,7 @@ impl Udf {
     /// Starts the pool's first worker (the others start on first use) and checks what the
     /// function is: an import that fails, a name that is missing, or (as root) a source that
     /// other users may write refuses the mount, in one line.
-    pub(crate) fn start(spec: Spec) -> Result<Udf> {
+    pub(crate) fn start(spec: TransformOptions) -> Result<Udf> {
         if let Some(dir) = &spec.path
             && !dir.is_dir()
         {
@@ -134,7 +134,7 @@ impl Udf {
         })
     }
 
-    pub fn spec(&self) -> &Spec {
+    pub fn spec(&self) -> &TransformOptions {
         &self.spec
     }
 
@@ -220,7 +220,7 @@ impl Udf {
 const PIPE_BYTES: libc::c_int = 1 << 20;
 
 /// Starts one worker and reads its hello.
-fn spawn(spec: &Spec) -> Result<(Worker, Hello)> {
+fn spawn(spec: &TransformOptions) -> Result<(Worker, Hello)> {
     let mut cmd = Command::new(&spec.python);
     cmd.arg("-c").arg(WORKER).arg(&spec.target);
     if let Some(p) = &spec.path {
@@ -357,7 +357,7 @@ fn writable_by_others(path: &Path) -> Option<String> {
 }
 
 /// The digest of the function: its spec, version and every source file's bytes, in order.
-fn digest(spec: &Spec, sources: &[PathBuf]) -> Result<String> {
+fn digest(spec: &TransformOptions, sources: &[PathBuf]) -> Result<String> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(b"tensorfs transform\0");

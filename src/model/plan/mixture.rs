@@ -2,7 +2,7 @@
 //! partition ([`crate::model::mix`]), pass after pass, and merged into the mixture's batches.
 
 use super::order::EpochOrder;
-use super::{OrderOptions, Part, Plan, Shuffle, Stride, row_group_starts};
+use super::{OrderOptions, PartitionRows, Plan, Shuffle, Stride, row_group_starts};
 use crate::model::mix::Merge;
 use crate::model::partitions::PlanFile;
 use crate::model::permutation::mix;
@@ -10,15 +10,15 @@ use std::ops::Range;
 
 /// The sources of a mixture and their draws.
 #[derive(Clone, Debug)]
-pub(super) struct Mixture {
-    pub(super) members: Vec<Member>,
+pub(super) struct SourcePlans {
+    pub(super) members: Vec<SourcePlan>,
     /// Each partition's draws, merged.
     pub(super) merges: Vec<Merge>,
 }
 
 /// One source of a mixture.
 #[derive(Clone, Debug)]
-pub(super) struct Member {
+pub(super) struct SourcePlan {
     /// Its rows' order, as if it were mounted alone (its own seed).
     pub(super) plan: Plan,
     /// Its rows drawn an epoch from each partition.
@@ -28,16 +28,16 @@ pub(super) struct Member {
     pub(super) rg_offset: usize,
 }
 
-impl Mixture {
+impl SourcePlans {
     /// The number that names partition `p` of source `s`'s order in pass `pass`: the orders
     /// counted source by source, pass by pass, partition by partition.
     pub(super) fn order_key(&self, s: usize, pass: u64, p: usize) -> usize {
         let parts = self.merges.len();
-        let before: u64 = self.members[..s].iter().map(Member::passes).sum();
+        let before: u64 = self.members[..s].iter().map(SourcePlan::passes).sum();
         (before + pass) as usize * parts + p
     }
 
-    /// (source, pass, partition) of an [`Mixture::order_key`].
+    /// (source, pass, partition) of an [`SourcePlans::order_key`].
     pub(super) fn of_order_key(&self, key: usize) -> (usize, usize, usize) {
         let parts = self.merges.len();
         let (mut order, p) = (key / parts, key % parts);
@@ -82,7 +82,7 @@ impl Mixture {
     }
 }
 
-impl Member {
+impl SourcePlan {
     /// Rows of partition `p`.
     pub(super) fn rows(&self, p: usize) -> u64 {
         self.plan.partition_len(p as u64)
@@ -117,7 +117,7 @@ impl Member {
     }
 
     /// The items of partition `p`'s draw (runs of them) that positions `span` of pass
-    /// `pass`'s order are: the inverse of [`Member::place`].
+    /// `pass`'s order are: the inverse of [`SourcePlan::place`].
     pub(super) fn items_at(
         &self,
         epoch: u64,
@@ -161,7 +161,7 @@ impl Plan {
         let parts_n = opts.partitions as usize;
         let (mut row_offset, mut rg_offset) = (0, 0);
         let mut segments: Vec<Vec<(usize, Range<u64>)>> = vec![Vec::new(); parts_n];
-        let members: Vec<Member> =
+        let members: Vec<SourcePlan> =
             (sources.iter().enumerate())
                 .map(|(s, (files, drawn))| {
                     let own = OrderOptions {
@@ -181,7 +181,7 @@ impl Plan {
                         true => crate::model::mix::apportion(*drawn, &lens),
                         false => vec![0; parts_n],
                     };
-                    let member = Member {
+                    let member = SourcePlan {
                         drawn,
                         row_offset,
                         rg_offset,
@@ -197,16 +197,16 @@ impl Plan {
             .collect();
         let lens: Vec<u64> = merges.iter().map(Merge::len).collect();
         let whole = members.iter().all(|m| m.plan.whole_objects);
-        let parts = segments.into_iter().map(Part::new).collect();
+        let parts = segments.into_iter().map(PartitionRows::new).collect();
         let mut plan = Plan::from_parts(rg_start, parts, &lens, whole, opts);
-        plan.mix = Some(Box::new(Mixture { members, merges }));
+        plan.mix = Some(Box::new(SourcePlans { members, merges }));
         plan
     }
 
     /// A mixture's batch rows at positions `positions` of partition `p`'s draws, in order.
     pub(super) fn mixed_rows(
         &self,
-        m: &Mixture,
+        m: &SourcePlans,
         order: &EpochOrder,
         p: usize,
         positions: Range<u64>,
@@ -228,11 +228,11 @@ impl Plan {
     /// A mixture's batches that may need row group `rg`.
     pub(super) fn mixed_row_group_batches(
         &self,
-        m: &Mixture,
+        m: &SourcePlans,
         order: &EpochOrder,
         rg: usize,
     ) -> Vec<Stride> {
-        let owns = |member: &Member| {
+        let owns = |member: &SourcePlan| {
             (member.rg_offset..member.rg_offset + member.plan.row_groups()).contains(&rg)
         };
         let Some(s) = m.members.iter().position(owns) else {

@@ -39,7 +39,7 @@ mod tests;
 
 use crate::model::mix::Merge;
 pub(crate) use batches::{BatchRef, Batches, Chain};
-use mixture::{Member, Mixture};
+use mixture::{SourcePlan, SourcePlans};
 pub use order::EpochOrder;
 pub(crate) use order::Orders;
 
@@ -95,7 +95,7 @@ pub struct OrderOptions {
 
 /// One partition's rows.
 #[derive(Clone, Debug)]
-struct Part {
+struct PartitionRows {
     /// Pieces of row groups (all of a row group, or part of one split between partitions), in
     /// canonical order, as (row group, canonical rows).
     segments: Vec<(usize, Range<u64>)>,
@@ -104,8 +104,8 @@ struct Part {
     seg_pos: Vec<u64>,
 }
 
-impl Part {
-    fn new(segments: Vec<(usize, Range<u64>)>) -> Part {
+impl PartitionRows {
+    fn new(segments: Vec<(usize, Range<u64>)>) -> PartitionRows {
         let mut seg_pos = Vec::with_capacity(segments.len() + 1);
         let mut pos = 0;
         seg_pos.push(0);
@@ -113,7 +113,7 @@ impl Part {
             pos += r.end - r.start;
             seg_pos.push(pos);
         }
-        Part { segments, seg_pos }
+        PartitionRows { segments, seg_pos }
     }
 
     fn len(&self) -> u64 {
@@ -136,7 +136,7 @@ impl Part {
 pub struct Plan {
     /// Canonical index of each row group's first row; one more entry holding the row count.
     rg_start: Vec<u64>,
-    parts: Vec<Part>,
+    parts: Vec<PartitionRows>,
     /// Where each row group's pieces are: `rg_pieces[rg_piece_start[g]..rg_piece_start[g + 1]]`,
     /// as (partition, segment).
     rg_piece_start: Vec<usize>,
@@ -150,7 +150,7 @@ pub struct Plan {
     leftover_start: Vec<u64>,
     opts: OrderOptions,
     /// The sources of a mixture, each with its own plan.
-    mix: Option<Box<Mixture>>,
+    mix: Option<Box<SourcePlans>>,
 }
 
 /// A set of batch indices `first, first + step, …` (`count` of them).
@@ -195,16 +195,16 @@ impl Plan {
             opts.batch_size,
             opts.seed,
         );
-        let parts: Vec<Part> = assigned.into_iter().map(Part::new).collect();
+        let parts: Vec<PartitionRows> = assigned.into_iter().map(PartitionRows::new).collect();
         let whole_objects = partitions::whole_objects(files, opts.partitions);
-        let lens: Vec<u64> = parts.iter().map(Part::len).collect();
+        let lens: Vec<u64> = parts.iter().map(PartitionRows::len).collect();
         Plan::from_parts(rg_start, parts, &lens, whole_objects, opts)
     }
 
     /// The plan of these partitions, partition `p` serving `lens[p]` rows an epoch.
     fn from_parts(
         rg_start: Vec<u64>,
-        parts: Vec<Part>,
+        parts: Vec<PartitionRows>,
         lens: &[u64],
         whole_objects: bool,
         opts: OrderOptions,
@@ -265,7 +265,7 @@ impl Plan {
     /// files in every epoch, built and kept once.
     pub(crate) fn epochs_repeat(&self) -> bool {
         // A mixture's source drawn down shows other rows each epoch, whatever the order.
-        let drawn_anew = (self.mix.iter().flat_map(|m| &m.members)).any(Member::drawn_anew);
+        let drawn_anew = (self.mix.iter().flat_map(|m| &m.members)).any(SourcePlan::drawn_anew);
         self.opts.shuffle == Shuffle::None && !drawn_anew
     }
 

@@ -267,7 +267,7 @@ impl Plan {
                 continue;
             };
             // A mixture's windows are those of each source's order in each pass, numbered
-            // as `Mixture::order_key` says.
+            // as `SourcePlans::order_key` says.
             for (s, pass, span) in m.spans(order.epoch, p, xs) {
                 let orders = &order.passes[s][pass as usize];
                 push_windows(&orders.parts[p], m.order_key(s, pass, p), span, &mut out);

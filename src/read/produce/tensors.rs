@@ -3,7 +3,7 @@
 //! with their masks).
 
 use crate::model::dtype::DType;
-use crate::source::view::{ItemKind, Part, View};
+use crate::source::view::{FeatureKind, Part, View};
 use anyhow::{Context, Result, bail};
 use arrow::array::{Array, AsArray, OffsetSizeTrait};
 use arrow::datatypes::DataType;
@@ -194,14 +194,14 @@ pub(crate) fn cast(data: Vec<u8>, from: DType, to: DType) -> Vec<u8> {
     out
 }
 
-/// An item's mask tensor, where it serves one (`nulls=zero`): one byte an element.
+/// An feature's mask tensor, where it serves one (`nulls=zero`): one byte an element.
 fn mask_bytes(
-    item: &crate::source::view::Item,
+    feature: &crate::source::view::Feature,
     valid: &Option<Vec<bool>>,
     elems: usize,
 ) -> Vec<u8> {
     match valid {
-        _ if !item.mask => Vec::new(),
+        _ if !feature.mask => Vec::new(),
         Some(v) => v.iter().map(|&ok| u8::from(ok)).collect(),
         None => vec![1; elems],
     }
@@ -251,11 +251,11 @@ fn pad<O: OffsetSizeTrait>(array: &dyn Array, len: usize, dtype: DType) -> Resul
 fn decode_cells(
     array: &dyn Array,
     spec: &crate::source::petastorm::Field,
-    item: &crate::source::view::Item,
+    feature: &crate::source::view::Feature,
     first_row: usize,
 ) -> Result<(Vec<u8>, Option<Vec<bool>>)> {
-    let row_bytes = item.inner.iter().product::<usize>() * item.source_dtype.size();
-    let elems = item.inner.iter().product::<usize>();
+    let row_bytes = feature.inner.iter().product::<usize>() * feature.source_dtype.size();
+    let elems = feature.inner.iter().product::<usize>();
     let cell = |r: usize| -> Option<&[u8]> {
         if array.is_null(r) {
             return None;
@@ -351,19 +351,19 @@ fn append_piece(
 ) -> Result<u64> {
     let rows = batch.num_rows();
     let mut truncated = 0;
-    for (ii, item) in view.items.iter().enumerate() {
+    for (ii, feature) in view.features.iter().enumerate() {
         let column = |field: usize| batch.column(view.column_of(field)).as_ref();
-        if let ItemKind::Column { field } = &item.kind
-            && !item.mask
-            && item.source_dtype == item.dtype
-            && let Some((buffer, range)) = plain_bytes(column(*field), item.dtype)
+        if let FeatureKind::Column { field } = &feature.kind
+            && !feature.mask
+            && feature.source_dtype == feature.dtype
+            && let Some((buffer, range)) = plain_bytes(column(*field), feature.dtype)
         {
-            let expected = rows * item.inner.iter().product::<usize>() * item.dtype.size();
+            let expected = rows * feature.inner.iter().product::<usize>() * feature.dtype.size();
             if range.len() == expected {
                 let data = view
                     .tensors
                     .iter()
-                    .position(|t| t.item == ii && t.part == Part::Data);
+                    .position(|t| t.feature == ii && t.part == Part::Data);
                 if let Some(t) = data {
                     tensors[t].extend_from_slice(&buffer.as_slice()[range]);
                 }
@@ -373,30 +373,30 @@ fn append_piece(
         let null_error = || {
             anyhow::anyhow!(
                 "column '{}' holds nulls that the mount did not find (in its statistics, or in a transform's first row group); mount with nulls=zero",
-                item.name
+                feature.name
             )
         };
-        let (data, len, mask) = match &item.kind {
-            ItemKind::Column { field } => {
+        let (data, len, mask) = match &feature.kind {
+            FeatureKind::Column { field } => {
                 let flat = flatten(column(*field))?;
-                if flat.valid.is_some() && !item.mask {
+                if flat.valid.is_some() && !feature.mask {
                     return Err(null_error());
                 }
                 let elems = flat.data.len() / flat.dtype.size();
-                let mask = mask_bytes(item, &flat.valid, elems);
-                (cast(flat.data, flat.dtype, item.dtype), None, mask)
+                let mask = mask_bytes(feature, &flat.valid, elems);
+                (cast(flat.data, flat.dtype, feature.dtype), None, mask)
             }
-            ItemKind::Stack { fields } => {
+            FeatureKind::Stack { fields } => {
                 let k = fields.len();
-                let size = item.source_dtype.size();
+                let size = feature.source_dtype.size();
                 let mut data = vec![0u8; rows * k * size];
                 let mut mask = vec![1u8; rows * k];
                 for (j, &f) in fields.iter().enumerate() {
                     let flat = flatten(column(f))?;
-                    if flat.valid.is_some() && !item.mask {
+                    if flat.valid.is_some() && !feature.mask {
                         return Err(null_error());
                     }
-                    let member = cast(flat.data, flat.dtype, item.source_dtype);
+                    let member = cast(flat.data, flat.dtype, feature.source_dtype);
                     for r in 0..rows {
                         data[(r * k + j) * size..(r * k + j + 1) * size]
                             .copy_from_slice(&member[r * size..(r + 1) * size]);
@@ -405,40 +405,40 @@ fn append_piece(
                         }
                     }
                 }
-                (cast(data, item.source_dtype, item.dtype), None, mask)
+                (cast(data, feature.source_dtype, feature.dtype), None, mask)
             }
-            ItemKind::Cell { field, spec } => {
-                let (data, valid) = decode_cells(column(*field), spec, item, first_row)?;
-                if valid.is_some() && !item.mask {
+            FeatureKind::Cell { field, spec } => {
+                let (data, valid) = decode_cells(column(*field), spec, feature, first_row)?;
+                if valid.is_some() && !feature.mask {
                     return Err(null_error());
                 }
-                let elems = data.len() / item.source_dtype.size();
-                let mask = mask_bytes(item, &valid, elems);
-                (cast(data, item.source_dtype, item.dtype), None, mask)
+                let elems = data.len() / feature.source_dtype.size();
+                let mask = mask_bytes(feature, &valid, elems);
+                (cast(data, feature.source_dtype, feature.dtype), None, mask)
             }
-            ItemKind::Pad { field, len } => {
+            FeatureKind::Pad { field, len } => {
                 let array = column(*field);
                 let p = match array.data_type() {
-                    DataType::LargeList(_) => pad::<i64>(array, *len, item.source_dtype)?,
-                    _ => pad::<i32>(array, *len, item.source_dtype)?,
+                    DataType::LargeList(_) => pad::<i64>(array, *len, feature.source_dtype)?,
+                    _ => pad::<i32>(array, *len, feature.source_dtype)?,
                 };
-                if p.has_nulls && !item.mask {
+                if p.has_nulls && !feature.mask {
                     return Err(null_error());
                 }
                 truncated += p.truncated;
                 let mask = p.valid.iter().map(|&ok| u8::from(ok)).collect();
                 (
-                    cast(p.data, item.source_dtype, item.dtype),
+                    cast(p.data, feature.source_dtype, feature.dtype),
                     Some(p.lens),
                     mask,
                 )
             }
         };
-        let expected = rows * item.inner.iter().product::<usize>() * item.dtype.size();
+        let expected = rows * feature.inner.iter().product::<usize>() * feature.dtype.size();
         if data.len() != expected {
             bail!(
                 "column '{}' decoded to {} bytes, expected {expected}",
-                item.name,
+                feature.name,
                 data.len()
             );
         }
@@ -447,7 +447,7 @@ fn append_piece(
             .tensors
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.item == ii)
+            .filter(|(_, t)| t.feature == ii)
         {
             let part = match t.part {
                 Part::Data => data.take(),
@@ -504,9 +504,9 @@ mod tests {
         use std::sync::Arc;
         // int32[4 rows][2][2], row 1 null at the outer level, one leaf (row 2) null.
         let leaf = Int32Array::from_iter((1..=16).map(|v| (v != 10).then_some(v)));
-        let pair = Arc::new(Field::new("item", DataType::Int32, true));
+        let pair = Arc::new(Field::new("feature", DataType::Int32, true));
         let inner = FixedSizeListArray::new(pair, 2, Arc::new(leaf), None);
-        let row = Arc::new(Field::new("item", inner.data_type().clone(), true));
+        let row = Arc::new(Field::new("feature", inner.data_type().clone(), true));
         let nulls = NullBuffer::from(vec![true, false, true, true]);
         let outer = FixedSizeListArray::new(row, 2, Arc::new(inner), Some(nulls));
         let flat = flatten(&outer).unwrap();

@@ -76,7 +76,7 @@ impl Node {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum EntryType {
     Dir,
     File,
     Symlink,
@@ -85,14 +85,14 @@ pub enum Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
     pub ino: u64,
-    pub kind: Kind,
+    pub kind: EntryType,
     pub size: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     pub(crate) ino: u64,
-    pub(crate) kind: Kind,
+    pub(crate) kind: EntryType,
     pub name: String,
 }
 
@@ -380,11 +380,11 @@ impl Fs {
         self.sizes[&(rows, kind)]
     }
 
-    fn file_kind(&self, d: u32) -> Result<Kind> {
+    fn file_kind(&self, d: u32) -> Result<EntryType> {
         Ok(if self.in_gds(d)? {
-            Kind::Symlink
+            EntryType::Symlink
         } else {
-            Kind::File
+            EntryType::File
         })
     }
 
@@ -395,29 +395,32 @@ impl Fs {
     fn attr(&self, ino: u64, node: Node) -> Result<Attr> {
         let (kind, size) = match node {
             Node::Root | Node::Meta | Node::Gds | Node::Dir(_) | Node::BatchDir(..) => {
-                (Kind::Dir, 0)
+                (EntryType::Dir, 0)
             }
-            Node::AllDir(_) => (Kind::Dir, 0),
-            Node::DatasetJson => (Kind::File, self.dataset_json.len() as u64),
+            Node::AllDir(_) => (EntryType::Dir, 0),
+            Node::DatasetJson => (EntryType::File, self.dataset_json.len() as u64),
             // Its content changes all the time: each open reads a snapshot of it (direct-io),
             // padded to the size reported here.
-            Node::StatsJson => (Kind::File, self.stats_json().len() as u64),
+            Node::StatsJson => (EntryType::File, self.stats_json().len() as u64),
             Node::Batch(d, i, kind) => {
                 let (b, gds) = self.dir_entry(d)?;
                 match gds {
                     true => (
-                        Kind::Symlink,
+                        EntryType::Symlink,
                         self.backing_path(node)?.as_os_str().len() as u64,
                     ),
-                    false => (Kind::File, self.batch_file_size(b, i, kind)),
+                    false => (EntryType::File, self.batch_file_size(b, i, kind)),
                 }
             }
             Node::All(d, kind) => {
                 let (b, gds) = self.dir_entry(d)?;
                 match gds {
                     // No backing file holds them: under gds/ they link to the main tree.
-                    true => (Kind::Symlink, self.all_link(node)?.len() as u64),
-                    false => (Kind::File, self.layout.size(kind, self.plan().dir_rows(b))),
+                    true => (EntryType::Symlink, self.all_link(node)?.len() as u64),
+                    false => (
+                        EntryType::File,
+                        self.layout.size(kind, self.plan().dir_rows(b)),
+                    ),
                 }
             }
         };
@@ -483,7 +486,7 @@ impl Fs {
         }
         Ok(Some(entry(
             Node::Dir(self.dir_id(Batches::Epoch(k), gds)?),
-            Kind::Dir,
+            EntryType::Dir,
             layout::epoch_name(k),
         )))
     }
@@ -491,9 +494,9 @@ impl Fs {
     /// The `k`-th entry of the root.
     fn root_entry(&self, k: u64) -> Result<Option<DirEntry>> {
         let fixed = [
-            (Node::DatasetJson, Kind::File, DATASET_JSON),
-            (Node::Meta, Kind::Dir, META),
-            (Node::Gds, Kind::Dir, GDS),
+            (Node::DatasetJson, EntryType::File, DATASET_JSON),
+            (Node::Meta, EntryType::Dir, META),
+            (Node::Gds, EntryType::Dir, GDS),
         ];
         match fixed.get(k as usize) {
             Some(&(node, kind, name)) => Ok(Some(entry(node, kind, name.into()))),
@@ -520,7 +523,7 @@ impl Fs {
                 let node = Node::Batch(d, i, FileKind::Safetensors);
                 entry(node, file, layout::safetensors_name(i))
             } else {
-                entry(Node::BatchDir(d, i), Kind::Dir, name)
+                entry(Node::BatchDir(d, i), EntryType::Dir, name)
             }));
         }
         match k - layout::batch_file_entry(n) {
@@ -531,7 +534,7 @@ impl Fs {
                     ALL_SAFETENSORS.into(),
                 )));
             }
-            1 => return Ok(Some(entry(Node::AllDir(d), Kind::Dir, ALL.into()))),
+            1 => return Ok(Some(entry(Node::AllDir(d), EntryType::Dir, ALL.into()))),
             _ => {}
         }
         let rank = k - layout::batch_file_entry(n) - 2;
@@ -540,7 +543,7 @@ impl Fs {
                 let id = self.dir_id(Batches::Rank { epoch, rank, world }, gds)?;
                 Ok(Some(entry(
                     Node::Dir(id),
-                    Kind::Dir,
+                    EntryType::Dir,
                     layout::rank_name(rank, world),
                 )))
             }
@@ -579,9 +582,9 @@ impl Fs {
             match node {
                 Node::Root => self.root_entry(k),
                 Node::Gds => self.epoch_entry(k, true),
-                Node::Meta => {
-                    Ok((k == 0).then(|| entry(Node::StatsJson, Kind::File, STATS_JSON.into())))
-                }
+                Node::Meta => Ok(
+                    (k == 0).then(|| entry(Node::StatsJson, EntryType::File, STATS_JSON.into()))
+                ),
                 Node::Dir(d) if batches_only && !self.is_batch_entry(d, k)? => Ok(None),
                 Node::Dir(d) => self.dir_child(d, k),
                 Node::BatchDir(d, i) => {
@@ -597,12 +600,12 @@ impl Fs {
             let e = match k {
                 0 => Some(DirEntry {
                     ino,
-                    kind: Kind::Dir,
+                    kind: EntryType::Dir,
                     name: ".".into(),
                 }),
                 1 => Some(DirEntry {
                     ino: ROOT_INO,
-                    kind: Kind::Dir,
+                    kind: EntryType::Dir,
                     name: "..".into(),
                 }),
                 _ => child(k - layout::DOT_ENTRIES)?,
@@ -621,9 +624,9 @@ impl Fs {
         let node = self.node(ino)?;
         let attr = self.attr(ino, node)?;
         match attr.kind {
-            Kind::Dir => Err(Error::answer(libc::EISDIR)),
-            Kind::Symlink => Err(Error::answer(libc::ELOOP)),
-            Kind::File => match node {
+            EntryType::Dir => Err(Error::answer(libc::EISDIR)),
+            EntryType::Symlink => Err(Error::answer(libc::ELOOP)),
+            EntryType::File => match node {
                 Node::StatsJson => Ok(Openable::Live(self.stats_json())),
                 Node::DatasetJson if self.touched_at.is_some() => {
                     Ok(Openable::Live(self.dataset_json()))
@@ -654,7 +657,7 @@ impl Fs {
     /// materialised), or a one-open file (its file built ahead, else `fallback`, the same file
     /// in the main tree by a relative path).
     pub(crate) fn link(&self, ino: u64) -> Result<Link> {
-        if self.getattr(ino)?.kind != Kind::Symlink {
+        if self.getattr(ino)?.kind != EntryType::Symlink {
             return Err(Error::answer(libc::EINVAL));
         }
         let node = self.node(ino)?;
@@ -689,7 +692,7 @@ impl Fs {
     }
 }
 
-fn entry(node: Node, kind: Kind, name: String) -> DirEntry {
+fn entry(node: Node, kind: EntryType, name: String) -> DirEntry {
     DirEntry {
         ino: encode(node),
         kind,
