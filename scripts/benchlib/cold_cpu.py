@@ -231,6 +231,43 @@ def variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: P
     return out
 
 
+def mapped_reads(data: Path, rows: int, binary: Path, scratch: Path, caches, mounts: list, batch_size: int,
+                 extra: list[str]) -> dict:
+    """Memory-mapped all/ reads over the epochs after the cold one, against the same files read
+    the same way from local disk (their copy, in the page cache): a mount with epochs=3 on a fresh
+    cache_dir, its epoch 0 read cold, then epoch 1 right after (built ahead only as far as the
+    cold epoch let it), epoch 0 again (warm: the mount's page cache), and epoch 2 once it is built
+    ahead (the daemon's count of files built ahead settled). Each read a fresh
+    process (`read_npy_slices`), the best of three for the warm rows."""
+    cache, local = scratch / "cache-mapped", scratch / "local-mapped"
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(local, ignore_errors=True)
+    caches.drop()
+    m = Mount(binary, f"file://{data}", scratch / "mnt-mapped", [f"batch_size={batch_size}", "epochs=3",
+                                                                  f"cache_dir={cache}", *extra])
+    mounts.append(m)
+    out = {}
+    try:
+        epoch = lambda e: m.mnt / f"epoch-{e}" / "all"  # noqa: E731
+        best = lambda d: max(run_reader("slices", d, rows, batch_size)["mb_s"] for _ in range(3))  # noqa: E731
+        out["cold"] = run_reader("slices", epoch(0), rows, batch_size)["mb_s"]
+        out["next"] = run_reader("slices", epoch(1), rows, batch_size)["mb_s"]
+        shutil.copytree(epoch(0), local)
+        out["local"] = best(local)
+        out["warm"] = best(epoch(0))
+        # Epoch 2's files, built ahead from epoch 1's first read on: read once their builds end.
+        m.settled("ahead_files_built")
+        out["built"] = best(epoch(2))
+        log(f"coldcpu: mapped reads, 80-byte rows: local {out['local']:.0f} MB/s; warm {out['warm']:.0f}, "
+            f"next epoch right after {out['next']:.0f}, built ahead {out['built']:.0f}, cold {out['cold']:.0f}")
+    finally:
+        m.unmount()
+        mounts.remove(m)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)
+    return out
+
+
 def s3_variant(name: str, data: Path, rows: int, emb: int, binary: Path, scratch: Path, caches, mounts: list,
                batch_size: int, extra: list[str], s3, prefix: str, upload: bool) -> dict:
     """`variant` of DATA's files on server S3 under PREFIX: put there first where UPLOAD (and
@@ -270,6 +307,7 @@ def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list, s
         try:
             out["variants"].append(variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches, mounts,
                                            a.batch_size, extra))
+            out["mapped"] = mapped_reads(small, a.coldcpu_rows, binary, scratch, caches, mounts, a.batch_size, extra)
             if s3 is not None:
                 out["variants"].append(s3_variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches,
                                                   mounts, a.batch_size, extra, s3, f"{s3.PREFIX}-coldcpu", True))
@@ -297,6 +335,13 @@ def print_rows(cc: dict) -> None:
               "pyarrow.fs.S3FileSystem, tensorfs mounting s3://BUCKET/PREFIX/; the server's CPU is neither's.")
     elif cc.get("s3_unavailable"):
         print(f"S3: unavailable: {cc['s3_unavailable']}")
+    if "mapped" in cc:
+        mr = cc["mapped"]
+        print(f"memory-mapped all/ reads of the 80-byte rows (epochs=3, file://), against the same files read the same "
+              f"way from local disk ({mr['local']:.0f} MB/s, page cache): warm epoch 0 {mr['warm']:.0f} MB/s "
+              f"({mr['warm'] / mr['local']:.2f}x; target 0.95x), epoch 1 right after the cold epoch {mr['next']:.0f} "
+              f"({mr['next'] / mr['local']:.2f}x; target 0.6x), epoch 2 built ahead {mr['built']:.0f} "
+              f"({mr['built'] / mr['local']:.2f}x)")
     for v in cc["variants"]:
         store = v.get("store", "file://")
         if "unavailable" in v:
