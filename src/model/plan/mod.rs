@@ -136,6 +136,10 @@ impl PartitionRows {
 pub struct Plan {
     /// Canonical index of each row group's first row; one more entry holding the row count.
     rg_start: Vec<u64>,
+    /// Where [`Plan::locate`] starts its search: the rows in buckets of `1 << rg_bucket_shift`,
+    /// and the row group holding each bucket's first row (one more entry: the last row group).
+    rg_bucket_shift: u32,
+    rg_of_bucket: Vec<u32>,
     parts: Vec<PartitionRows>,
     /// Where each row group's pieces are: `rg_pieces[rg_piece_start[g]..rg_piece_start[g + 1]]`,
     /// as (partition, segment).
@@ -182,6 +186,29 @@ fn row_group_starts(files: &[PlanFile]) -> Vec<u64> {
         rg_start.push(total);
     }
     rg_start
+}
+
+/// The buckets [`Plan::locate`] searches from, for row groups starting at `rg_start` (one more
+/// entry: the row count): rows in buckets of a power of two, about two buckets a row group, each
+/// with the row group holding its first row, and one more entry, the last row group. Locating
+/// a row is done for every row of every batch built: a binary search over all the row groups
+/// cost about 3% of the daemon's CPU in a cold epoch of 80-byte rows.
+fn row_group_buckets(rg_start: &[u64]) -> (u32, Vec<u32>) {
+    let (rows, groups) = (*rg_start.last().expect("a row count"), rg_start.len() - 1);
+    let wanted = (rows / (2 * groups.max(1) as u64)).max(1);
+    let shift = 63 - wanted.leading_zeros();
+    let buckets = rows.div_ceil(1 << shift) as usize;
+    let mut of_bucket = Vec::with_capacity(buckets + 1);
+    let mut g = 0;
+    for b in 0..buckets as u64 {
+        let first = b << shift;
+        while g + 1 < groups && rg_start[g + 1] <= first {
+            g += 1;
+        }
+        of_bucket.push(g as u32);
+    }
+    of_bucket.push(groups.saturating_sub(1) as u32);
+    (shift, of_bucket)
 }
 
 impl Plan {
@@ -238,8 +265,11 @@ impl Plan {
             left += len - per_partition * opts.batch_size;
             leftover_start.push(left);
         }
+        let (rg_bucket_shift, rg_of_bucket) = row_group_buckets(&rg_start);
         Plan {
             rg_start,
+            rg_bucket_shift,
+            rg_of_bucket,
             parts,
             rg_piece_start,
             rg_pieces,
@@ -433,10 +463,17 @@ impl Plan {
         self.batches() - self.rank_batches(world) * world
     }
 
-    /// The canonical row group holding a canonical row, and the row's index inside it.
+    /// The canonical row group holding a canonical row, and the row's index inside it: the
+    /// last row group starting at or before it (row groups of no rows are passed over), searched
+    /// for among the few its bucket of rows meets.
     pub(crate) fn locate(&self, row: u64) -> (usize, u64) {
         debug_assert!(row < self.rows());
-        let rg = self.rg_start.partition_point(|&s| s <= row) - 1;
+        let b = (row >> self.rg_bucket_shift) as usize;
+        let (lo, hi) = (
+            self.rg_of_bucket[b] as usize,
+            self.rg_of_bucket[b + 1] as usize,
+        );
+        let rg = lo + self.rg_start[lo + 1..=hi].partition_point(|&s| s <= row);
         (rg, row - self.rg_start[rg])
     }
 }

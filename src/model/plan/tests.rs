@@ -50,6 +50,19 @@ fn epoch_rows(plan: &Plan, epoch: u64) -> Vec<u64> {
 
 proptest! {
     #[test]
+    fn a_row_is_located_in_the_last_row_group_starting_at_or_before_it(
+        rg_rows in prop::collection::vec(prop_oneof![Just(0u64), 1u64..5, 1u64..300], 1..40),
+    ) {
+        prop_assume!(rg_rows.iter().sum::<u64>() > 0);
+        let plan = Plan::of_row_groups(&rg_rows, opts(4, Shuffle::None, 2, 0));
+        for row in 0..plan.rows() {
+            let rg = plan.rg_start.partition_point(|&s| s <= row) - 1;
+            prop_assert_eq!(plan.locate(row), (rg, row - plan.rg_start[rg]), "row {}", row);
+            prop_assert!(rg_rows[rg] > 0);
+        }
+    }
+
+    #[test]
     fn every_epoch_is_a_permutation(
         rg_rows in prop::collection::vec(0u64..40, 1..12),
         batch_size in 1u64..33,
