@@ -70,12 +70,12 @@ const F_SETSIG: libc::c_int = 10;
 pub(crate) struct GuardedMap {
     map: Mmap,
     slot: usize,
-    /// The file, and its change time and size when mapped: a write in place (which a mapping
-    /// shows at once, and no fault reveals) changes them.
+    /// The file, and (where it holds no lease) its change time and size when mapped: a write
+    /// in place (which a mapping shows at once, and no fault reveals) changes them.
     file: std::fs::File,
     stamp: Option<(i64, i64, u64)>,
     /// Whether the file holds a read lease: then no change escapes the poisoned mark, and the
-    /// stamp is not compared.
+    /// stamp is neither taken nor compared.
     leased: bool,
 }
 
@@ -103,8 +103,8 @@ impl GuardedMap {
         s.len.store(map.len(), Ordering::Release);
         s.poisoned.store(false, Ordering::Release);
         s.start.store(map.as_ptr() as usize, Ordering::Release);
-        let stamp = stamp(&file);
         let leased = lease(slot, &file);
+        let stamp = if leased { None } else { stamp(&file) };
         Some(GuardedMap {
             map,
             slot,

@@ -52,6 +52,9 @@ const LISTED_DIRS: usize = 64;
 /// Stores into a one-open file between two lookups of its inode ([`PageCache::ino_of`]).
 const STORES_PER_LOOKUP: u32 = 64;
 
+/// One-open files whose inodes are remembered: a reader's few, over its epochs.
+const REMEMBERED_INOS: usize = 64;
+
 /// The names one listing of a directory gave.
 type Listing = Arc<HashSet<OsString>>;
 
@@ -104,7 +107,7 @@ impl PageCache {
                 NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
             ))),
             inos: Arc::new(Mutex::new(LruCache::new(
-                NonZeroUsize::new(LISTED_DIRS).expect("nonzero"),
+                NonZeroUsize::new(REMEMBERED_INOS).expect("nonzero"),
             ))),
         }
     }
