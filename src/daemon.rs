@@ -34,6 +34,7 @@ impl Ready {
         }
     }
 }
+
 /// A pipe (close-on-exec) as its two ends.
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (read_end, write_end) = std::io::pipe()?;
