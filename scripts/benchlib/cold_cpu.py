@@ -45,6 +45,13 @@ epoch), and its own counters split it: decoding (decode_cpu_ns), gathering batch
 core-s/GB: core-seconds per GB of tensor bytes delivered (rows x row bytes). The cold MB/s is the
 reader's window, as PyArrow's (the mount command's time is given apart).
 
+A consumer at half PyArrow's cold rate (`stall.stall_experiment`, as the stall section's rows)
+reads a cold epoch of the 80-byte rows with the default options (shuffle=block, prefetch=8):
+each batch's rows of every epoch-0/all/NAME.npy (each opened once), and, apart, each batch file
+(opened and read whole), then sleeps for the time that batch takes at that rate. Its wait beyond
+its own copy (the same reads at the same pace once everything is built) is what §6 bounds at 1%
+of the epoch.
+
 Run as a module (`python -m benchlib.cold_cpu pyarrow|pyarrow-s3|slices …`) it is one of those
 readers, printing one JSON line; imported by bench.py it drives them (after the bench's S3 rows,
 on their server).
@@ -65,6 +72,7 @@ from .common import MB, REPO, log
 from .cpu import daemon_cpu_s, settle
 from .dataset import parquet_files, write_dataset
 from .mounts import Mount, pyarrow_s3_fs
+from .stall import stall_experiment
 
 FILES = 16  # files of the 80-byte dataset
 PARTS = ("decode_cpu_ns", "gather_cpu_ns", "batch_write_cpu_ns")
@@ -308,6 +316,11 @@ def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list, s
             out["variants"].append(variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches, mounts,
                                            a.batch_size, extra))
             out["mapped"] = mapped_reads(small, a.coldcpu_rows, binary, scratch, caches, mounts, a.batch_size, extra)
+            half_of = out["variants"][-1]["pyarrow"]["mb_s"]
+            out["stalls"] = [stall_experiment(binary, f"file://{small}", [f"batch_size={a.batch_size}", *extra], scratch,
+                                              caches, half_of, -(-a.coldcpu_rows // a.batch_size), "80-byte rows", 8,
+                                              a.batch_size, first_rows(small), layout)
+                             for layout in ("all", "batch")]
             if s3 is not None:
                 out["variants"].append(s3_variant("80-byte rows", small, a.coldcpu_rows, 16, binary, scratch, caches,
                                                   mounts, a.batch_size, extra, s3, f"{s3.PREFIX}-coldcpu", True))
@@ -319,6 +332,19 @@ def run_rows(a, binary: Path, data: Path, scratch: Path, caches, mounts: list, s
         out["variants"].append(s3_variant("272-byte rows", data, a.rows, 64, binary, scratch, caches, mounts,
                                           a.batch_size, extra, s3, s3.PREFIX, False))
     out["page_cache_dropped"] = bool(caches.works)
+    return out
+
+
+def first_rows(data: Path) -> list[int]:
+    """The first row of each row group of the dataset in DATA, in the mount's order."""
+    import pyarrow.parquet as pq
+
+    out, at = [], 0
+    for f in parquet_files(data):
+        md = pq.ParquetFile(f).metadata
+        for g in range(md.num_row_groups):
+            out.append(at)
+            at += md.row_group(g).num_rows
     return out
 
 
@@ -342,6 +368,11 @@ def print_rows(cc: dict) -> None:
               f"({mr['warm'] / mr['local']:.2f}x; target 0.95x), epoch 1 right after the cold epoch {mr['next']:.0f} "
               f"({mr['next'] / mr['local']:.2f}x; target 0.6x), epoch 2 built ahead {mr['built']:.0f} "
               f"({mr['built'] / mr['local']:.2f}x)")
+    for st in cc.get("stalls", []):
+        print(f"stall, {st['name']}, cold epoch, the default shuffle: a consumer at {st['consumer_mb_s']:.0f} MB/s (half "
+              f"PyArrow's cold rate) blocked {100 * st['blocked_share']:.2f}% of the epoch after batch 0, "
+              f"{100 * st['excess_share']:.2f}% beyond its own copy (target < 1%); worst read "
+              f"{st['max_wait_ms']:.1f} ms, {st['slow_batches']} over 2 ms")
     for v in cc["variants"]:
         store = v.get("store", "file://")
         if "unavailable" in v:

@@ -406,8 +406,18 @@ pub(crate) struct RowStores {
 }
 
 impl RowStores {
-    pub(crate) fn start(page_cache: PageCache, stats: Arc<Stats>) -> std::io::Result<RowStores> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_ROWS);
+    /// The store thread, for readers `depth` batches ahead of whom the rows of `tensors`
+    /// tensors are stored.
+    pub(crate) fn start(
+        page_cache: PageCache,
+        stats: Arc<Stats>,
+        depth: u64,
+        tensors: usize,
+    ) -> std::io::Result<RowStores> {
+        // Room for a few readers' sightings, each of which asks for half the depth of every
+        // tensor at once (their bytes bounded by the depth, which is bounded in bytes).
+        let queued = (4 * depth as usize * tensors).max(QUEUED_ROWS);
+        let (tx, rx) = std::sync::mpsc::sync_channel(queued);
         let counted = stats.clone();
         std::thread::Builder::new()
             .name("tensorfs-store".into())
@@ -447,7 +457,8 @@ impl RowStores {
     }
 }
 
-/// Rows waiting to be stored, at most: a few readers' prefetch depth of a few tensors.
+/// Rows waiting to be stored, at most, however shallow the depth: a few readers' prefetch depth
+/// of a few tensors.
 const QUEUED_ROWS: usize = 256;
 
 /// Where files are stored, and whether some first pages are left out.

@@ -59,6 +59,12 @@ pub(crate) struct Prefetcher {
     readers: Arc<Readers>,
     runtime: Handle,
     depth: u64,
+    /// How many batches ahead of a reader of one-open files their rows are gathered and stored
+    /// ([`rows_depth`]).
+    rows_depth: u64,
+    /// Where what follows each reader of a tensor's rows was last scheduled, by chain of
+    /// directories and tensor: (epoch, batch) ([`Prefetcher::rows_due`]).
+    rows_scheduled: Mutex<HashMap<(Chain, usize), (u64, u64)>>,
     /// Epochs the mount lists.
     epochs: u64,
     /// Items being prefetched now.
@@ -99,6 +105,11 @@ impl Prefetcher {
             filler: filler.clone(),
             stored_ahead: memory_total().map_or(1 << 30, |m| m / 8),
         });
+        let batch_bytes = builder.plan().options().batch_size
+            * (0..layout.tensors())
+                .map(|t| layout.row_bytes(t))
+                .sum::<u64>();
+        let rows_depth = rows_depth(depth, batch_bytes);
         Prefetcher {
             materializer,
             builder,
@@ -106,6 +117,8 @@ impl Prefetcher {
             readers,
             runtime,
             depth,
+            rows_depth,
+            rows_scheduled: Mutex::default(),
             epochs,
             scheduled: Arc::default(),
             next_epoch,
@@ -122,7 +135,8 @@ impl Prefetcher {
     /// known to the kernel ahead of it.
     pub(crate) fn use_page_cache(&self, page_cache: PageCache) {
         let _ = self.page_cache.set(page_cache.clone());
-        match RowStores::start(page_cache, self.stats.clone()) {
+        let (depth, tensors) = (self.rows_depth, self.layout.tensors());
+        match RowStores::start(page_cache, self.stats.clone(), depth, tensors) {
             Ok(stores) => {
                 let _ = self.row_stores.set(stores);
             }
@@ -158,27 +172,54 @@ impl Prefetcher {
     /// A reader read what `event` says: move its position, and where it reads in order,
     /// schedule what follows.
     pub(crate) fn follow(&self, event: Event) {
-        let Some(step) = self.readers.step(event, self.depth.max(2)) else {
+        let depth = match event.what {
+            What::Rows { .. } => self.rows_depth,
+            _ => self.depth,
+        };
+        // A reader seen at each tripwire moves by half the depth between sightings.
+        let Some(step) = self.readers.step(event, depth.max(2)) else {
             return;
         };
-        if self.depth == 0 || !step.sequential {
+        if depth == 0 || !step.sequential {
             return;
         }
         let (dir, i) = (event.dir, event.last);
+        if let What::Rows { t, .. } = event.what
+            && !self.rows_due(dir, t, i, depth)
+        {
+            return;
+        }
         // Past the listed epochs only if the reader is there already: at the end of a job
         // nothing reads the epoch after the last.
         let last = self.epochs.max(dir.global(i).0 + 1);
         // The batches whose files are built next, then those whose row groups are decoded
         // further ahead (the lead): one walk of the plan.
         let lead = self.builder.row_group_lead();
-        let walk = ahead(self.plan(), dir, i, self.depth + lead);
-        let (files, beyond) = walk.split_at(walk.len().min(self.depth as usize));
+        let walk = ahead(self.plan(), dir, i, depth + lead);
+        let (files, beyond) = walk.split_at(walk.len().min(depth as usize));
         self.build_files(files, &step.kinds, event.what, last);
         self.decode_row_groups(dir, beyond, &step.kinds, last);
         self.decode_blocks(files, &step.kinds, last);
         if !step.kinds.is_empty() {
             (self.next_epoch).reader_at(&self.runtime, dir, i, &step.kinds, self.epochs);
         }
+    }
+
+    /// Whether the reader of tensor `t`'s rows in `dir`, at batch `i`, is due what follows: not
+    /// where what follows was scheduled less than half the depth ago. A reader faster than the
+    /// gathers reads each batch from the daemon, and each read walked the whole depth again
+    /// (with 8 MiB ahead of 80-byte rows: 400 batches looked up for each batch read).
+    fn rows_due(&self, dir: Batches, t: usize, i: u64, depth: u64) -> bool {
+        let epoch = dir.global(0).0;
+        let mut scheduled = self.rows_scheduled.lock().unwrap();
+        let at = scheduled
+            .entry((dir.chain(), t))
+            .or_insert((epoch, u64::MAX));
+        let scheduled_lately = at.0 == epoch && at.1 <= i && i < at.1.saturating_add(depth / 2);
+        if !scheduled_lately {
+            *at = (epoch, i);
+        }
+        !scheduled_lately
     }
 
     /// Materialises the files `kinds` of the batches `files`, each once however many readers
@@ -344,15 +385,18 @@ impl Prefetcher {
     /// file `file`).
     fn build_tensor(&self, b: BatchRef, t: usize, (dir, j, file): (Batches, u64, FileKind)) {
         let builder = self.builder.clone();
-        // The tensor's .npy item stands for it in the set of what is scheduled.
-        let item = Item::of(FileKind::Npy(t), b);
+        // The tensors read together are gathered in one job ([`Builder::tensor`]): the lowest's
+        // .npy item stands for them all in the set of what is scheduled, so that each batch is
+        // one job, not one a tensor (each of which found the others' gather under way).
+        let lowest = builder.read_with(t).into_iter().fold(t, usize::min);
+        let item = Item::of(FileKind::Npy(lowest), b);
         // A batch whose file is materialised is read from it: nothing to gather.
         if self.on_disk(b) {
             return;
         }
         let store = {
             let (stores, layout) = (self.row_stores.clone(), self.layout.clone());
-            let every = (self.depth / 2).max(1);
+            let every = (self.rows_depth / 2).max(1);
             move |builder: &Builder| {
                 if let Some(stores) = stores.get() {
                     store_rows(builder, &layout, stores, (dir, j, file), t, b, every);
@@ -501,6 +545,12 @@ fn store_rows(
         if !stores.claim(dir, j, kind, u) {
             continue;
         }
+        // Its reader reads these rows from the page cache, never from the daemon, which would
+        // forget after a while that it reads them with `t` and gather `t` alone (every reader of
+        // several tensors missed them all 5 s into an epoch).
+        if let FileKind::Npy(_) = kind {
+            builder.reading_npy(u);
+        }
         let name = match kind {
             FileKind::Npy(u) => format!("{}/{ALL}/{}", dir_name(dir), layout.npy_name(u)),
             FileKind::Safetensors => format!("{}/{ALL_SAFETENSORS}", dir_name(dir)),
@@ -517,6 +567,30 @@ fn store_rows(
         });
     }
 }
+
+/// The bytes of every tensor's rows a reader of one-open files has gathered and stored ahead of
+/// it, at least: each of its tripwires (one every half the depth) costs it a round trip to the
+/// daemon, about 125 us on the VM measured, and at `prefetch=8` batches of 80-byte rows that
+/// was one every 330 KB read, 1-2% of a cold epoch at half the cold rate.
+const ROWS_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The batches ahead of a reader of one-open files gathered and stored: `depth`
+/// (`prefetch=`), or more where that holds less than [`ROWS_AHEAD_BYTES`] of batches of
+/// `batch_bytes` (every tensor's rows), up to [`MOST_ROWS_DEPTH`]; none with `prefetch=0`.
+fn rows_depth(depth: u64, batch_bytes: u64) -> u64 {
+    match depth {
+        0 => 0,
+        _ => depth.max(
+            ROWS_AHEAD_BYTES
+                .div_ceil(batch_bytes.max(1))
+                .min(MOST_ROWS_DEPTH),
+        ),
+    }
+}
+
+/// The most batches [`rows_depth`] raises the depth to: each sighting walks the plan that far
+/// ahead (tiny batches of tiny rows would have it walk millions).
+const MOST_ROWS_DEPTH: u64 = 1024;
 
 /// Where the bytes of batch `j`'s file stored in the page cache start: past the first page
 /// every `every` batches (a tripwire), else at 0. The page left out is read from the daemon,
@@ -1090,6 +1164,17 @@ mod tests {
     /// A reader of files the prefetcher stored in the page cache is seen every half prefetch
     /// depth: at its first batch, and again while half the files the sighting before had
     /// built are still ahead of it.
+    #[test]
+    fn readers_of_one_open_files_have_megabytes_stored_ahead_however_small_their_batches() {
+        // 80-byte rows in batches of 1,024: 8 MiB is 103 batches, not `prefetch=8`'s 640 KB.
+        assert_eq!(rows_depth(8, 80 * 1024), 103);
+        // Batches larger than 1 MiB: `prefetch=` batches hold more already.
+        assert_eq!(rows_depth(8, 4 << 20), 8);
+        assert_eq!(rows_depth(0, 80 * 1024), 0);
+        assert_eq!(rows_depth(8, 1), MOST_ROWS_DEPTH);
+        assert_eq!(rows_depth(2000, 1), 2000);
+    }
+
     #[test]
     fn tripwires_come_every_half_prefetch_depth() {
         let tripwire = |j, every| stored_from(j, every) == TRIPWIRE_PAGE;
