@@ -1161,9 +1161,6 @@ mod tests {
         );
     }
 
-    /// A reader of files the prefetcher stored in the page cache is seen every half prefetch
-    /// depth: at its first batch, and again while half the files the sighting before had
-    /// built are still ahead of it.
     #[test]
     fn readers_of_one_open_files_have_megabytes_stored_ahead_however_small_their_batches() {
         // 80-byte rows in batches of 1,024: 8 MiB is 103 batches, not `prefetch=8`'s 640 KB.
@@ -1175,6 +1172,9 @@ mod tests {
         assert_eq!(rows_depth(2000, 1), 2000);
     }
 
+    /// A reader of files the prefetcher stored in the page cache is seen every half prefetch
+    /// depth: at its first batch, and again while half the files the sighting before had
+    /// built are still ahead of it.
     #[test]
     fn tripwires_come_every_half_prefetch_depth() {
         let tripwire = |j, every| stored_from(j, every) == TRIPWIRE_PAGE;
