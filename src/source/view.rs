@@ -89,6 +89,11 @@ pub struct View {
 }
 
 impl View {
+    /// The bytes of one row of every tensor: a batch file's data is `batch_size` times this.
+    pub(crate) fn row_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.row_bytes() as u64).sum()
+    }
+
     /// Position of a field among the columns of a projected row group.
     pub(crate) fn column_of(&self, field: usize) -> usize {
         self.roots

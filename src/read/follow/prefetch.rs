@@ -105,11 +105,7 @@ impl Prefetcher {
             filler: filler.clone(),
             stored_ahead: memory_total().map_or(1 << 30, |m| m / 8),
         });
-        let batch_bytes = builder.plan().options().batch_size
-            * (0..layout.tensors())
-                .map(|t| layout.row_bytes(t))
-                .sum::<u64>();
-        let rows_depth = rows_depth(depth, batch_bytes);
+        let rows_depth = rows_depth(depth, builder.batch_bytes());
         Prefetcher {
             materializer,
             builder,

@@ -322,9 +322,12 @@ impl Builder {
             None => Vec::new(),
         };
         let batch_size = orders.plan().options().batch_size;
-        let row_bytes = view.tensors.iter().map(|t| t.row_bytes() as u64);
-        let largest_tensor = row_bytes.clone().max().unwrap_or(0) * batch_size;
-        let largest_batch = row_bytes.sum::<u64>() * batch_size;
+        let largest_tensor = (view.tensors.iter())
+            .map(|t| t.row_bytes() as u64)
+            .max()
+            .unwrap_or(0)
+            * batch_size;
+        let largest_batch = view.row_bytes() * batch_size;
         let budget = Budget::split(
             limits.memory,
             largest_batch,
@@ -424,6 +427,11 @@ impl Builder {
             })
             .await?;
         Ok(TensorOf::Alone(rows))
+    }
+
+    /// The bytes of every tensor's rows of a full batch.
+    pub(crate) fn batch_bytes(&self) -> u64 {
+        self.view.row_bytes() * self.plan().options().batch_size
     }
 
     /// A reader read tensor `t` through an `all/NAME.npy` file (see [`Builder::tensor`]).
