@@ -653,7 +653,9 @@ impl Filler {
         }
         let me = self.clone();
         let pool = self.builder.clone();
-        let (done, left) = pool.pool().run(move || me.fill_here(files)).await?;
+        let (done, left) = (pool.pool())
+            .run_serving(move || me.fill_here(files))
+            .await?;
         Ok(done + self.fill_left(left).await?)
     }
 
@@ -711,7 +713,7 @@ impl Filler {
         if try_here {
             let me = self.clone();
             let pool = self.builder.clone();
-            let here = pool.pool().run(move || me.store_here(dir, j, kind, from));
+            let here = (pool.pool()).run_serving(move || me.store_here(dir, j, kind, from));
             if let Some(stored) = here.await? {
                 return stored;
             }

@@ -361,7 +361,7 @@ impl Prefetcher {
         let (filler, runtime) = (self.filler.clone(), self.runtime.clone());
         let pool = self.builder.clone();
         let pending = self.stats.pending();
-        pool.pool().spawn(move || {
+        pool.pool().serve(move || {
             let (_, left) = filler.fill_here(todo);
             if left.is_empty() {
                 return;
