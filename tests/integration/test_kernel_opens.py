@@ -94,6 +94,27 @@ def test_the_next_epochs_batch_files_are_read_from_the_page_cache(mounter, shuf_
     assert got == want
 
 
+def test_the_next_block_is_decoded_while_the_reader_is_in_this_one(mounter, shuf_ds):
+    """Under the default shuffle a batch draws from every row group of its block, so the next
+    block's row groups are decoded while the reader goes through this one, with the kernel
+    answering opens too: its prefetcher claims the files it will store as it schedules them,
+    and a claimed file's batch still needs its rows. (Counted as built, they left the next
+    block to the reader's first batch in it, which waited a whole block's decode.)"""
+    bs = 50  # 52 batches; two blocks of 1,300 rows, 26 batches each
+    opts = (f"batch_size={bs}", "shuffle_block=1300", "epochs=1", "prefetch=8", "opens=kernel")
+    k = mounter(shuf_ds.path, *opts)
+    assert k.dataset()["shuffle_block_rows"] == 1300
+    rgs = sum(n for _, _, n in shuf_ds.files)
+    for i in range(3):
+        tfs.sha256(k.p(f"epoch-0/{tfs.batch_name(i)}.safetensors"))
+    s = tfs.idle(k)
+    # Both blocks' row groups, the reader still in the first block.
+    assert s["row_groups_decoded"] == rgs, s
+    ref = mounter(shuf_ds.path, *opts[:-1], "prefetch=0")
+    rel = f"epoch-0/{tfs.batch_name(26)}.safetensors"
+    assert tfs.sha256(k.p(rel)) == tfs.sha256(ref.p(rel))
+
+
 def test_batch_files_stored_ahead_are_made_known_by_listings_not_a_lookup_each(mounter, shuf_ds):
     """The daemon answering opens: the next epoch's batch files, stored in the page cache in idle
     time, are made known to the kernel by a listing of their epoch directory from the first one

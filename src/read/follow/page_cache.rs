@@ -494,8 +494,11 @@ const STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How far the store of a file is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stored {
-    /// Claimed, or stored but for a tripwire page.
+    /// Claimed, its store not ended.
     Under,
+    /// Stored but for a tripwire page (`opens=kernel`): never stored again, its first page read
+    /// from the daemon.
+    Tripwired,
     /// Stored whole.
     Done,
 }
@@ -572,7 +575,7 @@ impl Filler {
             ended.as_mut().enable();
             match self.stored.lock().unwrap().peek(&(dir, j, kind)) {
                 Some(Stored::Done) => return true,
-                None => return false,
+                None | Some(Stored::Tripwired) => return false,
                 Some(Stored::Under) => {}
             }
             if tokio::time::timeout_at(deadline, ended).await.is_err() {
@@ -602,6 +605,14 @@ impl Filler {
         self.stored.lock().unwrap().peek(&(dir, j, kind)) == Some(&Stored::Done)
     }
 
+    /// Whether file `kind` of batch `j` of `dir` is stored, whole or but for a tripwire page.
+    pub(crate) fn stored_at_least_in_part(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
+        matches!(
+            self.stored.lock().unwrap().peek(&(dir, j, kind)),
+            Some(Stored::Done | Stored::Tripwired)
+        )
+    }
+
     /// Takes file `kind` of batch `j` of `dir` to store: false if it is stored or being stored.
     pub(crate) fn claim(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
         let mut stored = self.stored.lock().unwrap();
@@ -612,11 +623,8 @@ impl Filler {
         true
     }
 
-    fn done(&self, dir: Batches, j: u64, kind: FileKind) {
-        self.stored
-            .lock()
-            .unwrap()
-            .put((dir, j, kind), Stored::Done);
+    fn ended_as(&self, dir: Batches, j: u64, kind: FileKind, how: Stored) {
+        self.stored.lock().unwrap().put((dir, j, kind), how);
         self.ended.notify_waiters();
     }
 
@@ -695,9 +703,11 @@ impl Filler {
 
     /// A file stored from byte `from` on: counted, and whole unless a tripwire is left out.
     fn stored_one(&self, dir: Batches, j: u64, kind: FileKind, from: u64) {
-        if from == 0 {
-            self.done(dir, j, kind);
-        }
+        let how = match from {
+            0 => Stored::Done,
+            _ => Stored::Tripwired,
+        };
+        self.ended_as(dir, j, kind, how);
         Stats::add(&self.builder.stats().c.page_cache_stores, 1);
     }
 
