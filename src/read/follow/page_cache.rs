@@ -31,6 +31,7 @@ use crate::read::layout::{
     DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
 use crate::read::produce::builder::{Batch, Builder};
+use crate::read::produce::pool::Lane;
 use crate::stats::Stats;
 use anyhow::Result;
 use lru::LruCache;
@@ -638,13 +639,15 @@ impl Filler {
         kind: FileKind,
         from: u64,
     ) -> Result<()> {
-        self.fill_by((dir, j, kind, from), true).await
+        self.fill_by((dir, j, kind, from), Some(Lane::Serving))
+            .await
     }
 
-    /// [`Filler::fill`] of `file`, first on a worker where `try_here` ([`Filler::store`]).
-    async fn fill_by(self: &Arc<Self>, file: ToStore, try_here: bool) -> Result<()> {
+    /// [`Filler::fill`] of `file`, first by one job in `lane` where there is one
+    /// ([`Filler::store`]).
+    async fn fill_by(self: &Arc<Self>, file: ToStore, lane: Option<Lane>) -> Result<()> {
         let (dir, j, kind, from) = file;
-        let done = self.store(file, try_here).await;
+        let done = self.store(file, lane).await;
         match &done {
             Ok(()) => self.stored_one(dir, j, kind, from),
             Err(_) => self.unclaim(dir, j, kind),
@@ -661,20 +664,22 @@ impl Filler {
         }
         let me = self.clone();
         let pool = self.builder.clone();
-        let (done, left) = (pool.pool())
-            .run_serving(move || me.fill_here(files))
-            .await?;
-        Ok(done + self.fill_left(left).await?)
+        let (done, left) = pool.pool().run(move || me.fill_here(files)).await?;
+        Ok(done + self.fill_left(left, Lane::Workers).await?)
     }
 
     /// Stores `files`, claimed, one by one as [`Filler::fill`] does, the first (the one
     /// [`Filler::fill_here`] stopped at: its batch cannot be built on a worker) without trying
     /// a worker again; how many. After a failure the files left are no longer claimed.
-    pub(crate) async fn fill_left(self: &Arc<Self>, files: Vec<ToStore>) -> Result<u64> {
+    pub(crate) async fn fill_left(
+        self: &Arc<Self>,
+        files: Vec<ToStore>,
+        lane: Lane,
+    ) -> Result<u64> {
         let mut done = 0;
         let mut left = files.into_iter();
         while let Some(file) = left.next() {
-            if let Err(e) = self.fill_by(file, done > 0).await {
+            if let Err(e) = self.fill_by(file, (done > 0).then_some(lane)).await {
                 for (dir, j, kind, _) in left {
                     self.unclaim(dir, j, kind);
                 }
@@ -711,8 +716,8 @@ impl Filler {
         Stats::add(&self.builder.stats().c.page_cache_stores, 1);
     }
 
-    /// Stores `file`; where `try_here`, first by one worker's job ([`Filler::store_here`]).
-    async fn store(self: &Arc<Self>, file: ToStore, try_here: bool) -> Result<()> {
+    /// Stores `file`; where a `lane` is given, first by one job there ([`Filler::store_here`]).
+    async fn store(self: &Arc<Self>, file: ToStore, lane: Option<Lane>) -> Result<()> {
         let (dir, j, kind, from) = file;
         if self.kernel.get().is_none() {
             return Ok(());
@@ -720,10 +725,10 @@ impl Filler {
         // Built and stored by one worker where the batch's row groups are in memory (a
         // shuffled epoch from cached columns): measured, the trips through the async workers
         // and the blocking pool cost more CPU than the gather.
-        if try_here {
+        if let Some(lane) = lane {
             let me = self.clone();
             let pool = self.builder.clone();
-            let here = (pool.pool()).run_serving(move || me.store_here(dir, j, kind, from));
+            let here = (pool.pool()).run_in(lane, move || me.store_here(dir, j, kind, from));
             if let Some(stored) = here.await? {
                 return stored;
             }

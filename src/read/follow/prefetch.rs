@@ -24,6 +24,7 @@ use crate::read::follow::page_cache::{
 use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
 use crate::read::produce::builder::Builder;
 use crate::read::produce::materialize::Materializer;
+use crate::read::produce::pool::Lane;
 use crate::read::readers::{Event, Readers, What};
 use crate::stats::Stats;
 use std::collections::{HashMap, HashSet};
@@ -368,7 +369,7 @@ impl Prefetcher {
             }
             runtime.spawn(async move {
                 let _pending = pending;
-                if let Err(e) = filler.fill_left(left).await {
+                if let Err(e) = filler.fill_left(left, Lane::Serving).await {
                     // Its reader builds it on its open, and meets the error there.
                     tracing::debug!("prefetch: {}", crate::describe(&e));
                 }
@@ -478,9 +479,6 @@ impl Prefetcher {
         });
     }
 
-    /// Whether the files `kinds` of batch `j` of `dir` are all ready for its reader: in the
-    /// cache, or stored in the page cache with `opens=kernel` (or, for a reader of the one-open
-    /// files, some of the batch is in memory or its file is materialised).
     /// Whether batch `j` of `dir` needs no row group decoded for the files `kinds` (a warm
     /// epoch's): each stored whole or in the cache, or the batch in memory. Unlike
     /// [`Prefetcher::ready`], a file only claimed for a store is not: its batch is still to be
@@ -495,6 +493,9 @@ impl Prefetcher {
             || kinds.iter().all(|&k| self.next_epoch.built(dir, j, k))
     }
 
+    /// Whether the files `kinds` of batch `j` of `dir` are all ready for its reader: in the
+    /// cache, or stored in the page cache with `opens=kernel` (or, for a reader of the one-open
+    /// files, some of the batch is in memory or its file is materialised).
     fn ready(&self, kinds: &[FileKind], dir: Batches, j: u64) -> bool {
         if !self.to_disk(kinds) {
             let b = self.plan().batch_in(dir, j);
@@ -775,11 +776,8 @@ impl NextEpoch {
     /// Whether file `kind` of batch `j` of `dir` is stored in the page cache (but for a
     /// tripwire page at most), or in the cache: not only claimed.
     fn built(&self, dir: Batches, j: u64, kind: FileKind) -> bool {
-        if self.filler.on() {
-            return self.filler.stored_at_least_in_part(dir, j, kind);
-        }
-        self.materializer
-            .contains(Item::of(kind, self.plan().batch_in(dir, j)))
+        (self.filler.on() && self.filler.stored_at_least_in_part(dir, j, kind))
+            || (self.materializer).contains(Item::of(kind, self.plan().batch_in(dir, j)))
     }
 
     /// Whether file `kind` of batch `j` of `dir` is built for its reader: in the cache, or

@@ -50,6 +50,14 @@ pub(crate) fn idle_class() {
     set_class(0, Class::Idle);
 }
 
+/// Where a job runs: on the workers (work ahead of any reader, below it), or on the serving
+/// thread (what a reader opens next, never behind the workers' queue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Workers,
+    Serving,
+}
+
 /// Readers waiting for a build, and the workers' thread ids.
 #[derive(Default)]
 struct Waiters {
@@ -158,6 +166,18 @@ impl Pool {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
         run_on(&self.serving, f, "a store").await
+    }
+
+    /// [`Pool::run`] or [`Pool::run_serving`], as `lane` says.
+    pub(crate) async fn run_in<T: Send + 'static>(
+        &self,
+        lane: Lane,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T> {
+        match lane {
+            Lane::Workers => self.run(f).await,
+            Lane::Serving => self.run_serving(f).await,
+        }
     }
 
     /// A reader waits for a build until the guard is dropped: the workers leave `SCHED_IDLE`
