@@ -149,7 +149,13 @@ impl Pool {
     /// next, which must not wait for the decodes queued for the workers. `f` must not wait for
     /// a job of the serving thread, nor for a decode.
     pub(crate) fn serve(&self, f: impl FnOnce() + Send + 'static) {
-        spawn_on(&self.serving, f)
+        let job: Job = Box::new(move || {
+            if let Err(panic) = crate::catch_panic(f) {
+                tracing::error!("a store ahead of its reader failed: {panic}");
+            }
+        });
+        // Sent only while the pool is alive: its threads stop with it.
+        let _ = self.serving.lock().unwrap().send(job);
     }
 
     /// Runs `f` on a worker; a panic in it is an error for the caller, not a lost worker.
@@ -157,27 +163,29 @@ impl Pool {
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
-        run_on(&self.jobs, f, "a decoder").await
+        self.run_in(Lane::Workers, f).await
     }
 
-    /// [`Pool::run`] on the serving thread ([`Pool::serve`]).
-    pub(crate) async fn run_serving<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T> {
-        run_on(&self.serving, f, "a store").await
-    }
-
-    /// [`Pool::run`] or [`Pool::run_serving`], as `lane` says.
+    /// Runs `f` in `lane`: on a worker ([`Pool::run`]) or on the serving thread
+    /// ([`Pool::serve`]); a panic in it is an error for the caller.
     pub(crate) async fn run_in<T: Send + 'static>(
         &self,
         lane: Lane,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
-        match lane {
-            Lane::Workers => self.run(f).await,
-            Lane::Serving => self.run_serving(f).await,
-        }
+        let (jobs, who, threads) = match lane {
+            Lane::Workers => (&self.jobs, "a decoder", "the transform workers have"),
+            Lane::Serving => (&self.serving, "a store", "the serving thread has"),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(crate::catch_panic(f));
+        });
+        let stopped = || anyhow!("{threads} stopped");
+        jobs.lock().unwrap().send(job).map_err(|_| stopped())?;
+        rx.await
+            .map_err(|_| stopped())?
+            .map_err(|panic| anyhow!("{who} failed: {panic}"))
     }
 
     /// A reader waits for a build until the guard is dropped: the workers leave `SCHED_IDLE`
@@ -200,36 +208,6 @@ impl Pool {
             }
         }
     }
-}
-
-/// Runs `f` on the threads of `jobs`, nobody waiting for it; a panic in it is logged.
-fn spawn_on(jobs: &Mutex<Sender<Job>>, f: impl FnOnce() + Send + 'static) {
-    let job: Job = Box::new(move || {
-        if let Err(panic) = crate::catch_panic(f) {
-            tracing::error!("work ahead of the readers failed: {panic}");
-        }
-    });
-    // Sent only while the pool is alive: its threads stop with it.
-    let _ = jobs.lock().unwrap().send(job);
-}
-
-/// Runs `f` on the threads of `jobs`; a panic in it is an error naming `who` ran it.
-async fn run_on<T: Send + 'static>(
-    jobs: &Mutex<Sender<Job>>,
-    f: impl FnOnce() -> T + Send + 'static,
-    who: &str,
-) -> Result<T> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let job: Job = Box::new(move || {
-        let _ = tx.send(crate::catch_panic(f));
-    });
-    jobs.lock()
-        .unwrap()
-        .send(job)
-        .map_err(|_| anyhow!("the transform workers have stopped"))?;
-    rx.await
-        .map_err(|_| anyhow!("the transform workers have stopped"))?
-        .map_err(|panic| anyhow!("{who} failed: {panic}"))
 }
 
 /// See [`Pool::reader_waits`].
@@ -342,9 +320,14 @@ mod tests {
         tokio::pin!(busy);
         // A store is run meanwhile (queued behind them, it would wait for ever), and its panic
         // is an error of its own.
-        let stored = tokio::time::timeout(Duration::from_secs(60), pool.run_serving(|| 6 * 7));
+        let stored = tokio::time::timeout(
+            Duration::from_secs(60),
+            pool.run_in(Lane::Serving, || 6 * 7),
+        );
         assert_eq!(stored.await.expect("not queued behind").unwrap(), 42);
-        let e = pool.run_serving(|| -> u8 { panic!("page 3") }).await;
+        let e = pool
+            .run_in(Lane::Serving, || -> u8 { panic!("page 3") })
+            .await;
         assert_eq!(e.unwrap_err().to_string(), "a store failed: page 3");
         let (tx, rx) = tokio::sync::oneshot::channel();
         pool.serve(move || {
