@@ -566,7 +566,6 @@ impl Dataset {
                 sources: self.sources(),
                 view: self.view.clone(),
                 placement,
-                layout: layout.clone(),
                 orders,
                 stats: self.stats.clone(),
                 cache: cache.clone(),

@@ -7,7 +7,9 @@ use crate::model::item::{FileKind, Item};
 use crate::model::plan::Batches;
 use crate::read::format::{self, TensorLayout};
 use crate::source::view::Tensor;
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// The name of a directory's one-open safetensors file.
 pub(crate) const ALL_SAFETENSORS: &str = "all.safetensors";
@@ -151,11 +153,25 @@ impl crate::model::item::ItemNames for Layout {
 /// The files of a mount: names and sizes from the tensor view alone.
 pub(crate) struct Layout {
     tensors: Vec<Tensor>,
+    /// Headers made, by file kind and rows: an epoch's batches have one or two lengths, and a
+    /// header was made for each batch built and each size asked for (a safetensors header's
+    /// JSON, and its allocations, were 2% of a cold epoch's CPU).
+    headers: Mutex<HashMap<(FileKind, u64), Header>>,
 }
+
+/// A file's header, made once (see [`Layout::header`]).
+type Header = Arc<[u8]>;
+
+/// Headers kept at most: beyond it they are forgotten and made again (so many lengths come
+/// only from many rank views or tensors).
+const HEADERS_KEPT: usize = 1024;
 
 impl Layout {
     pub(crate) fn new(tensors: Vec<Tensor>) -> Layout {
-        Layout { tensors }
+        Layout {
+            tensors,
+            headers: Mutex::default(),
+        }
     }
 
     pub(crate) fn tensors(&self) -> usize {
@@ -244,14 +260,24 @@ impl Layout {
 
     /// The header of a file of `rows` rows: a batch file, or a directory's one-open file
     /// (`Npy` of every row of the tensor, `Safetensors` of every tensor).
-    pub(crate) fn header(&self, kind: FileKind, rows: u64) -> Vec<u8> {
-        match kind {
+    pub(crate) fn header(&self, kind: FileKind, rows: u64) -> Arc<[u8]> {
+        if let Some(h) = self.headers.lock().unwrap().get(&(kind, rows)) {
+            return h.clone();
+        }
+        let header: Arc<[u8]> = match kind {
             FileKind::Safetensors => format::safetensors_header(&self.layouts(rows)),
             FileKind::Npy(t) => {
                 let tensor = &self.tensors[t];
                 format::npy_header(tensor.dtype, &tensor.shape(rows))
             }
         }
+        .into();
+        let mut headers = self.headers.lock().unwrap();
+        if headers.len() >= HEADERS_KEPT {
+            headers.clear();
+        }
+        headers.insert((kind, rows), header.clone());
+        header
     }
 
     /// The tensors a file holds, in order.

@@ -30,7 +30,7 @@ use crate::model::plan::Batches;
 use crate::read::layout::{
     DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
-use crate::read::produce::builder::{Batch, Builder};
+use crate::read::produce::builder::{Batch, Builder, Built};
 use crate::read::produce::pool::Lane;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -691,19 +691,36 @@ impl Filler {
     }
 
     /// Stores `files`, claimed, in order on the calling thread (a worker's) while their batches
-    /// can be built there: how many, and the files left from the first that could not.
+    /// can be built there: how many, and the files left from the first that could not. The
+    /// files of one batch next to each other (its kinds) are stored from one build of it.
     pub(crate) fn fill_here(&self, files: Vec<ToStore>) -> (u64, Vec<ToStore>) {
         let mut done = 0;
-        for (n, &(dir, j, kind, from)) in files.iter().enumerate() {
-            match self.store_here(dir, j, kind, from) {
-                Some(Ok(())) => {
-                    self.stored_one(dir, j, kind, from);
-                    done += 1;
+        let mut n = 0;
+        while n < files.len() {
+            let (dir, j, ..) = files[n];
+            let same = files[n..].iter().take_while(|f| (f.0, f.1) == (dir, j));
+            let of_batch = same.count();
+            let Some(batch) = self.built_here(dir, j, &files[n..n + of_batch]) else {
+                return (done, files[n..].to_vec());
+            };
+            for &(dir, j, kind, from) in &files[n..n + of_batch] {
+                if self.store_batch(&batch, dir, j, kind, from).is_err() {
+                    return (done, files[n..].to_vec());
                 }
-                _ => return (done, files[n..].to_vec()),
+                self.stored_one(dir, j, kind, from);
+                done += 1;
+                n += 1;
             }
         }
         (done, Vec::new())
+    }
+
+    /// Batch `j` of `dir`, built on the calling thread to store `files` of it (see
+    /// [`Builder::batch_here`]): held in memory where a file is stored but for a tripwire page,
+    /// whose reader's first read comes to the daemon; else let go once stored.
+    fn built_here(&self, dir: Batches, j: u64, files: &[ToStore]) -> Option<Built<'_>> {
+        let keep = files.iter().any(|&(.., from)| from != 0);
+        (self.builder).batch_here(self.builder.plan().batch_in(dir, j), keep)
     }
 
     /// A file stored from byte `from` on: counted, and whole unless a tripwire is left out.
@@ -746,9 +763,7 @@ impl Filler {
     /// [`Filler::store`] on the calling thread, its batch built there; `None` where a row group
     /// of the batch is not in memory.
     fn store_here(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Option<Result<()>> {
-        let batch = self
-            .builder
-            .batch_here(self.builder.plan().batch_in(dir, j))?;
+        let batch = self.built_here(dir, j, &[(dir, j, kind, from)])?;
         Some(self.store_batch(&batch, dir, j, kind, from))
     }
 

@@ -25,21 +25,17 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-/// A built batch: every tensor's rows, and the safetensors header that goes in front of them.
+/// A built batch: every tensor's rows.
 #[derive(Debug)]
 pub(crate) struct Batch {
     pub(crate) rows: u64,
     pub(crate) tensors: Vec<Vec<u8>>,
-    pub(crate) safetensors_header: Vec<u8>,
 }
 
 impl Batch {
     /// The header of its file `kind`.
-    pub(crate) fn header(&self, layout: &Layout, kind: FileKind) -> std::borrow::Cow<'_, [u8]> {
-        match kind {
-            FileKind::Safetensors => std::borrow::Cow::Borrowed(&self.safetensors_header),
-            FileKind::Npy(_) => std::borrow::Cow::Owned(layout.header(kind, self.rows)),
-        }
+    pub(crate) fn header(&self, layout: &Layout, kind: FileKind) -> Arc<[u8]> {
+        layout.header(kind, self.rows)
     }
 
     /// `size` bytes at `offset` of this batch's file `kind`.
@@ -57,9 +53,38 @@ impl Batch {
 
 impl Weighted for Batch {
     fn weight(&self) -> usize {
-        self.tensors.iter().map(Vec::len).sum::<usize>() + self.safetensors_header.len()
+        self.tensors.iter().map(Vec::len).sum::<usize>()
     }
 }
+
+/// A batch built on a worker by [`Builder::batch_here`]: held in memory, or passing (built to
+/// be stored and let go; its buffers go back to the builder for the next).
+pub(crate) enum Built<'a> {
+    Held(Arc<Batch>),
+    Passing(Batch, &'a Builder),
+}
+
+impl std::ops::Deref for Built<'_> {
+    type Target = Batch;
+
+    fn deref(&self) -> &Batch {
+        match self {
+            Built::Held(b) => b,
+            Built::Passing(b, _) => b,
+        }
+    }
+}
+
+impl Drop for Built<'_> {
+    fn drop(&mut self) {
+        if let Built::Passing(batch, builder) = self {
+            builder.give_back(std::mem::take(&mut batch.tensors));
+        }
+    }
+}
+
+/// Batches whose buffers a builder keeps for the next batch it builds to store and let go.
+const SPARE_BATCHES: u64 = 4;
 
 /// Where each row of a batch is, worked out once for all its tensors.
 pub(crate) struct Picks {
@@ -235,7 +260,6 @@ pub(crate) struct Builder {
     placement: Arc<Placement>,
     /// The user's transform: row groups are read as its input and go through it first.
     udf: Option<Arc<crate::udf::Applied>>,
-    layout: Arc<Layout>,
     orders: Arc<Orders>,
     stats: Arc<Stats>,
     cache: Arc<DiskCache>,
@@ -266,6 +290,10 @@ pub(crate) struct Builder {
     tensors: Memo<(BatchRef, usize), TensorRows>,
     /// Each batch's rows, computed once for the gathers of its tensors one by one.
     picks: Memo<BatchRef, Picks>,
+    /// Buffers of batches built to be stored and let go, for the next such batch (see
+    /// [`Builder::batch_here`]), at most `spare_bytes` of them.
+    spare: Mutex<Vec<Vec<u8>>>,
+    spare_bytes: usize,
     /// Whether decoded row groups are kept in the local cache where epochs repeat
     /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
     /// for the one-open files on, for which no batch file is written, so that the columns are
@@ -288,7 +316,6 @@ pub(crate) struct Parts {
     pub(crate) sources: Vec<(Arc<Source>, Arc<View>)>,
     pub(crate) view: Arc<View>,
     pub(crate) placement: Arc<Placement>,
-    pub(crate) layout: Arc<Layout>,
     pub(crate) orders: Arc<Orders>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) cache: Arc<DiskCache>,
@@ -302,7 +329,6 @@ impl Builder {
             sources,
             view,
             placement,
-            layout,
             orders,
             stats,
             cache,
@@ -339,7 +365,6 @@ impl Builder {
             view,
             placement,
             udf,
-            layout,
             orders,
             stats,
             cache,
@@ -365,6 +390,9 @@ impl Builder {
             batches: Memo::new(budget.batches),
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
+            spare: Mutex::default(),
+            // Those of a few batches: a thread or two build batches to store, one at a time.
+            spare_bytes: (SPARE_BATCHES * largest_batch).min(budget.batches as u64) as usize,
             keep_repeated_columns: AtomicBool::new(false),
             blocks_asked: Mutex::default(),
             npy_read: Mutex::default(),
@@ -489,36 +517,95 @@ impl Builder {
 
     /// Batch `b` built on the calling thread (a worker's), where every row group it draws from
     /// is decoded in memory: no hand-off between threads, each of which costs more than
-    /// gathering a small batch. `None` where a row group is not in memory (the caller builds it
-    /// through [`Builder::batch`]).
-    pub(crate) fn batch_here(&self, b: BatchRef) -> Option<Arc<Batch>> {
+    /// gathering a small batch. `None` where a row group is not in memory, or the batch is
+    /// being built elsewhere (the caller builds it through [`Builder::batch`]).
+    ///
+    /// With `keep`, the batch is held in memory for the reads to come; without, it is built to
+    /// be stored in the page cache and let go ([`Built::Passing`]): its file is read from
+    /// there. Held, each batch stored took memory fresh from the kernel (a page fault and a
+    /// page zeroed per 4 KiB, about a tenth of the serving thread's CPU in a cold epoch of a
+    /// transform), and kept a second copy of what the page cache holds.
+    pub(crate) fn batch_here(&self, b: BatchRef, keep: bool) -> Option<Built<'_>> {
         if let Some(batch) = self.batches.get(&b) {
-            return Some(batch);
+            return Some(Built::Held(batch));
         }
-        let picks = match self.picks.get(&b) {
-            Some(p) => p,
-            None => self.picks.insert(b, Arc::new(self.picks_of(b))),
+        let picks = match (self.picks.get(&b), keep) {
+            (Some(p), _) => p,
+            (None, true) => self.picks.insert(b, Arc::new(self.picks_of(b))),
+            (None, false) => Arc::new(self.picks_of(b)),
         };
-        self.batches.build_here(b, || {
-            let decoded = (picks.row_groups.iter())
-                .map(|g| self.decoded.get(g))
-                .collect::<Option<Vec<_>>>()?;
-            let all: Vec<usize> = (0..self.view.tensors.len()).collect();
-            let tensors = picks.gather(&self.placement, &decoded, &all, &self.stats);
-            // Built again through `batch`, from the source, where a mapped file changed.
-            (!self.forget_changed(&picks, &decoded)).then(|| self.batch_of(b, tensors))
-        })
+        let tensors = self.view.tensors.len();
+        if keep {
+            let outs = vec![Vec::new(); tensors];
+            let built = self
+                .batches
+                .build_here(b, || self.gather_in_memory(b, &picks, outs).map(Arc::new));
+            return built.map(Built::Held);
+        }
+        // Claimed all the same: a reader's build of the batch meanwhile waits for this one to
+        // end, then builds its own.
+        let claimed = self.batches.claim([b]);
+        if claimed.keys().is_empty() {
+            return None;
+        }
+        let outs = self.spare_buffers(tensors);
+        let batch = self.gather_in_memory(b, &picks, outs)?;
+        Some(Built::Passing(batch, self))
+    }
+
+    /// Batch `b`'s rows gathered onto `outs` (a buffer per tensor) from its row groups in
+    /// memory; `None` where one is not, or was a mapped file that changed (built again
+    /// through [`Builder::batch`], from the source).
+    fn gather_in_memory(
+        &self,
+        b: BatchRef,
+        picks: &Picks,
+        mut outs: Vec<Vec<u8>>,
+    ) -> Option<Batch> {
+        let decoded = (picks.row_groups.iter())
+            .map(|g| self.decoded.get(g))
+            .collect::<Option<Vec<_>>>()?;
+        let all: Vec<usize> = (0..self.view.tensors.len()).collect();
+        picks.gather_onto(&self.placement, &decoded, &all, &mut outs, &self.stats);
+        if self.forget_changed(picks, &decoded) {
+            return None;
+        }
+        Some(self.batch_of(b, outs))
+    }
+
+    /// `n` empty buffers, those let go by batches built to be stored first ([`Built`]).
+    fn spare_buffers(&self, n: usize) -> Vec<Vec<u8>> {
+        let mut spare = self.spare.lock().unwrap();
+        (0..n)
+            .map(|_| match spare.pop() {
+                Some(mut buf) => {
+                    buf.clear();
+                    buf
+                }
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Keeps the buffers of a batch let go for the next batch built to be stored, within
+    /// [`Builder::spare_bytes`]; in reverse, so that the next takes them in tensor order
+    /// (each tensor's buffer already of its size).
+    fn give_back(&self, buffers: Vec<Vec<u8>>) {
+        let mut spare = self.spare.lock().unwrap();
+        let mut held: usize = spare.iter().map(Vec::capacity).sum();
+        for buf in buffers.into_iter().rev() {
+            if held + buf.capacity() <= self.spare_bytes {
+                held += buf.capacity();
+                spare.push(buf);
+            }
+        }
     }
 
     /// A batch of `b`'s rows of every tensor, counted.
-    fn batch_of(&self, b: BatchRef, tensors: Vec<Vec<u8>>) -> Arc<Batch> {
+    fn batch_of(&self, b: BatchRef, tensors: Vec<Vec<u8>>) -> Batch {
         let n = self.plan().batch_len(b.index());
         Stats::add(&self.stats.c.batches_built, 1);
-        Arc::new(Batch {
-            rows: n,
-            tensors,
-            safetensors_header: self.layout.header(FileKind::Safetensors, n),
-        })
+        Batch { rows: n, tensors }
     }
 
     #[tracing::instrument(name = "build", level = "debug", skip(self))]
@@ -526,7 +613,7 @@ impl Builder {
         let tensors = self
             .gather(b, (0..self.view.tensors.len()).collect())
             .await?;
-        Ok(self.batch_of(b, tensors))
+        Ok(Arc::new(self.batch_of(b, tensors)))
     }
 
     /// The rows of batch `b` of tensors `wanted` (in that order), gathered from their row
@@ -903,7 +990,12 @@ impl Builder {
     /// Bytes the memos hold in the daemon's memory: decoded row groups, built batches, single
     /// tensors and gather picks (within their shares of the [`Budget`]).
     pub(crate) fn memory(&self) -> usize {
-        self.decoded.bytes() + self.batches.bytes() + self.tensors.bytes() + self.picks.bytes()
+        let spare: usize = self.spare.lock().unwrap().iter().map(Vec::capacity).sum();
+        self.decoded.bytes()
+            + self.batches.bytes()
+            + self.tensors.bytes()
+            + self.picks.bytes()
+            + spare
     }
 }
 

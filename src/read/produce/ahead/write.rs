@@ -73,7 +73,7 @@ struct Building {
     key: Key,
     file: File,
     reserved: Reserved,
-    header: Vec<u8>,
+    header: Arc<[u8]>,
     /// Each of its tensors, with where its rows start in the file.
     tensors: Vec<(usize, u64)>,
     /// Its length: its header and its tensors' rows.
