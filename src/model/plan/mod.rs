@@ -29,11 +29,13 @@
 //! of its own, and merges the sources into batches in their shares.
 
 use crate::model::partitions::{self, PlanFile};
+use starts::Starts;
 use std::ops::Range;
 
 mod batches;
 mod mixture;
 mod order;
+mod starts;
 #[cfg(test)]
 mod tests;
 
@@ -101,7 +103,7 @@ struct PartitionRows {
     segments: Vec<(usize, Range<u64>)>,
     /// The position in the partition's canonical order where each segment starts; one more
     /// entry holding the partition's row count.
-    seg_pos: Vec<u64>,
+    seg_pos: Starts,
 }
 
 impl PartitionRows {
@@ -113,16 +115,19 @@ impl PartitionRows {
             pos += r.end - r.start;
             seg_pos.push(pos);
         }
-        PartitionRows { segments, seg_pos }
+        PartitionRows {
+            segments,
+            seg_pos: Starts::new(seg_pos),
+        }
     }
 
     fn len(&self) -> u64 {
-        *self.seg_pos.last().expect("at least one entry")
+        self.seg_pos.end()
     }
 
     /// The segment holding position `x` of the canonical order.
     fn segment_at(&self, x: u64) -> usize {
-        self.seg_pos.partition_point(|&s| s <= x) - 1
+        self.seg_pos.piece(x)
     }
 
     /// The canonical row at position `x` of the partition's canonical order.
@@ -135,11 +140,7 @@ impl PartitionRows {
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Canonical index of each row group's first row; one more entry holding the row count.
-    rg_start: Vec<u64>,
-    /// Where [`Plan::locate`] starts its search: the rows in buckets of `1 << rg_bucket_shift`,
-    /// and the row group holding each bucket's first row (one more entry: the last row group).
-    rg_bucket_shift: u32,
-    rg_of_bucket: Vec<u32>,
+    rg_start: Starts,
     parts: Vec<PartitionRows>,
     /// Where each row group's pieces are: `rg_pieces[rg_piece_start[g]..rg_piece_start[g + 1]]`,
     /// as (partition, segment).
@@ -186,29 +187,6 @@ fn row_group_starts(files: &[PlanFile]) -> Vec<u64> {
         rg_start.push(total);
     }
     rg_start
-}
-
-/// The buckets [`Plan::locate`] searches from, for row groups starting at `rg_start` (one more
-/// entry: the row count): rows in buckets of a power of two, about two buckets a row group, each
-/// with the row group holding its first row, and one more entry, the last row group. Locating
-/// a row is done for every row of every batch built: a binary search over all the row groups
-/// cost about 3% of the daemon's CPU in a cold epoch of 80-byte rows.
-fn row_group_buckets(rg_start: &[u64]) -> (u32, Vec<u32>) {
-    let (rows, groups) = (*rg_start.last().expect("a row count"), rg_start.len() - 1);
-    let wanted = (rows / (2 * groups.max(1) as u64)).max(1);
-    let shift = 63 - wanted.leading_zeros();
-    let buckets = rows.div_ceil(1 << shift) as usize;
-    let mut of_bucket = Vec::with_capacity(buckets + 1);
-    let mut g = 0;
-    for b in 0..buckets as u64 {
-        let first = b << shift;
-        while g + 1 < groups && rg_start[g + 1] <= first {
-            g += 1;
-        }
-        of_bucket.push(g as u32);
-    }
-    of_bucket.push(groups.saturating_sub(1) as u32);
-    (shift, of_bucket)
 }
 
 impl Plan {
@@ -265,11 +243,8 @@ impl Plan {
             left += len - per_partition * opts.batch_size;
             leftover_start.push(left);
         }
-        let (rg_bucket_shift, rg_of_bucket) = row_group_buckets(&rg_start);
         Plan {
-            rg_start,
-            rg_bucket_shift,
-            rg_of_bucket,
+            rg_start: Starts::new(rg_start),
             parts,
             rg_piece_start,
             rg_pieces,
@@ -463,17 +438,10 @@ impl Plan {
         self.batches() - self.rank_batches(world) * world
     }
 
-    /// The canonical row group holding a canonical row, and the row's index inside it: the
-    /// last row group starting at or before it (row groups of no rows are passed over), searched
-    /// for among the few its bucket of rows meets.
+    /// The canonical row group holding a canonical row, and the row's index inside it (row
+    /// groups of no rows are passed over).
     pub(crate) fn locate(&self, row: u64) -> (usize, u64) {
-        debug_assert!(row < self.rows());
-        let b = (row >> self.rg_bucket_shift) as usize;
-        let (lo, hi) = (
-            self.rg_of_bucket[b] as usize,
-            self.rg_of_bucket[b + 1] as usize,
-        );
-        let rg = lo + self.rg_start[lo + 1..=hi].partition_point(|&s| s <= row);
+        let rg = self.rg_start.piece(row);
         (rg, row - self.rg_start[rg])
     }
 }

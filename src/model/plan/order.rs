@@ -1,6 +1,7 @@
 //! The order of an epoch: each partition's rows as the shuffle mode orders them, and the
 //! rows, row groups and windows of a batch under it.
 
+use super::starts::Starts;
 use super::{Plan, Shuffle, Stride};
 use crate::model::permutation::{Permutation, below, rng};
 use std::ops::Range;
@@ -80,7 +81,7 @@ impl Plan {
                 }
                 Order::Window {
                     segs: order,
-                    start,
+                    start: Starts::new(start),
                     windows,
                     slot_of,
                 }
@@ -110,14 +111,18 @@ impl Plan {
         // row. Under the shuffles every row is a position permuted, many at once (see
         // `Permutation::apply_all`): this and the gather are most of the CPU of an epoch built
         // from cached columns.
-        (self
-            .partition_runs(first..first + self.batch_len(i))
-            .into_iter())
-        .flat_map(|(p, xs)| match &self.mix {
+        let runs = self.partition_runs(first..first + self.batch_len(i));
+        let mut rows = (runs.into_iter()).map(|(p, xs)| match &self.mix {
             Some(m) => self.mixed_rows(m, order, p, xs),
             None => self.partition_rows(order, p, xs),
-        })
-        .collect()
+        });
+        // A batch is one run but for leftovers: its rows as computed, not collected again
+        // into a vector grown as it fills.
+        let mut all = rows.next().unwrap_or_default();
+        for more in rows {
+            all.extend(more);
+        }
+        all
     }
 
     /// The canonical rows at `positions` of partition `p`'s order.
@@ -363,10 +368,10 @@ impl Plan {
         &self,
         p: usize,
         segs: &[usize],
-        start: &[u64],
+        start: &Starts,
         shuffled: u64,
     ) -> u64 {
-        let slot = start.partition_point(|&s| s <= shuffled) - 1;
+        let slot = start.piece(shuffled);
         self.parts[p].segments[segs[slot]].1.start + (shuffled - start[slot])
     }
 
@@ -530,7 +535,7 @@ pub(super) enum Order {
     /// each window starts (each list with one more entry: the end).
     Window {
         segs: Vec<usize>,
-        start: Vec<u64>,
+        start: Starts,
         windows: Vec<u64>,
         /// Each segment's place in `segs`.
         slot_of: Vec<usize>,
