@@ -30,7 +30,7 @@ use crate::model::plan::Batches;
 use crate::read::layout::{
     DOT_ENTRIES, Layout, batch_dir_entry, batch_file_entry, batch_name, dir_name,
 };
-use crate::read::produce::builder::{Batch, Builder, Built};
+use crate::read::produce::builder::{Batch, Builder};
 use crate::read::produce::pool::Lane;
 use crate::stats::Stats;
 use anyhow::Result;
@@ -700,7 +700,7 @@ impl Filler {
             let (dir, j, ..) = files[n];
             let same = files[n..].iter().take_while(|f| (f.0, f.1) == (dir, j));
             let of_batch = same.count();
-            let Some(batch) = self.built_here(dir, j, &files[n..n + of_batch]) else {
+            let Some(batch) = self.built_here(dir, j) else {
                 return (done, files[n..].to_vec());
             };
             for &(dir, j, kind, from) in &files[n..n + of_batch] {
@@ -715,12 +715,10 @@ impl Filler {
         (done, Vec::new())
     }
 
-    /// Batch `j` of `dir`, built on the calling thread to store `files` of it (see
-    /// [`Builder::batch_here`]): held in memory where a file is stored but for a tripwire page,
-    /// whose reader's first read comes to the daemon; else let go once stored.
-    fn built_here(&self, dir: Batches, j: u64, files: &[ToStore]) -> Option<Built<'_>> {
-        let keep = files.iter().any(|&(.., from)| from != 0);
-        (self.builder).batch_here(self.builder.plan().batch_in(dir, j), keep)
+    /// Batch `j` of `dir`, built on the calling thread to store files of it
+    /// ([`Builder::batch_here`]).
+    fn built_here(&self, dir: Batches, j: u64) -> Option<Arc<Batch>> {
+        (self.builder).batch_here(self.builder.plan().batch_in(dir, j))
     }
 
     /// A file stored from byte `from` on: counted, and whole unless a tripwire is left out.
@@ -763,7 +761,7 @@ impl Filler {
     /// [`Filler::store`] on the calling thread, its batch built there; `None` where a row group
     /// of the batch is not in memory.
     fn store_here(&self, dir: Batches, j: u64, kind: FileKind, from: u64) -> Option<Result<()>> {
-        let batch = self.built_here(dir, j, &[(dir, j, kind, from)])?;
+        let batch = self.built_here(dir, j)?;
         Some(self.store_batch(&batch, dir, j, kind, from))
     }
 

@@ -57,34 +57,18 @@ impl Weighted for Batch {
     }
 }
 
-/// A batch built on a worker by [`Builder::batch_here`]: held in memory, or passing (built to
-/// be stored and let go; its buffers go back to the builder for the next).
-pub(crate) enum Built<'a> {
-    Held(Arc<Batch>),
-    Passing(Batch, &'a Builder),
+/// The bytes of batches built only to be stored in the page cache held: those a reader stores
+/// ahead (`prefetch`, plus the two about it) of batches of at most `largest_batch` bytes, for
+/// four readers, at least [`STORED_AT_LEAST`], and at most the batches' own `budget`. A reader
+/// of several files of a batch (its safetensors and `.npy` files, say) may store the first
+/// ahead before it is seen reading the others: those are stored from the batch held.
+fn stored_bytes(largest_batch: u64, prefetch: u64, budget: usize) -> usize {
+    let readers_ahead = 4 * (prefetch + 2) * largest_batch;
+    readers_ahead.max(STORED_AT_LEAST).min(budget as u64) as usize
 }
 
-impl std::ops::Deref for Built<'_> {
-    type Target = Batch;
-
-    fn deref(&self) -> &Batch {
-        match self {
-            Built::Held(b) => b,
-            Built::Passing(b, _) => b,
-        }
-    }
-}
-
-impl Drop for Built<'_> {
-    fn drop(&mut self) {
-        if let Built::Passing(batch, builder) = self {
-            builder.give_back(std::mem::take(&mut batch.tensors));
-        }
-    }
-}
-
-/// Batches whose buffers a builder keeps for the next batch it builds to store and let go.
-const SPARE_BATCHES: u64 = 4;
+/// See [`stored_bytes`].
+const STORED_AT_LEAST: u64 = 8 << 20;
 
 /// Where each row of a batch is, worked out once for all its tensors.
 pub(crate) struct Picks {
@@ -290,10 +274,9 @@ pub(crate) struct Builder {
     tensors: Memo<(BatchRef, usize), TensorRows>,
     /// Each batch's rows, computed once for the gathers of its tensors one by one.
     picks: Memo<BatchRef, Picks>,
-    /// Buffers of batches built to be stored and let go, for the next such batch (see
-    /// [`Builder::batch_here`]), at most `spare_bytes` of them.
-    spare: Mutex<Vec<Vec<u8>>>,
-    spare_bytes: usize,
+    /// Batches built only to be stored in the page cache (see [`Builder::batch_here`]): held
+    /// apart from `batches`, a few times what a reader has stored ahead.
+    stored: Memo<BatchRef, Batch>,
     /// Whether decoded row groups are kept in the local cache where epochs repeat
     /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
     /// for the one-open files on, for which no batch file is written, so that the columns are
@@ -390,9 +373,7 @@ impl Builder {
             batches: Memo::new(budget.batches),
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
-            spare: Mutex::default(),
-            // Those of a few batches: a thread or two build batches to store, one at a time.
-            spare_bytes: (SPARE_BATCHES * largest_batch).min(budget.batches as u64) as usize,
+            stored: Memo::new(stored_bytes(largest_batch, limits.prefetch, budget.batches)),
             keep_repeated_columns: AtomicBool::new(false),
             blocks_asked: Mutex::default(),
             npy_read: Mutex::default(),
@@ -425,13 +406,16 @@ impl Builder {
 
     /// Batch `b`, built on first use.
     pub(crate) async fn batch(&self, b: BatchRef) -> Result<Arc<Batch>> {
+        if let Some(batch) = self.stored.get(&b) {
+            return Ok(batch);
+        }
         self.batches.get_or_build(b, self.build_batch(b)).await
     }
     /// Tensor `t` of batch `b`: from the batch where it is in memory, else its rows alone,
     /// gathered on first use.
     pub(crate) async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
-        if let Some(batch) = self.batches.get(&b) {
+        if let Some(batch) = self.batch_at_hand(b) {
             return Ok(TensorOf::Batch(batch, t));
         }
         let rows = self
@@ -481,17 +465,17 @@ impl Builder {
 
     /// Batch `b` if it is in memory now.
     pub(crate) fn batch_at_hand(&self, b: BatchRef) -> Option<Arc<Batch>> {
-        self.batches.get(&b)
+        self.batches.get(&b).or_else(|| self.stored.get(&b))
     }
 
     /// Whether batch `b` is in memory whole ([`Builder::gather_here`] takes it).
     pub(crate) fn has_batch(&self, b: BatchRef) -> bool {
-        self.batches.contains(&b)
+        self.batches.contains(&b) || self.stored.contains(&b)
     }
 
     /// Tensor `t` of batch `b` if it is in memory now.
     pub(crate) fn tensor_at_hand(&self, b: BatchRef, t: usize) -> Option<TensorOf> {
-        if let Some(batch) = self.batches.get(&b) {
+        if let Some(batch) = self.batch_at_hand(b) {
             return Some(TensorOf::Batch(batch, t));
         }
         self.tensors.get(&(b, t)).map(TensorOf::Alone)
@@ -499,7 +483,7 @@ impl Builder {
 
     /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
     pub(crate) fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
-        self.batches.contains(&b) || self.tensors.contains(&(b, t))
+        self.has_batch(b) || self.tensors.contains(&(b, t))
     }
 
     /// Whether every row group batch `b` draws from is decoded in memory or in the local cache:
@@ -520,85 +504,38 @@ impl Builder {
     /// gathering a small batch. `None` where a row group is not in memory, or the batch is
     /// being built elsewhere (the caller builds it through [`Builder::batch`]).
     ///
-    /// With `keep`, the batch is held in memory for the reads to come; without, it is built to
-    /// be stored in the page cache and let go ([`Built::Passing`]): its file is read from
-    /// there. Held, each batch stored took memory fresh from the kernel (a page fault and a
-    /// page zeroed per 4 KiB, about a tenth of the serving thread's CPU in a cold epoch of a
-    /// transform), and kept a second copy of what the page cache holds.
-    pub(crate) fn batch_here(&self, b: BatchRef, keep: bool) -> Option<Built<'_>> {
-        if let Some(batch) = self.batches.get(&b) {
-            return Some(Built::Held(batch));
+    /// Built to be stored in the page cache, whence its files are read, the batch is held
+    /// apart from those built for reads, only while its reader may yet want another of its
+    /// files, or reads a tripwire page of one from the daemon ([`stored_bytes`]). Held with the
+    /// rest, every batch stored stayed in memory until the memo's eighth of `memory_limit` was
+    /// full, each in memory fresh from the kernel (a page fault and a page zeroed per 4 KiB: a
+    /// tenth of the serving thread's CPU in a cold epoch of a transform), a second copy of what
+    /// the page cache holds.
+    pub(crate) fn batch_here(&self, b: BatchRef) -> Option<Arc<Batch>> {
+        if let Some(batch) = self.batch_at_hand(b) {
+            return Some(batch);
         }
-        let picks = match (self.picks.get(&b), keep) {
-            (Some(p), _) => p,
-            (None, true) => self.picks.insert(b, Arc::new(self.picks_of(b))),
-            (None, false) => Arc::new(self.picks_of(b)),
-        };
-        let tensors = self.view.tensors.len();
-        if keep {
-            let outs = vec![Vec::new(); tensors];
-            let built = self
-                .batches
-                .build_here(b, || self.gather_in_memory(b, &picks, outs).map(Arc::new));
-            return built.map(Built::Held);
-        }
-        // Claimed all the same: a reader's build of the batch meanwhile waits for this one to
-        // end, then builds its own.
-        let claimed = self.batches.claim([b]);
-        if claimed.keys().is_empty() {
-            return None;
-        }
-        let outs = self.spare_buffers(tensors);
-        let batch = self.gather_in_memory(b, &picks, outs)?;
-        Some(Built::Passing(batch, self))
+        // Its rows' places are wanted once, as the batch is.
+        let picks = self
+            .picks
+            .get(&b)
+            .unwrap_or_else(|| Arc::new(self.picks_of(b)));
+        (self.stored).build_here(b, || self.gather_in_memory(b, &picks).map(Arc::new))
     }
 
-    /// Batch `b`'s rows gathered onto `outs` (a buffer per tensor) from its row groups in
-    /// memory; `None` where one is not, or was a mapped file that changed (built again
-    /// through [`Builder::batch`], from the source).
-    fn gather_in_memory(
-        &self,
-        b: BatchRef,
-        picks: &Picks,
-        mut outs: Vec<Vec<u8>>,
-    ) -> Option<Batch> {
+    /// Batch `b`'s rows gathered from its row groups in memory; `None` where one is not, or
+    /// was a mapped file that changed (built again through [`Builder::batch`], from the
+    /// source).
+    fn gather_in_memory(&self, b: BatchRef, picks: &Picks) -> Option<Batch> {
         let decoded = (picks.row_groups.iter())
             .map(|g| self.decoded.get(g))
             .collect::<Option<Vec<_>>>()?;
         let all: Vec<usize> = (0..self.view.tensors.len()).collect();
-        picks.gather_onto(&self.placement, &decoded, &all, &mut outs, &self.stats);
+        let tensors = picks.gather(&self.placement, &decoded, &all, &self.stats);
         if self.forget_changed(picks, &decoded) {
             return None;
         }
-        Some(self.batch_of(b, outs))
-    }
-
-    /// `n` empty buffers, those let go by batches built to be stored first ([`Built`]).
-    fn spare_buffers(&self, n: usize) -> Vec<Vec<u8>> {
-        let mut spare = self.spare.lock().unwrap();
-        (0..n)
-            .map(|_| match spare.pop() {
-                Some(mut buf) => {
-                    buf.clear();
-                    buf
-                }
-                None => Vec::new(),
-            })
-            .collect()
-    }
-
-    /// Keeps the buffers of a batch let go for the next batch built to be stored, within
-    /// [`Builder::spare_bytes`]; in reverse, so that the next takes them in tensor order
-    /// (each tensor's buffer already of its size).
-    fn give_back(&self, buffers: Vec<Vec<u8>>) {
-        let mut spare = self.spare.lock().unwrap();
-        let mut held: usize = spare.iter().map(Vec::capacity).sum();
-        for buf in buffers.into_iter().rev() {
-            if held + buf.capacity() <= self.spare_bytes {
-                held += buf.capacity();
-                spare.push(buf);
-            }
-        }
+        Some(self.batch_of(b, tensors))
     }
 
     /// A batch of `b`'s rows of every tensor, counted.
@@ -667,7 +604,7 @@ impl Builder {
         outs: &mut [Vec<u8>],
     ) -> Result<()> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
-        if let Some(batch) = self.batches.get(&b) {
+        if let Some(batch) = self.batch_at_hand(b) {
             for (&t, out) in wanted.iter().zip(outs) {
                 out.extend_from_slice(&batch.tensors[t]);
             }
@@ -990,12 +927,11 @@ impl Builder {
     /// Bytes the memos hold in the daemon's memory: decoded row groups, built batches, single
     /// tensors and gather picks (within their shares of the [`Budget`]).
     pub(crate) fn memory(&self) -> usize {
-        let spare: usize = self.spare.lock().unwrap().iter().map(Vec::capacity).sum();
         self.decoded.bytes()
             + self.batches.bytes()
+            + self.stored.bytes()
             + self.tensors.bytes()
             + self.picks.bytes()
-            + spare
     }
 }
 

@@ -97,17 +97,6 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         Ok(value)
     }
 
-    /// Holds `value`, built without a flight (on the calling thread), unless a value of `key`
-    /// is held already; the value held.
-    pub(crate) fn insert(&self, key: K, value: Arc<V>) -> Arc<V> {
-        let mut s = self.state.lock().unwrap();
-        if let Some(held) = s.cache.get(&key) {
-            return held.clone();
-        }
-        self.keep(&mut s, key, value.clone());
-        value
-    }
-
     /// The value of `key`, held, or built by `build` on the calling thread (which does not
     /// wait: a worker's) and held; callers of [`Memo::get_or_build`] meanwhile wait for it.
     /// `None` where `build` gives nothing, or another build of `key` is under way.
