@@ -108,7 +108,14 @@ pub(super) fn columns_header(rows: usize, parts: &[&[u8]], identity: &[u8; 32]) 
 
 pub(super) type Parsed = (usize, Vec<std::ops::Range<usize>>);
 
-pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], parts: usize) -> Result<Parsed> {
+/// A columns file's rows and parts' ranges, its header checked, and its data too where `data`
+/// says so.
+pub(super) fn parse_columns(
+    b: &[u8],
+    identity: &[u8; 32],
+    parts: usize,
+    data: bool,
+) -> Result<Parsed> {
     let fixed = COLS_FIXED;
     if b.len() < COLS_ALIGN || &b[..8] != COLS_MAGIC {
         bail!("not a columns file");
@@ -141,7 +148,7 @@ pub(super) fn parse_columns(b: &[u8], identity: &[u8; 32], parts: usize) -> Resu
     if b.len() != at {
         bail!("truncated ({} of {at} bytes)", b.len());
     }
-    if crc32c::crc32c(&b[data_at..]) != u32_at(56) {
+    if data && crc32c::crc32c(&b[data_at..]) != u32_at(56) {
         bail!("corrupt (checksum mismatch)");
     }
     Ok((rows, ranges))

@@ -910,7 +910,7 @@ impl Builder {
                     let stored = cache.store_columns(g, t.rows, &slices, &*distance, &stats);
                     if stored.is_ok()
                         && map
-                        && let Some(l) = cache.load_columns(g, parts.len(), map_from, &stats)
+                        && let Some(l) = cache.stored_columns(g, parts.len(), map_from, &stats)
                     {
                         return Ok(Columns::loaded(l));
                     }
