@@ -2,7 +2,8 @@
 //! good (its footers and dataset.json, refused past half of it), is the buffers' budget. Half of
 //! it holds decoded row groups; built batches and single tensors (for one-open readers) each
 //! take an eighth of the other half, or up to three eighths where their largest value needs it
-//! (that value and those built ahead of it); gather picks a sixty-fourth of it.
+//! (that value and those built ahead of it), batches built only to be stored in the page cache
+//! taking their part of the batches' share; gather picks a sixty-fourth of it.
 //!
 //! Each memo evicts past its share, so together they never hold more than 0.89 of the budget;
 //! the rest is room for values still in use after a memo let them go (a batch being written, a
@@ -20,8 +21,11 @@ pub(crate) fn buffers(memory_limit: u64, held: u64) -> Option<u64> {
 pub(crate) struct Budget {
     /// Decoded row groups (mapped ones weigh nothing: their pages are the page cache's).
     pub(crate) decoded: usize,
-    /// Built batches.
+    /// Built batches, for reads.
     pub(crate) batches: usize,
+    /// Batches built only to be stored in the page cache, held while their reader may yet want
+    /// another of their files: part of the batches' share.
+    pub(crate) stored: usize,
     /// Single tensors of batches.
     pub(crate) tensors: usize,
     /// Gather picks (which rows of which row groups a batch takes).
@@ -38,9 +42,12 @@ impl Budget {
         prefetch: u64,
     ) -> Budget {
         let half = buffers / 2;
+        let batches = memo_bytes(half, largest_batch, prefetch);
+        let stored = stored_bytes(largest_batch, prefetch).min(batches as u64 / 2) as usize;
         Budget {
             decoded: half as usize,
-            batches: memo_bytes(half, largest_batch, prefetch),
+            batches: batches - stored,
+            stored,
             tensors: memo_bytes(half, largest_tensor, prefetch),
             picks: (half / 64) as usize,
         }
@@ -49,9 +56,24 @@ impl Budget {
     /// The most the memos hold together.
     #[cfg(test)]
     fn total(&self) -> u64 {
-        (self.decoded + self.batches + self.tensors + self.picks) as u64
+        (self.decoded + self.batches + self.stored + self.tensors + self.picks) as u64
     }
 }
+
+/// The bytes of batches built only to be stored in the page cache held: those a reader stores
+/// ahead (`prefetch`, and the two about it) of batches of at most `largest_batch` bytes, for
+/// four readers, at least [`STORED_AT_LEAST`] (at most half the batches' share). A reader of
+/// several files of a batch (its safetensors and `.npy` files, say) may store the first ahead
+/// before it is seen reading the others: those are stored from the batch held.
+fn stored_bytes(largest_batch: u64, prefetch: u64) -> u64 {
+    (prefetch.saturating_add(2))
+        .saturating_mul(4)
+        .saturating_mul(largest_batch)
+        .max(STORED_AT_LEAST)
+}
+
+/// See [`stored_bytes`].
+const STORED_AT_LEAST: u64 = 8 << 20;
 
 /// The bytes a memo of built batches (or of single tensors) may hold, of `half` the buffers:
 /// an eighth, or more where its largest value is large (up to three eighths), so that it holds
@@ -78,14 +100,19 @@ mod tests {
                         b.total() as f64 <= buffers as f64 * 0.89,
                         "{b:?} of {buffers}"
                     );
-                    assert!(b.batches as u64 >= buffers / 16 && b.decoded as u64 == buffers / 2);
+                    assert!((b.batches + b.stored) as u64 >= buffers / 16);
+                    assert!(b.batches as u64 >= buffers / 32 && b.decoded as u64 == buffers / 2);
                 }
             }
         }
         // Room for the batch being read and those built ahead, where the budget allows.
         let b = Budget::split(1 << 30, 10 << 20, 1 << 20, 8);
-        assert_eq!(b.batches, 100 << 20);
+        assert_eq!(b.batches + b.stored, 100 << 20);
+        assert_eq!(b.stored, 50 << 20);
         assert_eq!(b.tensors, 64 << 20);
+        // Small batches: what four readers store ahead, at least 8 MiB.
+        let b = Budget::split(2 << 30, 56 << 10, 8 << 10, 8);
+        assert_eq!((b.batches, b.stored), (120 << 20, 8 << 20));
     }
 
     #[test]

@@ -57,19 +57,6 @@ impl Weighted for Batch {
     }
 }
 
-/// The bytes of batches built only to be stored in the page cache held: those a reader stores
-/// ahead (`prefetch`, plus the two about it) of batches of at most `largest_batch` bytes, for
-/// four readers, at least [`STORED_AT_LEAST`], and at most the batches' own `budget`. A reader
-/// of several files of a batch (its safetensors and `.npy` files, say) may store the first
-/// ahead before it is seen reading the others: those are stored from the batch held.
-fn stored_bytes(largest_batch: u64, prefetch: u64, budget: usize) -> usize {
-    let readers_ahead = 4 * (prefetch + 2) * largest_batch;
-    readers_ahead.max(STORED_AT_LEAST).min(budget as u64) as usize
-}
-
-/// See [`stored_bytes`].
-const STORED_AT_LEAST: u64 = 8 << 20;
-
 /// Where each row of a batch is, worked out once for all its tensors.
 pub(crate) struct Picks {
     /// The row groups the batch draws from, ascending.
@@ -275,7 +262,7 @@ pub(crate) struct Builder {
     /// Each batch's rows, computed once for the gathers of its tensors one by one.
     picks: Memo<BatchRef, Picks>,
     /// Batches built only to be stored in the page cache (see [`Builder::batch_here`]): held
-    /// apart from `batches`, a few times what a reader has stored ahead.
+    /// apart from `batches`, a few times what a reader stores ahead ([`Budget`]).
     stored: Memo<BatchRef, Batch>,
     /// Whether decoded row groups are kept in the local cache where epochs repeat
     /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
@@ -373,7 +360,7 @@ impl Builder {
             batches: Memo::new(budget.batches),
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
-            stored: Memo::new(stored_bytes(largest_batch, limits.prefetch, budget.batches)),
+            stored: Memo::new(budget.stored),
             keep_repeated_columns: AtomicBool::new(false),
             blocks_asked: Mutex::default(),
             npy_read: Mutex::default(),
@@ -506,7 +493,7 @@ impl Builder {
     ///
     /// Built to be stored in the page cache, whence its files are read, the batch is held
     /// apart from those built for reads, only while its reader may yet want another of its
-    /// files, or reads a tripwire page of one from the daemon ([`stored_bytes`]). Held with the
+    /// files, or reads a tripwire page of one from the daemon ([`Budget`]'s `stored`). Held with the
     /// rest, every batch stored stayed in memory until the memo's eighth of `memory_limit` was
     /// full, each in memory fresh from the kernel (a page fault and a page zeroed per 4 KiB: a
     /// tenth of the serving thread's CPU in a cold epoch of a transform), a second copy of what
