@@ -119,7 +119,7 @@ impl Placement {
         }
         // A few hundred rows at a time (their interleaved rows stay in the CPU's first cache),
         // a tensor at a time, each by a loop of its width: row by row, a call per value was
-        // a tenth of a transform worker's CPU in a cold epoch.
+        // a fifth of the transform workers' CPU in a cold epoch of the bench's transform.
         let mut rowwise = vec![0; rows * self.stride];
         for (c, out) in rowwise
             .chunks_mut(INTERLEAVE_ROWS * self.stride)
