@@ -62,9 +62,10 @@ impl Budget {
 
 /// The bytes of batches built only to be stored in the page cache held: those a reader stores
 /// ahead (`prefetch`, and the two about it) of batches of at most `largest_batch` bytes, for
-/// four readers, at least [`STORED_AT_LEAST`] (at most half the batches' share). A reader of
-/// several files of a batch (its safetensors and `.npy` files, say) may store the first ahead
-/// before it is seen reading the others: those are stored from the batch held.
+/// four readers, at least [`STORED_AT_LEAST`] ([`Budget::split`] gives them at most half the
+/// batches' share). A reader of several files of a batch (its safetensors and `.npy` files,
+/// say) may store the first ahead before it is seen reading the others: those are stored from
+/// the batch held.
 fn stored_bytes(largest_batch: u64, prefetch: u64) -> u64 {
     (prefetch.saturating_add(2))
         .saturating_mul(4)
