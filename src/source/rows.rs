@@ -86,6 +86,7 @@ impl Source {
             mask: None,
             chunks: Vec::new(),
             selection,
+            piece_rows: PIECE_ROWS,
         };
         if wanted.is_empty() {
             return Ok(nothing(wanted, selection));
@@ -134,6 +135,7 @@ impl Source {
             mask: Some(mask),
             chunks,
             selection,
+            piece_rows: PIECE_ROWS,
         })
     }
 
@@ -352,13 +354,15 @@ impl Source {
             mask,
             chunks,
             selection,
+            piece_rows,
             ..
         } = fetched;
         let mask = mask.expect("a projection of the file's columns");
         let f = &self.files[file];
         if let Some((selection, indexed)) = selection {
             let picked = Some(selection);
-            return (self.decode_with(file, rg, &roots, mask, chunks, (&indexed, picked))).await;
+            let how = (&indexed, picked, piece_rows);
+            return (self.decode_with(file, rg, &roots, mask, chunks, how)).await;
         }
         let footer = self.footer(file).await?;
         let first = self
@@ -368,7 +372,7 @@ impl Source {
                 &roots,
                 mask.clone(),
                 chunks.clone(),
-                (&footer.metadata, None),
+                (&footer.metadata, None, piece_rows),
             )
             .await;
         let Err(e) = first else { return first };
@@ -384,7 +388,7 @@ impl Source {
                 .await);
         };
         match self
-            .decode_with(file, rg, &roots, mask, chunks, (padded, None))
+            .decode_with(file, rg, &roots, mask, chunks, (padded, None, piece_rows))
             .await
         {
             Ok(batch) => {
@@ -421,7 +425,8 @@ impl Source {
         for &root in roots {
             let mask = ProjectionMask::roots(metadata.parquet_schema(), [root]);
             let one = [root];
-            let alone = self.decode_with(file, rg, &one, mask, chunks.clone(), (metadata, None));
+            let how = (metadata, None, PIECE_ROWS);
+            let alone = self.decode_with(file, rg, &one, mask, chunks.clone(), how);
             match std::panic::AssertUnwindSafe(alone).catch_unwind().await {
                 Ok(Ok(_)) => continue,
                 Ok(Err(alone)) => return alone,
@@ -445,7 +450,7 @@ impl Source {
         roots: &[usize],
         mask: ProjectionMask,
         chunks: Vec<(Range<u64>, Bytes)>,
-        (metadata, selection): (&ArrowReaderMetadata, Option<RowSelection>),
+        (metadata, selection, piece_rows): (&ArrowReaderMetadata, Option<RowSelection>, usize),
     ) -> Result<Vec<RecordBatch>> {
         let f = &self.files[file];
         let what = match roots {
@@ -490,13 +495,13 @@ impl Source {
             ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone())
                 .with_row_groups(vec![rg])
                 .with_projection(mask)
-                .with_batch_size(rows.clamp(1, 8192));
+                .with_batch_size(rows.clamp(1, piece_rows));
         if let Some(selection) = selection {
             stream = stream.with_row_selection(selection);
         }
         let stream = stream.build().with_context(|| what.clone())?;
-        // Kept as the decoder's pieces: a row group concatenated whole would be a third copy of
-        // it in memory, beside the pieces and the tensor columns transformed from them.
+        // Kept as the decoder's pieces (of `piece_rows`): a row group concatenated whole would be
+        // a third copy of it in memory, beside the pieces and the tensor columns made of them.
         let pieces: Vec<RecordBatch> = stream
             .try_collect()
             .await
@@ -528,6 +533,23 @@ pub(crate) struct Fetched {
     /// Only these rows, read through the page index of this view of the file: the decoder
     /// fetches the pages that hold them and no others.
     selection: Option<(RowSelection, ArrowReaderMetadata)>,
+    /// The most rows a decoded piece holds.
+    piece_rows: usize,
+}
+
+/// The rows of a decoded piece: kept small, a piece's buffers are reused by the allocator
+/// from one piece to the next, where a whole row group's come fresh from the kernel.
+const PIECE_ROWS: usize = 8192;
+
+impl Fetched {
+    /// The row group decoded as one piece: for a transform, whose worker is given it whole
+    /// (pieces would be concatenated into it, a copy of every byte).
+    pub(crate) fn in_one_piece(self) -> Fetched {
+        Fetched {
+            piece_rows: usize::MAX,
+            ..self
+        }
+    }
 }
 
 /// A file's column cast to the table's type. Never a value turned into null: a lossy cast is an

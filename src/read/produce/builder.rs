@@ -839,7 +839,7 @@ impl Builder {
                     (self.pool)
                         .run(move || {
                             cpu_counted(&stats.c.decode_cpu_ns, || {
-                                runtime.block_on(source.decode_row_group(fetched))
+                                runtime.block_on(source.decode_row_group(fetched.in_one_piece()))
                             })
                         })
                         .await??
