@@ -1,13 +1,15 @@
 //! Your own transforms, pushed down and cached (PRODUCT.md §10): a Python function called on
 //! row groups in a pool of worker processes, its output what the cache keeps.
 //!
-//! Each worker is `python -c worker.py SPEC [PATH]`, talking on its stdin and stdout: the
-//! daemon writes a row group as an Arrow IPC stream (the `arrow` crate's), the worker answers
-//! with the function's output as one, or with the exception in one line (`worker.py`'s
-//! docstring has the framing). Pipes rather than shared memory: a row group crosses them at
-//! memory speed against the function's own time on it, and a worker that dies shows as the end
-//! of its pipe. A dead worker is replaced, and the row group it had is given to the new one
-//! once.
+//! Each worker is `python -c worker.py SPEC [PATH]`, told of on its stdin and answering on its
+//! stdout: the daemon writes a row group as an Arrow IPC stream (the `arrow` crate's) into
+//! memory shared with the worker, the worker writes the function's output as one into one of
+//! two answer areas shared the same way, which the daemon reads in place, or answers with the
+//! exception in one line (`worker.py`'s docstring has the framing). Through pipes, each row
+//! group took two more copies each way, in the kernel, into fresh memory (7% of a cold epoch's
+//! CPU with a TransformSpec, the daemon's and the workers' together); the pipes still carry the
+//! messages, so a worker that dies shows as the end of its pipe. A dead worker is replaced, and the row group it had is
+//! given to the new one once.
 //!
 //! The function is identified by a digest of its source files (the file named and the `.py`
 //! files beside it, or the module's, or every `.py` under `transform_path=`) and
@@ -16,11 +18,16 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
+use memmap2::{Mmap, MmapMut};
+use std::fs::File;
 use std::io::{BufReader, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex};
 
 const WORKER: &str = include_str!("worker.py");
@@ -57,6 +64,10 @@ struct Worker {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The request the worker reads: written by the daemon only while the worker is idle.
+    request: Request,
+    /// Where the worker writes its answers, each written only when a request names it.
+    answers: [Answer; 2],
 }
 
 impl Drop for Worker {
@@ -147,9 +158,8 @@ impl Udf {
     /// number of rows. Blocks until a worker is free; a worker that dies is replaced and the
     /// batch given to its replacement once.
     pub(crate) fn call(&self, batch: &RecordBatch) -> Result<RecordBatch, CallError> {
-        let request = encode(batch).map_err(|e| CallError::Worker(format!("{e:#}")))?;
         let slot = self.take();
-        let answer = self.call_on(slot, &request);
+        let answer = self.call_on(slot, batch);
         self.idle.lock().unwrap().push(slot);
         self.freed.notify_one();
         answer
@@ -166,7 +176,7 @@ impl Udf {
         }
     }
 
-    fn call_on(&self, slot: usize, request: &[u8]) -> Result<RecordBatch, CallError> {
+    fn call_on(&self, slot: usize, batch: &RecordBatch) -> Result<RecordBatch, CallError> {
         let mut worker = self.slots[slot].lock().unwrap();
         let mut died = None;
         for _ in 0..2 {
@@ -177,16 +187,16 @@ impl Udf {
                 }
             }
             let w = worker.as_mut().expect("started above");
-            match exchange(w, request) {
-                Ok((b'B', body)) => {
-                    return decode(body).map_err(|e| CallError::Worker(format!("{e:#}")));
+            match exchange(w, batch) {
+                Ok(Answered::Batch(stream)) => {
+                    return decode(stream).map_err(|e| CallError::Worker(format!("{e:#}")));
                 }
-                Ok((b'E', body)) => {
+                Ok(Answered::Message(b'E', body)) => {
                     return Err(CallError::Raised(
                         String::from_utf8_lossy(&body).into_owned(),
                     ));
                 }
-                Ok((kind, _)) => {
+                Ok(Answered::Message(kind, _)) => {
                     died = Some(format!(
                         "answered with an unknown message '{}'",
                         kind as char
@@ -215,16 +225,37 @@ impl Udf {
     }
 }
 
-/// The pipe buffer asked for each way between the daemon and a worker: the default most an
-/// unprivileged process may set (`/proc/sys/fs/pipe-max-size`).
+/// The pipe buffer asked for from a worker to the daemon: the default most an unprivileged
+/// process may set (`/proc/sys/fs/pipe-max-size`).
 const PIPE_BYTES: libc::c_int = 1 << 20;
 
 /// Starts one worker and reads its hello.
 fn spawn(spec: &TransformOptions) -> Result<(Worker, Hello)> {
+    let request = Request::new().context("memory to share with a transform worker")?;
+    let answers = [Answer::new()?, Answer::new()?];
+    let shared = [
+        request.file.as_raw_fd(),
+        answers[0].file.as_raw_fd(),
+        answers[1].file.as_raw_fd(),
+    ];
     let mut cmd = Command::new(&spec.python);
     cmd.arg("-c").arg(WORKER).arg(&spec.target);
     if let Some(p) = &spec.path {
         cmd.arg(p);
+    }
+    let fds: Vec<String> = shared.iter().map(i32::to_string).collect();
+    cmd.env("TENSORFS_SHARED_FDS", fds.join(","));
+    // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe; it lets the
+    // worker keep the three descriptors (opened close-on-exec, so no other child has them).
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in shared {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
     // The worker's own output goes where the daemon's does: its log.
     cmd.stdin(Stdio::piped())
@@ -239,18 +270,19 @@ fn spawn(spec: &TransformOptions) -> Result<(Worker, Hello)> {
     })?;
     let stdin = child.stdin.take().expect("piped");
     let stdout = child.stdout.take().expect("piped");
-    // A row group is megabytes each way: in the default 64 KiB of a pipe, each of its pieces
-    // was a switch between the daemon and the worker. The most an unprivileged pipe may hold
-    // is asked for; where the system allows less, the default stays.
-    for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
-        // SAFETY: fcntl on a descriptor this process owns; no memory is passed.
-        unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, PIPE_BYTES) };
-    }
+    // An answer through the pipe (both answer areas still in use) is megabytes: in the default
+    // 64 KiB of a pipe, each of its pieces was a switch between the daemon and the worker. The
+    // most an unprivileged pipe may hold is asked for; where the system allows less, the
+    // default stays.
+    // SAFETY: fcntl on a descriptor this process owns; no memory is passed.
+    unsafe { libc::fcntl(stdout.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES) };
     let stdout = BufReader::new(stdout);
     let mut worker = Worker {
         child,
         stdin,
         stdout,
+        request,
+        answers,
     };
     let (kind, body) = read_message(&mut worker.stdout).map_err(|e| {
         let status = worker.child.try_wait().ok().flatten();
@@ -275,15 +307,154 @@ fn spawn(spec: &TransformOptions) -> Result<(Worker, Hello)> {
     }
 }
 
+/// What a worker answered: the function's output as an IPC stream, or another message.
+enum Answered {
+    Batch(Buffer),
+    Message(u8, Vec<u8>),
+}
+
 /// Sends one request and reads one answer.
-fn exchange(w: &mut Worker, request: &[u8]) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    head[0] = b'B';
-    head[1..].copy_from_slice(&(request.len() as u64).to_le_bytes());
-    w.stdin.write_all(&head)?;
-    w.stdin.write_all(request)?;
+fn exchange(w: &mut Worker, batch: &RecordBatch) -> std::io::Result<Answered> {
+    let len = w.request.write(batch)?;
+    // An answer area still read by the daemon (its arrays not yet made tensors) is not written
+    // over: with both in use, the answer comes through the pipe.
+    let area = (w.answers.iter()).position(Answer::is_free);
+    let mut message = [0u8; 18];
+    message[0] = b'S';
+    message[1..9].copy_from_slice(&9u64.to_le_bytes());
+    message[9..17].copy_from_slice(&(len as u64).to_le_bytes());
+    message[17] = area.map_or(u8::MAX, |a| a as u8);
+    w.stdin.write_all(&message)?;
     w.stdin.flush()?;
-    read_message(&mut w.stdout)
+    let (kind, body) = read_message(&mut w.stdout)?;
+    match (kind, area) {
+        (b'B', _) => Ok(Answered::Batch(Buffer::from_vec(body))),
+        (b'A', Some(a)) => {
+            let len = match <[u8; 8]>::try_from(body.as_slice()) {
+                Ok(len) => u64::from_le_bytes(len),
+                Err(_) => {
+                    return Err(std::io::Error::other(
+                        "an answer's length of other than 8 bytes",
+                    ));
+                }
+            };
+            w.answers[a].read(len).map(Answered::Batch)
+        }
+        _ => Ok(Answered::Message(kind, body)),
+    }
+}
+
+/// A memory file shared with a worker, as its `File`.
+fn shared_file(name: &std::ffi::CStr) -> std::io::Result<File> {
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; the descriptor returned is
+    // owned by the File.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened, and nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The size an area starts at: pages are taken only as they are written.
+const AREA_START: u64 = 1 << 20;
+
+/// The daemon's side of the request area: a row group written as an IPC stream.
+struct Request {
+    file: File,
+    map: MmapMut,
+}
+
+impl Request {
+    fn new() -> std::io::Result<Request> {
+        let file = shared_file(c"tensorfs-request")?;
+        file.set_len(AREA_START)?;
+        // SAFETY: the file is this process's memory file, which only grows (the worker reads it).
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        Ok(Request { file, map })
+    }
+
+    /// Writes `batch` at the area's start, grown as it must be, and says how many bytes.
+    fn write(&mut self, batch: &RecordBatch) -> std::io::Result<usize> {
+        let mut at = Cursor {
+            request: self,
+            len: 0,
+        };
+        let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut at, &batch.schema())
+            .map_err(std::io::Error::other)?;
+        writer.write(batch).map_err(std::io::Error::other)?;
+        writer.finish().map_err(std::io::Error::other)?;
+        drop(writer);
+        Ok(at.len)
+    }
+}
+
+/// Writes into the request area from its start.
+struct Cursor<'a> {
+    request: &'a mut Request,
+    len: usize,
+}
+
+impl Write for Cursor<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.len + buf.len();
+        let r = &mut *self.request;
+        if end > r.map.len() {
+            // Grown by doubling: the bytes written stay in the file and show in the new map.
+            let size = (end as u64).max(2 * r.map.len() as u64);
+            r.file.set_len(size)?;
+            // SAFETY: as in Request::new.
+            r.map = unsafe { MmapMut::map_mut(&r.file)? };
+        }
+        r.map[self.len..end].copy_from_slice(buf);
+        self.len = end;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The daemon's side of an answer area: the worker writes an IPC stream at its start (growing
+/// the file as it must); the arrays decoded from it are the map's own memory, each holding the
+/// map, so the area is free again once the last of them is dropped.
+struct Answer {
+    file: File,
+    map: Arc<Mmap>,
+}
+
+impl Answer {
+    fn new() -> std::io::Result<Answer> {
+        let file = shared_file(c"tensorfs-answer")?;
+        file.set_len(AREA_START)?;
+        // SAFETY: the worker writes the file only while no array of the daemon's is in it (see
+        // `read`), and never shrinks it.
+        let map = Arc::new(unsafe { Mmap::map(&file)? });
+        Ok(Answer { file, map })
+    }
+
+    fn is_free(&self) -> bool {
+        Arc::strong_count(&self.map) == 1
+    }
+
+    /// The first `len` bytes the worker wrote, as a buffer holding the map.
+    fn read(&mut self, len: u64) -> std::io::Result<Buffer> {
+        if len > self.map.len() as u64 {
+            // SAFETY: as in Answer::new; the old map is free (the worker was asked to write).
+            self.map = Arc::new(unsafe { Mmap::map(&self.file)? });
+        }
+        if len > self.map.len() as u64 || len == 0 {
+            return Err(std::io::Error::other(format!(
+                "an answer of {len} bytes in an area of {}",
+                self.map.len()
+            )));
+        }
+        let start = NonNull::new(self.map.as_ptr() as *mut u8).expect("a map is never null");
+        // SAFETY: the map's first `len` bytes are mapped (checked above) and stay so while the
+        // buffer holds the map; nothing writes them until the buffer is dropped (`is_free`).
+        Ok(unsafe { Buffer::from_custom_allocation(start, len as usize, self.map.clone()) })
+    }
 }
 
 /// The largest answer taken: a row group's output of more is a function gone wrong.
@@ -305,22 +476,10 @@ fn read_message(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
     Ok((head[0], body))
 }
 
-/// One record batch as an Arrow IPC stream.
-fn encode(batch: &RecordBatch) -> Result<Vec<u8>> {
-    // About the stream's size, so that it is written once, not copied as it grows.
-    let mut out = Vec::with_capacity(batch.get_array_memory_size() + (64 << 10));
-    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())?;
-    writer.write(batch)?;
-    writer.finish()?;
-    drop(writer);
-    Ok(out)
-}
-
-/// The first record batch of an Arrow IPC stream, its arrays in `bytes` themselves (a buffer
+/// The first record batch of an Arrow IPC stream, its arrays in `stream` itself (a buffer
 /// out of alignment for its type is copied): a reader over the bytes copied every array into
 /// memory of its own, zeroed first.
-fn decode(bytes: Vec<u8>) -> Result<RecordBatch> {
-    let mut stream = arrow::buffer::Buffer::from_vec(bytes);
+fn decode(mut stream: Buffer) -> Result<RecordBatch> {
     let mut decoder = arrow::ipc::reader::StreamDecoder::new();
     let mut first = None;
     while !stream.is_empty() {
@@ -436,12 +595,11 @@ impl Applied {
     ) -> Result<Applied> {
         let target = udf.spec.target.clone();
         let slots = [0, 1.min(udf.slots.len() - 1)];
-        let request = encode(&batch)?;
         let mut outputs = Vec::new();
         for slot in slots {
             // A blocking exchange with a worker process (the caller's thread may block).
             let out = udf
-                .call_on(slot, &request)
+                .call_on(slot, &batch)
                 .map_err(|e| anyhow!("transform={target} on the first row group ({at}): {e}"))?;
             outputs.push(out);
         }
@@ -505,5 +663,84 @@ impl Applied {
             );
         }
         Ok(out.project(roots)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Float64Array, Int64Array, StringArray};
+    use std::os::unix::fs::FileExt;
+
+    /// Rows enough that their IPC stream passes an area's first size.
+    fn batch(rows: i64) -> RecordBatch {
+        RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from_iter_values(0..rows)) as _),
+            (
+                "x",
+                Arc::new(Float64Array::from_iter_values(
+                    (0..rows).map(|i| i as f64 / 3.0),
+                )) as _,
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("row {i}")),
+                )) as _,
+            ),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn a_request_grows_its_area_and_is_read_back_whole() {
+        let mut request = Request::new().unwrap();
+        for rows in [10, 200_000, 50] {
+            let b = batch(rows);
+            let len = request.write(&b).unwrap();
+            assert!(request.map.len() >= len);
+            // What the worker reads: the file's bytes, not the daemon's map.
+            let mut bytes = vec![0u8; len];
+            request.file.read_exact_at(&mut bytes, 0).unwrap();
+            assert_eq!(decode(Buffer::from_vec(bytes)).unwrap(), b);
+        }
+        assert!(
+            request.map.len() as u64 > AREA_START,
+            "grown for 200,000 rows"
+        );
+    }
+
+    #[test]
+    fn an_answer_area_is_held_while_its_arrays_live_and_grows_as_the_worker_grew_it() {
+        let mut answer = Answer::new().unwrap();
+        assert!(answer.is_free());
+        for rows in [200_000, 10] {
+            let b = batch(rows);
+            let mut stream = Vec::new();
+            let mut w =
+                arrow::ipc::writer::StreamWriter::try_new(&mut stream, &b.schema()).unwrap();
+            w.write(&b).unwrap();
+            w.finish().unwrap();
+            drop(w);
+            // The worker's side: the file grown where it is too small, the stream at its start.
+            if answer.file.metadata().unwrap().len() < stream.len() as u64 {
+                answer.file.set_len(stream.len() as u64).unwrap();
+            }
+            answer.file.write_all_at(&stream, 0).unwrap();
+            let got = decode(answer.read(stream.len() as u64).unwrap()).unwrap();
+            assert!(!answer.is_free(), "the decoded arrays hold the area");
+            let x = got.column(1).clone();
+            drop(got);
+            assert!(!answer.is_free(), "one array left holds it still");
+            assert_eq!(x.as_ref(), b.column(1).as_ref());
+            drop(x);
+            assert!(answer.is_free());
+        }
+        assert!(answer.read(0).is_err(), "an empty answer");
+        let beyond = answer.file.metadata().unwrap().len() + 1;
+        assert!(
+            answer.read(beyond).is_err(),
+            "an answer past the file's end"
+        );
     }
 }

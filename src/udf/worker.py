@@ -8,12 +8,20 @@ pyarrow.RecordBatch, or a Petastorm TransformSpec (its func takes a pandas DataF
 The protocol, on the descriptors the daemon gave as stdin and stdout (the function's own prints
 go to stderr, the daemon's log): messages of one kind byte, an 8-byte little-endian length and
 that many bytes. The worker first sends R (ready) with a JSON object, or E with why it cannot
-load the function. Then, for each B (an Arrow IPC stream of one record batch: source rows), it
-answers B (an IPC stream of one record batch: the rows the function returned) or E (one line:
-the exception's type, message and where it was raised), and goes on.
+load the function. Then, for each S, it reads the request and answers. The rows themselves are
+in memory files shared with the daemon, whose descriptors TENSORFS_SHARED_FDS names: the request
+area, then two answer areas. S's body is the request's length (8 bytes, little-endian: an Arrow
+IPC stream of one record batch, source rows, at the request area's start) and the answer area
+to write (one byte: 0 or 1; 255 for none). The worker answers A (8 bytes: the length of the IPC
+stream of the rows the function returned, written at that area's start, the file grown first
+where it is too small, never shrunk), B (that stream itself, where no area was given or it
+cannot be written), or E (one line: the exception's type, message and where it was raised), and
+goes on. The daemon writes the request area only while the worker is idle, and names an answer
+area only once it reads nothing from it any more.
 """
 
 import json
+import mmap
 import os
 import struct
 import sys
@@ -42,6 +50,58 @@ def receive():
     if len(body) < n:
         return None, None
     return head[:1], body
+
+
+class Area:
+    """One memory file shared with the daemon, mapped at its size (mapped again once it grows)."""
+
+    def __init__(self, fd: int, writable: bool):
+        self.fd, self.writable, self.map = fd, writable, None
+        # The function's own subprocesses have no use for it.
+        os.set_inheritable(fd, False)
+
+    def at_least(self, n: int):
+        """The area mapped over at least N bytes, the file grown to N first where it is writable."""
+        if self.map is None or len(self.map) < n:
+            size = os.fstat(self.fd).st_size
+            if size < n:
+                if not self.writable:
+                    raise ValueError(f"a request of {n} bytes in an area of {size}")
+                os.ftruncate(self.fd, n)
+                size = n
+            # The old map is not closed: arrays of an earlier call may still be over it, and it
+            # goes with them.
+            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+            self.map = mmap.mmap(self.fd, size, access=access)
+        return self.map
+
+
+def areas() -> tuple:
+    fds = [int(fd) for fd in os.environ.pop("TENSORFS_SHARED_FDS").split(",")]
+    return Area(fds[0], writable=False), [Area(fd, writable=True) for fd in fds[1:]]
+
+
+def answer(result, pa, area) -> None:
+    """RESULT sent as an IPC stream: written into AREA and its length sent (A), or through the
+    pipe (B) where there is no area or it cannot take the stream."""
+    if area is not None:
+        try:
+            sized = pa.MockOutputStream()
+            with pa.ipc.new_stream(sized, result.schema) as writer:
+                writer.write_batch(result)
+            n = sized.size()
+            out = pa.FixedSizeBufferWriter(pa.py_buffer(area.at_least(n)))
+            with pa.ipc.new_stream(out, result.schema) as writer:
+                writer.write_batch(result)
+            if out.tell() == n:
+                send(b"A", struct.pack("<Q", n))
+                return
+        except (OSError, ValueError, pa.ArrowException):  # the area cannot grow: the pipe
+            pass
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, result.schema) as writer:
+        writer.write_batch(result)
+    send(b"B", memoryview(sink.getvalue()))  # the stream's bytes, not a copy of them
 
 
 def where(exc: BaseException) -> str:
@@ -168,6 +228,7 @@ def as_batch(out, pa, np, columns=None):
 
 def main() -> None:
     spec, path = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
+    request, answers = areas()
     try:
         import numpy as np
         import pyarrow as pa
@@ -186,7 +247,13 @@ def main() -> None:
         if kind is None:
             return
         try:
-            batch = pa.ipc.open_stream(pa.py_buffer(body)).read_next_batch()
+            if kind != b"S" or len(body) != 9:
+                raise ValueError(f"the daemon sent an unknown message {kind!r}")
+            n, k = struct.unpack("<QB", body)
+            area = answers[k] if k < len(answers) else None
+            # The request's arrays are the shared memory itself, not a copy of it.
+            stream = pa.py_buffer(request.at_least(n)).slice(0, n)
+            batch = pa.ipc.open_stream(stream).read_next_batch()
             if petastorm:
                 # A block per column: the same frame to the function, without pandas copying the
                 # columns into 2-D blocks by dtype first (a quarter of the conversion's time).
@@ -203,10 +270,7 @@ def main() -> None:
             if result.num_rows != batch.num_rows:
                 raise ValueError(f"the transform returned {result.num_rows} rows for {batch.num_rows}: "
                                  "it must return one row for each row it is given, in order")
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, result.schema) as writer:
-                writer.write_batch(result)
-            send(b"B", memoryview(sink.getvalue()))  # the stream's bytes, not a copy of them
+            answer(result, pa, area)
         except BaseException as e:  # noqa: BLE001 - reported for this row group, the worker goes on
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise

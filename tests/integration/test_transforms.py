@@ -285,6 +285,99 @@ def test_an_exception_later_fails_only_the_reads_that_need_its_row_group(mounter
     assert tfs.read_exact(m.p("epoch-0", batch_name(0) + ".safetensors"))
 
 
+def test_row_groups_past_the_shared_areas_first_size_are_transformed_whole(mounter, tmp_path):
+    """Row groups of 90,000 rows go to the worker and back through memory shared with it, past
+    the 1 MiB each area starts at: the request (2.2 MB) and the answer (wider than the request:
+    a [B, 4] feature, 3.2 MB) grow their areas, and with one worker its two answer areas
+    alternate (or the pipe carries an answer while both are still read). Every row of three
+    shuffled epochs is the function's output for its source row."""
+    rows_per_group, groups = 90_000, 4
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = np.arange(rows_per_group * groups, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": ids.astype(np.float64) / 7, "label": (ids % 5).astype(np.int64)}),
+                   data / "part-0.parquet", row_group_size=rows_per_group)
+    fn = tmp_path / "wide.py"
+    fn.write_text(textwrap.dedent("""
+        import numpy as np
+
+        def transform(batch):
+            ids = batch.column("id").to_numpy()
+            x = batch.column("x").to_numpy()
+            feat = np.stack([x, x * 2, x + ids, -x], axis=1).astype(np.float64)
+            return {"id": ids, "feat": feat}
+    """))
+    os.chmod(fn, 0o644)
+    m = mounter(data, f"transform={fn}:transform", PY, "batch_size=8192", "epochs=3", "transform_workers=1")
+    x = ids.astype(np.float64) / 7
+    want = np.stack([x, x * 2, x + ids, -x], axis=1)
+    n = m.dataset()["batches_per_epoch"]
+    for e in range(3):
+        seen = []
+        for i in range(n):
+            b = tfs.load_safetensors(m.p(f"epoch-{e}", batch_name(i) + ".safetensors"))
+            tfs.assert_array(b["feat"], want[b["id"]], f"epoch {e} batch {i} feat")
+            seen.append(b["id"])
+        assert np.array_equal(np.sort(np.concatenate(seen)), ids), f"epoch {e}"
+
+
+def test_the_worker_answers_in_the_area_named_and_through_the_pipe_where_none_is(cities_ds, tmp_path):
+    """The worker's side of the exchange, driven as the daemon drives it: each request in the
+    request area, the answer written into the area named (grown from nothing: the area's file
+    is made longer, never shorter) or, given none, sent through the pipe; the same output
+    either way."""
+    import struct
+
+    fn = write_transform(tmp_path / "features.py", tmp_path / "calls.log")
+    areas = [os.memfd_create(name) for name in ("request", "answer-0", "answer-1")]
+    worker = (tfs.REPO / "src" / "udf" / "worker.py").read_text()
+    env = dict(os.environ, TENSORFS_SHARED_FDS=",".join(map(str, areas)))
+    proc = subprocess.Popen([sys.executable, "-c", worker, f"{fn}:transform"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, pass_fds=areas)
+
+    def message():
+        head = proc.stdout.read(9)
+        (n,) = struct.unpack("<Q", head[1:])
+        return head[:1], proc.stdout.read(n)
+
+    try:
+        kind, hello = message()
+        assert kind == b"R", hello
+        want = reference()
+        source = pq.read_table(cities_ds / "part-0.parquet")
+        for rows, area in [(RG, 1), (RG * 2, 255), (RG * 4, 0), (RG, 1)]:
+            sink = pa.BufferOutputStream()
+            request = source.slice(0, rows).combine_chunks().to_batches()[0]
+            with pa.ipc.new_stream(sink, request.schema) as w:
+                w.write_batch(request)
+            stream = sink.getvalue().to_pybytes()
+            if os.fstat(areas[0]).st_size < len(stream):
+                os.ftruncate(areas[0], len(stream))
+            os.pwrite(areas[0], stream, 0)
+            proc.stdin.write(b"S" + struct.pack("<Q", 9) + struct.pack("<QB", len(stream), area))
+            proc.stdin.flush()
+            kind, body = message()
+            if area == 255:
+                assert kind == b"B", body
+                out = body
+            else:
+                assert kind == b"A", body
+                (n,) = struct.unpack("<Q", body)
+                assert os.fstat(areas[1 + area]).st_size >= n
+                out = os.pread(areas[1 + area], n, 0)
+            got = pa.ipc.open_stream(pa.py_buffer(out)).read_next_batch()
+            ids = got.column("id").to_numpy()
+            assert np.array_equal(ids, np.arange(rows))
+            assert np.array_equal(got.column("city").to_numpy(), want["city"][ids])
+            assert np.array_equal(got.column("x").to_numpy(), want["x"][ids])
+        assert os.fstat(areas[1]).st_size > 0 and os.fstat(areas[2]).st_size > 0
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        for fd in areas:
+            os.close(fd)
+
+
 def test_a_worker_that_dies_is_replaced(mounter, cities_ds, tmp_path):
     """A row group whose call kills its worker (os._exit) fails its reads; the pool replaces the
     worker and every other row group is served."""
