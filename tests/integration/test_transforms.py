@@ -286,12 +286,13 @@ def test_an_exception_later_fails_only_the_reads_that_need_its_row_group(mounter
 
 
 def test_row_groups_past_the_shared_areas_first_size_are_transformed_whole(mounter, tmp_path):
-    """Row groups of 90,000 rows go to the worker and back through memory shared with it, past
-    the 1 MiB each area starts at: the request (2.2 MB) and the answer (wider than the request:
-    a [B, 4] feature, 3.2 MB) grow their areas, and with one worker its two answer areas
-    alternate (or the pipe carries an answer while both are still read). Every row of three
-    shuffled epochs is the function's output for its source row."""
-    rows_per_group, groups = 90_000, 4
+    """Row groups of 450,000 rows go to the worker and back through memory shared with it, past
+    the 1 MiB each area starts at: the request (10.8 MB) and the answer (wider than the request:
+    a [B, 4] feature, 18 MB, past the 16 MiB whose pages an area keeps, so they are given back
+    after each call) grow their areas, and with one worker its two answer areas alternate (or
+    the pipe carries an answer while both are still read). Every row of three shuffled epochs
+    is the function's output for its source row."""
+    rows_per_group, groups = 450_000, 3
     data = tmp_path / "data"
     data.mkdir()
     ids = np.arange(rows_per_group * groups, dtype=np.int64)
