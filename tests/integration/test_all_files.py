@@ -147,6 +147,34 @@ def test_a_cold_reader_of_all_files_finds_the_rows_ahead_of_it_in_the_page_cache
     assert np.array_equal(np.sort(np.frombuffer(b"".join(got["id"]), np.int64)), ids)
 
 
+def test_rows_stored_ahead_of_a_reader_of_all_files_are_held_apart_and_few(mounter, tmp_path):
+    """The rows gathered only to be stored in the page cache of the all/ files a cold reader
+    reads (memory-mapped, as tensorfs.numpy does) are held apart from the tensors gathered for
+    reads, a few times what a reader stores ahead: with memory_limit=256M, 8 MiB. Held
+    with the rest, every tensor stored stayed in memory until that memo's share (16 MiB here)
+    was full, each in memory fresh from the kernel, a second copy of what the page cache
+    holds."""
+    rows, bs = 64 * 1024, 1024  # 264-byte rows: 17.3 MB an epoch
+    ids = np.arange(rows, dtype=np.int64)
+    v = np.repeat(ids.astype(np.float32)[:, None], 64, axis=1)
+    table = pa.table({"id": ids, "v": tfs.fsl(v.ravel(), 64)})
+    tfs.write_dataset(tmp_path / "data", [("part-0.parquet", table)], 8192)
+    m = mounter(tmp_path / "data", f"batch_size={bs}", "memory_limit=256M", "prefetch=8")
+    maps = {t: np.load(m.p("epoch-0", "all", f"{t}.npy"), mmap_mode="r") for t in ("id", "v")}
+    got = {t: [np.array(a[i : i + bs]) for i in range(0, rows, bs)] for t, a in maps.items()}
+    del maps
+    st = tfs.idle(m)
+    assert st["rows_stored"] >= rows // bs, st
+    # The stored rows' 8 MiB, and the few gathered for the reader's own reads (its first
+    # batches, before the prefetcher saw it; the tripwire pages): 17 MB before.
+    assert st["memory_bytes"] <= 12 << 20, st
+    for i in (0, 17, rows // bs - 1):
+        b = tfs.load_safetensors(m.p("epoch-0", batch_name(i) + ".safetensors"))
+        assert np.array_equal(got["id"][i], b["id"]), f"batch {i} id"
+        assert np.array_equal(got["v"][i], b["v"]), f"batch {i} v"
+    assert np.array_equal(np.sort(np.concatenate(got["id"])), ids)
+
+
 def test_every_all_file_a_cold_reader_reads_in_step_is_built_ahead_for_the_next_epoch(mounter, tmp_path):
     """A reader of several all/NAME.npy files, batch by batch, in a cold epoch: past the middle
     its reads of every tensor but one come from the page cache (the rows stored ahead), yet the

@@ -22,6 +22,7 @@ use crate::read::follow::page_cache::{
     Filler, PageCache, RowStores, RowsToStore, TRIPWIRE_PAGE, ToStore,
 };
 use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
+use crate::read::produce::budget::ROWS_AHEAD_BYTES;
 use crate::read::produce::builder::Builder;
 use crate::read::produce::materialize::Materializer;
 use crate::read::produce::pool::Lane;
@@ -409,7 +410,7 @@ impl Prefetcher {
         let scheduled = self.scheduled.clone();
         Stats::add(&self.stats.c.prefetch_scheduled, 1);
         self.spawn_counted(async move {
-            match builder.tensor(b, t).await {
+            match builder.tensor_to_store(b, t).await {
                 Ok(_) => store(&builder),
                 Err(e) => tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e)),
             }
@@ -578,12 +579,6 @@ fn store_rows(
         });
     }
 }
-
-/// The bytes of every tensor's rows a reader of one-open files has gathered and stored ahead of
-/// it, at least: each of its tripwires (one every half the depth) costs it a round trip to the
-/// daemon, about 125 us on the VM measured, and at `prefetch=8` batches of 80-byte rows that
-/// was one every 330 KB read, 1-2% of a cold epoch at half the cold rate.
-const ROWS_AHEAD_BYTES: u64 = 8 << 20;
 
 /// The batches ahead of a reader of one-open files gathered and stored: `depth`
 /// (`prefetch=`), or more where that holds less than [`ROWS_AHEAD_BYTES`] of batches of

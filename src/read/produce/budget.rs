@@ -2,8 +2,9 @@
 //! good (its footers and dataset.json, refused past half of it), is the buffers' budget. Half of
 //! it holds decoded row groups; built batches and single tensors (for one-open readers) each
 //! take an eighth of the other half, or up to three eighths where their largest value needs it
-//! (that value and those built ahead of it), batches built only to be stored in the page cache
-//! taking their part of the batches' share; gather picks a sixty-fourth of it.
+//! (that value and those built ahead of it), batches (and single tensors) built only to be
+//! stored in the page cache taking their part of the batches' (and tensors') share; gather picks
+//! a sixty-fourth of it.
 //!
 //! Each memo evicts past its share, so together they never hold more than 0.89 of the budget;
 //! the rest is room for values still in use after a memo let them go (a batch being written, a
@@ -28,6 +29,10 @@ pub(crate) struct Budget {
     pub(crate) stored: usize,
     /// Single tensors of batches.
     pub(crate) tensors: usize,
+    /// Single tensors gathered only to be stored in the page cache of the one-open files, held
+    /// while their reader may yet read a page of them from the daemon: part of the tensors'
+    /// share.
+    pub(crate) stored_tensors: usize,
     /// Gather picks (which rows of which row groups a batch takes).
     pub(crate) picks: usize,
 }
@@ -44,11 +49,15 @@ impl Budget {
         let half = buffers / 2;
         let batches = memo_bytes(half, largest_batch, prefetch);
         let stored = stored_bytes(largest_batch, prefetch).min(batches as u64 / 2) as usize;
+        let tensors = memo_bytes(half, largest_tensor, prefetch);
+        let stored_tensors =
+            stored_rows_bytes(largest_batch, prefetch).min(tensors as u64 / 2) as usize;
         Budget {
             decoded: half as usize,
             batches: batches - stored,
             stored,
-            tensors: memo_bytes(half, largest_tensor, prefetch),
+            tensors: tensors - stored_tensors,
+            stored_tensors,
             picks: (half / 64) as usize,
         }
     }
@@ -56,7 +65,12 @@ impl Budget {
     /// The most the memos hold together.
     #[cfg(test)]
     fn total(&self) -> u64 {
-        (self.decoded + self.batches + self.stored + self.tensors + self.picks) as u64
+        (self.decoded
+            + self.batches
+            + self.stored
+            + self.tensors
+            + self.stored_tensors
+            + self.picks) as u64
     }
 }
 
@@ -75,6 +89,24 @@ fn stored_bytes(largest_batch: u64, prefetch: u64) -> u64 {
 
 /// See [`stored_bytes`].
 const STORED_AT_LEAST: u64 = 8 << 20;
+
+/// The bytes of every tensor's rows a reader of one-open files has gathered and stored ahead of
+/// it, at least: each of its tripwires (one every half the depth) costs it a round trip to the
+/// daemon, about 125 us on the VM measured, and at `prefetch=8` batches of 80-byte rows that
+/// was one every 330 KB read, 1-2% of a cold epoch at half the cold rate.
+pub(crate) const ROWS_AHEAD_BYTES: u64 = 8 << 20;
+
+/// The bytes of single tensors gathered only to be stored in the page cache of one-open files
+/// held: what four readers of every tensor store ahead ([`ROWS_AHEAD_BYTES`], or `prefetch`
+/// batches of at most `largest_batch` bytes where more, and the two about them). Held with the
+/// tensors built for reads, every tensor stored stayed in memory until that memo's share was
+/// full, each in memory fresh from the kernel: a cold epoch of 80-byte rows took a third more
+/// page faults.
+fn stored_rows_bytes(largest_batch: u64, prefetch: u64) -> u64 {
+    (ROWS_AHEAD_BYTES.max(prefetch.saturating_mul(largest_batch)))
+        .saturating_add(largest_batch.saturating_mul(2))
+        .saturating_mul(4)
+}
 
 /// The bytes a memo of built batches (or of single tensors) may hold, of `half` the buffers:
 /// an eighth, or more where its largest value is large (up to three eighths), so that it holds
@@ -102,6 +134,7 @@ mod tests {
                         "{b:?} of {buffers}"
                     );
                     assert!((b.batches + b.stored) as u64 >= buffers / 16);
+                    assert!((b.tensors + b.stored_tensors) as u64 >= buffers / 16);
                     assert!(b.batches as u64 >= buffers / 32 && b.decoded as u64 == buffers / 2);
                 }
             }
@@ -110,10 +143,17 @@ mod tests {
         let b = Budget::split(1 << 30, 10 << 20, 1 << 20, 8);
         assert_eq!(b.batches + b.stored, 100 << 20);
         assert_eq!(b.stored, 50 << 20);
-        assert_eq!(b.tensors, 64 << 20);
-        // Small batches: what four readers store ahead, at least 8 MiB.
+        // Tensors stored ahead of readers of one-open files: at most half the tensors' share.
+        assert_eq!((b.tensors, b.stored_tensors), (32 << 20, 32 << 20));
+        // Small batches: what four readers store ahead, at least 8 MiB (batches) and 8 MiB of
+        // every tensor's rows and two batches more (tensors).
         let b = Budget::split(2 << 30, 56 << 10, 8 << 10, 8);
         assert_eq!((b.batches, b.stored), (120 << 20, 8 << 20));
+        let stored_tensors = 4 * ((8 << 20) + 2 * (56 << 10));
+        assert_eq!(
+            (b.tensors, b.stored_tensors),
+            ((128 << 20) - stored_tensors, stored_tensors)
+        );
     }
 
     #[test]

@@ -264,6 +264,9 @@ pub(crate) struct Builder {
     /// Batches built only to be stored in the page cache (see [`Builder::batch_here`]): held
     /// apart from `batches`, a few times what a reader stores ahead ([`Budget`]).
     stored: Memo<BatchRef, Batch>,
+    /// Single tensors gathered only to be stored in the page cache of one-open files (see
+    /// [`Builder::tensor_to_store`]), held apart from `tensors` as `stored` is from `batches`.
+    stored_tensors: Memo<(BatchRef, usize), TensorRows>,
     /// Whether decoded row groups are kept in the local cache where epochs repeat
     /// (`shuffle=none`), whose batch files are otherwise all that is kept: from the first gather
     /// for the one-open files on, for which no batch file is written, so that the columns are
@@ -361,6 +364,7 @@ impl Builder {
             tensors: Memo::new(budget.tensors),
             picks: Memo::new(budget.picks),
             stored: Memo::new(budget.stored),
+            stored_tensors: Memo::new(budget.stored_tensors),
             keep_repeated_columns: AtomicBool::new(false),
             blocks_asked: Mutex::default(),
             npy_read: Mutex::default(),
@@ -401,18 +405,37 @@ impl Builder {
     /// Tensor `t` of batch `b`: from the batch where it is in memory, else its rows alone,
     /// gathered on first use.
     pub(crate) async fn tensor(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
+        self.tensor_into(&self.tensors, b, t).await
+    }
+
+    /// As [`Builder::tensor`], for rows gathered only to be stored in the page cache of the
+    /// one-open file their reader reads, whence it reads them: held apart from those gathered
+    /// for reads, while the reader may yet read a page of them from the daemon (a tripwire, or
+    /// one the kernel dropped). Held with the rest, every tensor stored stayed in memory until
+    /// that memo's share was full, each in memory fresh from the kernel, a second copy of what
+    /// the page cache holds.
+    pub(crate) async fn tensor_to_store(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
+        self.tensor_into(&self.stored_tensors, b, t).await
+    }
+
+    /// [`Builder::tensor`], the rows gathered into `memo` where none holds them.
+    async fn tensor_into(
+        &self,
+        memo: &Memo<(BatchRef, usize), TensorRows>,
+        b: BatchRef,
+        t: usize,
+    ) -> Result<TensorOf> {
         self.keep_repeated_columns.store(true, Ordering::Relaxed);
-        if let Some(batch) = self.batch_at_hand(b) {
-            return Ok(TensorOf::Batch(batch, t));
+        if let Some(tensor) = self.tensor_at_hand(b, t) {
+            return Ok(tensor);
         }
-        let rows = self
-            .tensors
+        let rows = memo
             .get_or_build((b, t), async {
                 // The other tensors readers of `all/NAME.npy` files read now are read of this
                 // batch next: gathered in the same job, each row located once for all of them.
                 // Apart, each was a job of its own (16 tensors of 80-byte rows: 16 hand-offs a
                 // batch, most of a cold epoch's time).
-                let others = (self.tensors).claim(self.read_with(t).into_iter().map(|u| (b, u)));
+                let others = memo.claim(self.read_with(t).into_iter().map(|u| (b, u)));
                 let wanted: Vec<usize> = std::iter::once(t)
                     .chain(others.keys().iter().map(|&(_, u)| u))
                     .collect();
@@ -465,12 +488,20 @@ impl Builder {
         if let Some(batch) = self.batch_at_hand(b) {
             return Some(TensorOf::Batch(batch, t));
         }
-        self.tensors.get(&(b, t)).map(TensorOf::Alone)
+        let alone = self.tensors.get(&(b, t));
+        alone
+            .or_else(|| self.stored_tensors.get(&(b, t)))
+            .map(TensorOf::Alone)
     }
 
     /// Whether tensor `t` of batch `b` is in memory, alone or in its batch.
     pub(crate) fn has_tensor(&self, b: BatchRef, t: usize) -> bool {
-        self.has_batch(b) || self.tensors.contains(&(b, t))
+        self.has_batch(b) || self.holds_alone(b, t)
+    }
+
+    /// Whether tensor `t` of batch `b` is in memory alone.
+    fn holds_alone(&self, b: BatchRef, t: usize) -> bool {
+        self.tensors.contains(&(b, t)) || self.stored_tensors.contains(&(b, t))
     }
 
     /// Whether every row group batch `b` draws from is decoded in memory or in the local cache:
@@ -483,7 +514,7 @@ impl Builder {
 
     /// Whether batch `b`, or any of its tensors alone, is held in memory.
     pub(crate) fn holds_any_of(&self, b: BatchRef) -> bool {
-        (0..self.view.tensors.len()).any(|t| self.has_tensor(b, t))
+        self.has_batch(b) || (0..self.view.tensors.len()).any(|t| self.holds_alone(b, t))
     }
 
     /// Batch `b` built on the calling thread (a worker's), where every row group it draws from
@@ -918,6 +949,7 @@ impl Builder {
             + self.batches.bytes()
             + self.stored.bytes()
             + self.tensors.bytes()
+            + self.stored_tensors.bytes()
             + self.picks.bytes()
     }
 }
