@@ -23,7 +23,7 @@ use crate::read::follow::page_cache::{
 };
 use crate::read::layout::{ALL, ALL_SAFETENSORS, Layout, dir_name};
 use crate::read::produce::budget::ROWS_AHEAD_BYTES;
-use crate::read::produce::builder::Builder;
+use crate::read::produce::builder::{Builder, Here};
 use crate::read::produce::materialize::Materializer;
 use crate::read::produce::pool::Lane;
 use crate::read::readers::{Event, Readers, What};
@@ -227,18 +227,18 @@ impl Prefetcher {
         if to_disk && self.filler.on() && !self.filler.tripwires() {
             return self.store_files(files, kinds, last);
         }
+        if !to_disk {
+            if let What::Rows { t, file, .. } = what {
+                self.build_tensors(files, t, file, last);
+            }
+            return;
+        }
         let mut next = Vec::new();
         for &(d, j) in files {
             if d.global(j).0 >= last {
                 break;
             }
             let b = self.plan().batch_in(d, j);
-            if !to_disk {
-                if let What::Rows { t, file, .. } = what {
-                    self.build_tensor(b, t, (d, j, file));
-                }
-                continue;
-            }
             for &kind in kinds {
                 if self.filler.tripwires() {
                     self.fill(d, j, kind, stored_from(j, self.depth / 2));
@@ -378,44 +378,107 @@ impl Prefetcher {
         });
     }
 
-    /// Gathers tensor `t` of batch `b` into memory, once however many readers want it, and
-    /// stores it in the page cache of the one-open file its reader reads (batch `j` of `dir`,
-    /// file `file`).
-    fn build_tensor(&self, b: BatchRef, t: usize, (dir, j, file): (Batches, u64, FileKind)) {
-        let builder = self.builder.clone();
+    /// For a reader of tensor `t` through one-open file `file`: gathers the tensor (and those
+    /// read with it) of each batch of `files` into memory, once however many readers want it,
+    /// and stores it in the page cache of the file, whence the reader reads it. A job on the
+    /// workers for every [`TENSOR_JOB_BATCHES`] batches, each gathered there while its row
+    /// groups are in memory (a block's, once decoded or mapped from the cache); the rest, from
+    /// the first that is not, each a job of its own that waits for its decode. A job a batch,
+    /// the hand-offs between threads (an async worker's, a worker's and back) took more CPU
+    /// than the gathers of small rows: 7 a batch of 12 tensors of 4 to 8 bytes.
+    fn build_tensors(&self, files: &[(Batches, u64)], t: usize, file: FileKind, last: u64) {
+        let builder = &self.builder;
         // The tensors read together are gathered in one job ([`Builder::tensor`]): the lowest's
         // .npy item stands for them all in the set of what is scheduled, so that each batch is
         // one job, not one a tensor (each of which found the others' gather under way).
         let lowest = builder.read_with(t).into_iter().fold(t, usize::min);
-        let item = Item::of(FileKind::Npy(lowest), b);
-        // A batch whose file is materialised is read from it: nothing to gather.
-        if self.on_disk(b) {
+        let store = self.rows_store(t, file);
+        let mut todo = Vec::new();
+        for &(d, j) in files {
+            if d.global(j).0 >= last {
+                break;
+            }
+            let b = self.plan().batch_in(d, j);
+            // A batch whose file is materialised is read from it: nothing to gather.
+            if self.on_disk(b) {
+                continue;
+            }
+            if builder.has_tensor(b, t) {
+                store(builder, d, j, b);
+                continue;
+            }
+            let item = Item::of(FileKind::Npy(lowest), b);
+            if self.scheduled.lock().unwrap().insert(item) {
+                todo.push((d, j, b, item));
+            }
+        }
+        if todo.is_empty() {
             return;
         }
-        let store = {
-            let (stores, layout) = (self.row_stores.clone(), self.layout.clone());
-            let every = (self.rows_depth / 2).max(1);
-            move |builder: &Builder| {
-                if let Some(stores) = stores.get() {
-                    store_rows(builder, &layout, stores, (dir, j, file), t, b, every);
+        Stats::add(&self.stats.c.prefetch_scheduled, todo.len() as u64);
+        for chunk in todo.chunks(TENSOR_JOB_BATCHES) {
+            self.gather_here_or_later(chunk.to_vec(), t, store.clone());
+        }
+    }
+
+    /// One job on the workers for the batches `todo` of [`Prefetcher::build_tensors`].
+    fn gather_here_or_later(
+        &self,
+        todo: Vec<(Batches, u64, BatchRef, Item)>,
+        t: usize,
+        store: impl Fn(&Builder, Batches, u64, BatchRef) + Clone + Send + Sync + 'static,
+    ) {
+        let (builder, scheduled) = (self.builder.clone(), self.scheduled.clone());
+        let (runtime, stats) = (self.runtime.clone(), self.stats.clone());
+        let pending = self.stats.pending();
+        self.builder.pool().ahead(Lane::Workers, move || {
+            let _pending = pending;
+            let mut left = Vec::new();
+            for (k, &(d, j, b, item)) in todo.iter().enumerate() {
+                match builder.tensor_here(b, t) {
+                    Here::Held => {
+                        store(&builder, d, j, b);
+                        scheduled.lock().unwrap().remove(&item);
+                    }
+                    Here::UnderWay => left.push((d, j, b, item)),
+                    Here::NotInMemory => {
+                        left.extend_from_slice(&todo[k..]);
+                        break;
+                    }
                 }
             }
-        };
-        if builder.has_tensor(b, t) {
-            return store(&builder);
-        }
-        if !self.scheduled.lock().unwrap().insert(item) {
-            return;
-        }
-        let scheduled = self.scheduled.clone();
-        Stats::add(&self.stats.c.prefetch_scheduled, 1);
-        self.spawn_counted(async move {
-            match builder.tensor_to_store(b, t).await {
-                Ok(_) => store(&builder),
-                Err(e) => tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e)),
+            for (d, j, b, item) in left {
+                let (builder, scheduled, store) =
+                    (builder.clone(), scheduled.clone(), store.clone());
+                let pending = stats.pending();
+                runtime.spawn(async move {
+                    match builder.tensor_to_store(b, t).await {
+                        Ok(_) => store(&builder, d, j, b),
+                        Err(e) => {
+                            tracing::warn!("prefetch of {b} tensor {t}: {}", crate::describe(&e))
+                        }
+                    }
+                    scheduled.lock().unwrap().remove(&item);
+                    drop(pending);
+                });
             }
-            scheduled.lock().unwrap().remove(&item);
         });
+    }
+
+    /// What stores tensor `t` (and those read with it) of batch `b`, batch `j` of `dir`, held
+    /// in memory, in the page cache of one-open file `file` ([`store_rows`]).
+    fn rows_store(
+        &self,
+        t: usize,
+        file: FileKind,
+    ) -> impl Fn(&Builder, Batches, u64, BatchRef) + Clone + Send + Sync + 'static {
+        let (stores, layout) = (self.row_stores.clone(), self.layout.clone());
+        let every = (self.rows_depth / 2).max(1);
+        move |builder: &Builder, dir: Batches, j: u64, b: BatchRef| {
+            if let Some(stores) = stores.get() {
+                store_rows(builder, &layout, stores, (dir, j, file), t, b, every);
+            }
+        }
     }
 
     /// Each batch between the files being built and the horizon has its row groups asked for
@@ -579,6 +642,11 @@ fn store_rows(
         });
     }
 }
+
+/// The most batches of one job gathering a tensor ahead of its reader
+/// ([`Prefetcher::build_tensors`]): enough that its hand-offs are few, few enough that the
+/// workers share the batches a reader needs next.
+const TENSOR_JOB_BATCHES: usize = 16;
 
 /// The batches ahead of a reader of one-open files gathered and stored: `depth`
 /// (`prefetch=`), or more where that holds less than [`ROWS_AHEAD_BYTES`] of batches of

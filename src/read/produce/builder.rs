@@ -174,6 +174,17 @@ impl Weighted for Picks {
     }
 }
 
+/// What [`Builder::tensor_here`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Here {
+    /// The tensor is held in memory now.
+    Held,
+    /// Another job is gathering it.
+    UnderWay,
+    /// A row group it draws from is not in memory (or changed under its mapping).
+    NotInMemory,
+}
+
 /// One tensor of a batch, gathered alone (for a reader of the one-open files, which read one
 /// tensor at a time).
 pub(crate) struct TensorRows(pub Vec<u8>);
@@ -416,6 +427,41 @@ impl Builder {
     /// the page cache holds.
     pub(crate) async fn tensor_to_store(&self, b: BatchRef, t: usize) -> Result<TensorOf> {
         self.tensor_into(&self.stored_tensors, b, t).await
+    }
+
+    /// As [`Builder::tensor_to_store`], on the calling thread (a worker's, which does not wait
+    /// for a decode), where every row group batch `b` draws from is in memory.
+    pub(crate) fn tensor_here(&self, b: BatchRef, t: usize) -> Here {
+        self.keep_repeated_columns.store(true, Ordering::Relaxed);
+        if self.has_tensor(b, t) {
+            return Here::Held;
+        }
+        let together = std::iter::once(t).chain(self.read_with(t));
+        let claimed = (self.stored_tensors).claim(together.map(|u| (b, u)));
+        if claimed.keys().first() != Some(&(b, t)) {
+            return Here::UnderWay;
+        }
+        // Its rows' places are wanted once, as the tensors are.
+        let picks = (self.picks.get(&b)).unwrap_or_else(|| Arc::new(self.picks_of(b)));
+        let Some(decoded) = (picks.row_groups.iter())
+            .map(|g| self.decoded.get(g))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Here::NotInMemory;
+        };
+        let wanted: Vec<usize> = claimed.keys().iter().map(|&(_, u)| u).collect();
+        let tensors = picks.gather(&self.placement, &decoded, &wanted, &self.stats);
+        if self.forget_changed(&picks, &decoded) {
+            return Here::NotInMemory;
+        }
+        Stats::add(&self.stats.c.tensors_gathered, wanted.len() as u64);
+        Stats::add(&self.stats.c.batches_built, 1);
+        claimed.end(
+            tensors
+                .into_iter()
+                .map(|rows| Some(Arc::new(TensorRows(rows)))),
+        );
+        Here::Held
     }
 
     /// [`Builder::tensor`], the rows gathered into `memo` where none holds them.

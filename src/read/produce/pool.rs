@@ -149,13 +149,23 @@ impl Pool {
     /// next, which must not wait for the decodes queued for the workers. `f` must not wait for
     /// a job of the serving thread, nor for a decode.
     pub(crate) fn serve(&self, f: impl FnOnce() + Send + 'static) {
+        self.ahead(Lane::Serving, f)
+    }
+
+    /// Runs `f` in `lane`, nobody waiting for it: work ahead of a reader. `f` must not wait for
+    /// a job of that lane (on the serving thread, nor for a decode).
+    pub(crate) fn ahead(&self, lane: Lane, f: impl FnOnce() + Send + 'static) {
         let job: Job = Box::new(move || {
             if let Err(panic) = crate::catch_panic(f) {
                 tracing::error!("a store ahead of its reader failed: {panic}");
             }
         });
+        let jobs = match lane {
+            Lane::Workers => &self.jobs,
+            Lane::Serving => &self.serving,
+        };
         // Sent only while the pool is alive: its threads stop with it.
-        let _ = self.serving.lock().unwrap().send(job);
+        let _ = jobs.lock().unwrap().send(job);
     }
 
     /// Runs `f` on a worker; a panic in it is an error for the caller, not a lost worker.
