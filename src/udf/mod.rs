@@ -1,15 +1,15 @@
 //! Your own transforms, pushed down and cached (PRODUCT.md §10): a Python function called on
 //! row groups in a pool of worker processes, its output what the cache keeps.
 //!
-//! Each worker is `python -c worker.py SPEC [PATH]`, told of on its stdin and answering on its
+//! Each worker is `python -c worker.py SPEC [PATH]`, asked on its stdin and answering on its
 //! stdout: the daemon writes a row group as an Arrow IPC stream (the `arrow` crate's) into
 //! memory shared with the worker, the worker writes the function's output as one into one of
 //! two answer areas shared the same way, which the daemon reads in place, or answers with the
 //! exception in one line (`worker.py`'s docstring has the framing). Through pipes, each row
 //! group took two more copies each way, in the kernel, into fresh memory (7% of a cold epoch's
 //! CPU with a TransformSpec, the daemon's and the workers' together); the pipes still carry the
-//! messages, so a worker that dies shows as the end of its pipe. A dead worker is replaced, and the row group it had is
-//! given to the new one once.
+//! messages, so a worker that dies shows as the end of its pipe. A dead worker is replaced, and
+//! the row group it had is given to the new one once.
 //!
 //! The function is identified by a digest of its source files (the file named and the `.py`
 //! files beside it, or the module's, or every `.py` under `transform_path=`) and
@@ -231,8 +231,12 @@ const PIPE_BYTES: libc::c_int = 1 << 20;
 
 /// Starts one worker and reads its hello.
 fn spawn(spec: &TransformOptions) -> Result<(Worker, Hello)> {
-    let request = Request::new().context("memory to share with a transform worker")?;
-    let answers = [Answer::new()?, Answer::new()?];
+    let shared_memory = "memory to share with a transform worker";
+    let request = Request::new().context(shared_memory)?;
+    let answers = [
+        Answer::new().context(shared_memory)?,
+        Answer::new().context(shared_memory)?,
+    ];
     let shared = [
         request.file.as_raw_fd(),
         answers[0].file.as_raw_fd(),
