@@ -441,19 +441,10 @@ impl Builder {
         if claimed.keys().first() != Some(&(b, t)) {
             return Here::UnderWay;
         }
-        // Its rows' places are wanted once, as the tensors are.
-        let picks = (self.picks.get(&b)).unwrap_or_else(|| Arc::new(self.picks_of(b)));
-        let Some(decoded) = (picks.row_groups.iter())
-            .map(|g| self.decoded.get(g))
-            .collect::<Option<Vec<_>>>()
-        else {
+        let wanted: Vec<usize> = claimed.keys().iter().map(|&(_, u)| u).collect();
+        let Some(tensors) = self.gather_in_memory(b, &wanted) else {
             return Here::NotInMemory;
         };
-        let wanted: Vec<usize> = claimed.keys().iter().map(|&(_, u)| u).collect();
-        let tensors = picks.gather(&self.placement, &decoded, &wanted, &self.stats);
-        if self.forget_changed(&picks, &decoded) {
-            return Here::NotInMemory;
-        }
         Stats::add(&self.stats.c.tensors_gathered, wanted.len() as u64);
         Stats::add(&self.stats.c.batches_built, 1);
         claimed.end(
@@ -579,27 +570,27 @@ impl Builder {
         if let Some(batch) = self.batch_at_hand(b) {
             return Some(batch);
         }
-        // Its rows' places are wanted once, as the batch is.
-        let picks = self
-            .picks
-            .get(&b)
-            .unwrap_or_else(|| Arc::new(self.picks_of(b)));
-        (self.stored).build_here(b, || self.gather_in_memory(b, &picks).map(Arc::new))
+        let all: Vec<usize> = (0..self.view.tensors.len()).collect();
+        (self.stored).build_here(b, || {
+            let tensors = self.gather_in_memory(b, &all)?;
+            Some(Arc::new(self.batch_of(b, tensors)))
+        })
     }
 
-    /// Batch `b`'s rows gathered from its row groups in memory; `None` where one is not, or
-    /// was a mapped file that changed (built again through [`Builder::batch`], from the
-    /// source).
-    fn gather_in_memory(&self, b: BatchRef, picks: &Picks) -> Option<Batch> {
+    /// Batch `b`'s rows of tensors `wanted` (in that order) gathered on the calling thread from
+    /// its row groups in memory; `None` where one is not, or was a mapped file that changed
+    /// (built again through [`Builder::batch`], from the source). Its rows' places are computed
+    /// here where not held, and not kept: they are wanted once, as the rows are.
+    fn gather_in_memory(&self, b: BatchRef, wanted: &[usize]) -> Option<Vec<Vec<u8>>> {
+        let picks = (self.picks.get(&b)).unwrap_or_else(|| Arc::new(self.picks_of(b)));
         let decoded = (picks.row_groups.iter())
             .map(|g| self.decoded.get(g))
             .collect::<Option<Vec<_>>>()?;
-        let all: Vec<usize> = (0..self.view.tensors.len()).collect();
-        let tensors = picks.gather(&self.placement, &decoded, &all, &self.stats);
-        if self.forget_changed(picks, &decoded) {
+        let tensors = picks.gather(&self.placement, &decoded, wanted, &self.stats);
+        if self.forget_changed(&picks, &decoded) {
             return None;
         }
-        Some(self.batch_of(b, tensors))
+        Some(tensors)
     }
 
     /// A batch of `b`'s rows of every tensor, counted.
