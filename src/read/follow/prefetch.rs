@@ -156,11 +156,7 @@ impl Prefetcher {
 
     /// Starts `work` on the runtime, counted as work pending from now until it ends.
     fn spawn_counted(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
-        let pending = self.stats.pending();
-        self.runtime.spawn(async move {
-            work.await;
-            drop(pending);
-        });
+        spawn_counted(&self.runtime, &self.stats, work)
     }
 
     fn plan(&self) -> &Plan {
@@ -450,8 +446,7 @@ impl Prefetcher {
             for (d, j, b, item) in left {
                 let (builder, scheduled, store) =
                     (builder.clone(), scheduled.clone(), store.clone());
-                let pending = stats.pending();
-                runtime.spawn(async move {
+                spawn_counted(&runtime, &stats, async move {
                     match builder.tensor_to_store(b, t).await {
                         Ok(_) => store(&builder, d, j, b),
                         Err(e) => {
@@ -459,7 +454,6 @@ impl Prefetcher {
                         }
                     }
                     scheduled.lock().unwrap().remove(&item);
-                    drop(pending);
                 });
             }
         });
@@ -641,6 +635,19 @@ fn store_rows(
             },
         });
     }
+}
+
+/// Starts `work` on `runtime`, counted in `stats` as work pending from now until it ends.
+fn spawn_counted(
+    runtime: &Handle,
+    stats: &Arc<Stats>,
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let pending = stats.pending();
+    runtime.spawn(async move {
+        work.await;
+        drop(pending);
+    });
 }
 
 /// The most batches of one job gathering a tensor ahead of its reader
