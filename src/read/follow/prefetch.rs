@@ -496,12 +496,13 @@ impl Prefetcher {
             .map(|&(d, j)| d.global(j))
             .filter(|g| g.0 < last)
             .collect();
-        if fresh.is_empty() {
+        let needed = self.builder.row_groups_to_warm(&fresh);
+        if needed.is_empty() {
             return;
         }
         let builder = self.builder.clone();
         self.spawn_counted(async move {
-            if let Err(e) = builder.warm_row_groups(&fresh).await {
+            if let Err(e) = builder.warm(needed).await {
                 tracing::warn!(
                     "prefetch of the row groups of (epoch, batch) {:?}: {}",
                     fresh.first(),
@@ -512,7 +513,7 @@ impl Prefetcher {
     }
 
     /// Under `shuffle=block`, the blocks the next batches draw from, and the blocks after them,
-    /// have their row groups asked for once each ([`Builder::warm_blocks`]).
+    /// have their row groups asked for once each ([`Builder::blocks_to_warm`]).
     fn decode_blocks(&self, files: &[(Batches, u64)], kinds: &[FileKind], last: u64) {
         if self.plan().options().shuffle != Shuffle::Block {
             return;
@@ -522,12 +523,13 @@ impl Prefetcher {
             .map(|&(d, j)| d.global(j))
             .filter(|g| g.0 < last)
             .collect();
-        if wanted.is_empty() {
+        let needed = self.builder.blocks_to_warm(&wanted);
+        if needed.is_empty() {
             return;
         }
         let builder = self.builder.clone();
         self.spawn_counted(async move {
-            if let Err(e) = builder.warm_blocks(&wanted).await {
+            if let Err(e) = builder.warm(needed).await {
                 tracing::warn!(
                     "prefetch of the blocks of (epoch, batch) {:?}: {}",
                     wanted.first(),

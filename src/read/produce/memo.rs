@@ -183,6 +183,12 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         self.state.lock().unwrap().cache.get(key).cloned()
     }
 
+    /// Whether `key` is held now (then used, as a [`Memo::get`] would) or being built.
+    pub(crate) fn held_or_under_way(&self, key: &K) -> bool {
+        let mut s = self.state.lock().unwrap();
+        s.cache.get(key).is_some() || s.flights.contains_key(key) || s.here.contains_key(key)
+    }
+
     /// Whether `key` is held now (its place in the LRU order unchanged).
     pub(crate) fn contains(&self, key: &K) -> bool {
         self.state.lock().unwrap().cache.contains(key)
