@@ -325,6 +325,61 @@ mod tests {
         assert_eq!(memo.build_here(9, || None).map(|b| b.0), None);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_or_under_way_counts_held_keys_as_used_and_sees_builds_of_both_kinds() {
+        let memo: Arc<Memo<u32, Blob>> = Arc::new(Memo::new(60));
+        for k in [1, 2] {
+            memo.get_or_build(k, async { Ok(Arc::new(Blob(30))) })
+                .await
+                .unwrap();
+        }
+        assert!(!memo.held_or_under_way(&3));
+        // Asked about, 1 is the most recently used: 3 evicts 2.
+        assert!(memo.held_or_under_way(&1));
+        memo.get_or_build(3, async { Ok(Arc::new(Blob(30))) })
+            .await
+            .unwrap();
+        assert!(memo.contains(&1) && !memo.contains(&2));
+        // An async build under way, and one on a worker thread.
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        let (building, built_from) = tokio::sync::oneshot::channel::<()>();
+        let async_build = {
+            let memo = memo.clone();
+            tokio::spawn(async move {
+                memo.get_or_build(4, async {
+                    building.send(()).unwrap();
+                    wait.await.unwrap();
+                    Ok(Arc::new(Blob(1)))
+                })
+                .await
+            })
+        };
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let worker = {
+            let memo = memo.clone();
+            std::thread::spawn(move || {
+                memo.build_here(5, || {
+                    started_tx.send(()).unwrap();
+                    finish_rx.recv().unwrap();
+                    Some(Arc::new(Blob(1)))
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        built_from.await.unwrap();
+        assert!(memo.held_or_under_way(&4) && memo.held_or_under_way(&5));
+        assert!(
+            !memo.contains(&4) && !memo.contains(&5),
+            "neither is held yet"
+        );
+        release.send(()).unwrap();
+        finish_tx.send(()).unwrap();
+        async_build.await.unwrap().unwrap();
+        worker.join().unwrap().unwrap();
+        assert!(memo.held_or_under_way(&4) && memo.held_or_under_way(&5));
+    }
+
     #[tokio::test]
     async fn the_cache_stays_within_its_capacity() {
         let memo: Memo<u32, Blob> = Memo::new(100);
