@@ -14,6 +14,7 @@
 
 use crate::cache::{ColumnBuf, LoadedColumns};
 use crate::model::plan::Shuffle;
+use crate::read::produce::tensors::TensorColumn;
 
 /// Tensors of at most this many bytes a row are interleaved (where two or more are).
 const INTERLEAVED_AT_MOST: usize = 16;
@@ -102,15 +103,16 @@ impl Placement {
     }
 
     /// A row group's parts from its `rows` rows of each tensor, back to back (as transformed).
-    pub(crate) fn parts_of(&self, tensors: Vec<Vec<u8>>, rows: usize) -> Vec<Vec<u8>> {
+    /// A tensor Arrow holds is copied once, into its interleaved part or its own column.
+    pub(crate) fn parts_of(&self, tensors: Vec<TensorColumn>, rows: usize) -> Vec<Vec<u8>> {
         if self.stride == 0 {
-            return tensors;
+            return tensors.into_iter().map(TensorColumn::into_vec).collect();
         }
         let mut parts = vec![Vec::new(); self.parts];
         let mut narrow = Vec::new();
         for (tensor, &place) in tensors.into_iter().zip(&self.places) {
             match place {
-                Place::Column { part, .. } => parts[part] = tensor,
+                Place::Column { part, .. } => parts[part] = tensor.into_vec(),
                 Place::Interleaved { width, .. } => {
                     assert_eq!(tensor.len(), rows * width, "a tensor of {rows} rows");
                     narrow.push((tensor, width));
@@ -636,7 +638,16 @@ mod tests {
                 })
                 .collect();
             let columns: Vec<Columns> = (tensors.iter().zip(sizes))
-                .map(|(t, rows)| Columns::owned(placement.parts_of(t.clone(), rows)))
+                .map(|(t, rows)| {
+                    // Every other tensor as Arrow would hold it (a transform's output).
+                    let columns = (t.iter().enumerate())
+                        .map(|(i, v)| match i % 2 {
+                            0 => TensorColumn::Own(v.clone()),
+                            _ => TensorColumn::Arrow(arrow::buffer::Buffer::from_vec(v.clone())),
+                        })
+                        .collect();
+                    Columns::owned(placement.parts_of(columns, rows))
+                })
                 .collect();
             let from: Vec<&Columns> = columns.iter().collect();
             // More rows than a stage holds, twice over and a part.

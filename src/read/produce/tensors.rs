@@ -13,9 +13,38 @@ use std::ops::Range;
 /// A transformed row group and what transforming it counted.
 pub(crate) struct Transformed {
     pub(crate) rows: usize,
-    pub(crate) tensors: Vec<Vec<u8>>,
+    pub(crate) tensors: Vec<TensorColumn>,
     /// Lists longer than their `pad=` length, cut.
     pub(crate) truncated: u64,
+}
+
+/// A tensor's column of a row group: bytes of its own, or, where the row group was decoded as
+/// one piece (a transform's output, read where its worker wrote it), a plain column as Arrow
+/// holds it, taken without a copy.
+pub(crate) enum TensorColumn {
+    Own(Vec<u8>),
+    Arrow(arrow::buffer::Buffer),
+}
+
+impl std::ops::Deref for TensorColumn {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            TensorColumn::Own(v) => v,
+            TensorColumn::Arrow(b) => b.as_slice(),
+        }
+    }
+}
+
+impl TensorColumn {
+    /// Its bytes in a vector of their own: copied where Arrow holds them.
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            TensorColumn::Own(v) => v,
+            TensorColumn::Arrow(b) => b.as_slice().to_vec(),
+        }
+    }
 }
 
 /// Elements of one column, flattened: their type, little-endian bytes, and which are valid
@@ -294,20 +323,30 @@ pub(crate) fn of_row_group(
     pieces: Vec<arrow::array::RecordBatch>,
 ) -> Result<Transformed> {
     let rows: usize = pieces.iter().map(|p| p.num_rows()).sum();
-    // Each tensor's column of the whole row group, allocated once: the pieces are appended to
-    // it, a plain column straight from Arrow's buffer (every byte a cold epoch copies costs CPU
-    // twice where the memory is fresh).
+    // Of several pieces, each tensor's column of the whole row group, allocated once: the
+    // pieces are appended to it, a plain column straight from Arrow's buffer (every byte a
+    // cold epoch copies costs CPU twice where the memory is fresh). Of one piece, each column
+    // is taken as it is: a plain one as Arrow holds it, any other as converted.
+    let whole = pieces.len() == 1;
     let mut tensors: Vec<Vec<u8>> = (view.tensors.iter())
-        .map(|t| match t.part {
-            Part::Len => Vec::new(),
+        .map(|t| match (t.part, whole) {
+            (Part::Len, _) | (_, true) => Vec::new(),
             _ => Vec::with_capacity(rows * t.row_bytes()),
         })
         .collect();
+    let mut as_arrow = vec![None; view.tensors.len()];
     let (mut first_row, mut truncated) = (0, 0);
     for piece in pieces {
-        truncated += append_piece(view, &piece, first_row, &mut tensors)?;
+        let taken = whole.then_some(&mut as_arrow[..]);
+        truncated += append_piece(view, &piece, first_row, &mut tensors, taken)?;
         first_row += piece.num_rows();
     }
+    let tensors = (tensors.into_iter().zip(as_arrow))
+        .map(|(own, arrow)| match arrow {
+            Some(buffer) => TensorColumn::Arrow(buffer),
+            None => TensorColumn::Own(own),
+        })
+        .collect();
     Ok(Transformed {
         rows,
         tensors,
@@ -342,12 +381,14 @@ fn plain_bytes(array: &dyn Array, dtype: DType) -> Option<(arrow::buffer::Buffer
 }
 
 /// Appends rows `first_row..` of a row group (`batch`), projected to `view.roots`, to the
-/// view's tensor columns `tensors`; the rows of lists `pad=` cut.
+/// view's tensor columns `tensors`; the rows of lists `pad=` cut. Given `taken` (the batch is
+/// the whole row group), a plain column's buffer goes there instead, not copied.
 fn append_piece(
     view: &View,
     batch: &arrow::array::RecordBatch,
     first_row: usize,
     tensors: &mut [Vec<u8>],
+    mut taken: Option<&mut [Option<arrow::buffer::Buffer>]>,
 ) -> Result<u64> {
     let rows = batch.num_rows();
     let mut truncated = 0;
@@ -364,8 +405,12 @@ fn append_piece(
                     .tensors
                     .iter()
                     .position(|t| t.feature == ii && t.part == Part::Data);
-                if let Some(t) = data {
-                    tensors[t].extend_from_slice(&buffer.as_slice()[range]);
+                match (data, taken.as_deref_mut()) {
+                    (Some(t), Some(taken)) => {
+                        taken[t] = Some(buffer.slice_with_length(range.start, range.len()))
+                    }
+                    (Some(t), None) => tensors[t].extend_from_slice(&buffer.as_slice()[range]),
+                    (None, _) => {}
                 }
                 continue;
             }
