@@ -496,12 +496,15 @@ impl Prefetcher {
             .map(|&(d, j)| d.global(j))
             .filter(|g| g.0 < last)
             .collect();
-        let needed = self.builder.row_groups_to_warm(&fresh);
-        if needed.is_empty() {
+        if fresh.is_empty() {
             return;
         }
+        // Chosen in the task, unlike the blocks below: the batches past the files being built
+        // may be hundreds, each its row groups looked up, too many for the thread that serves
+        // the reader's requests.
         let builder = self.builder.clone();
         self.spawn_counted(async move {
+            let needed = builder.row_groups_to_warm(&fresh);
             if let Err(e) = builder.warm(needed).await {
                 tracing::warn!(
                     "prefetch of the row groups of (epoch, batch) {:?}: {}",

@@ -704,7 +704,7 @@ impl Builder {
     /// The row groups the batches `batches` (epoch, batch) need, for [`Builder::warm`] ahead
     /// of building them, in that order (the prefetcher starts a row group's decode well before
     /// the first batch that needs it); those held (which count as used) or being decoded left
-    /// out. Chosen on the caller's thread, as [`Builder::blocks_to_warm`] are.
+    /// out, so that no future is made for them.
     pub(crate) fn row_groups_to_warm(&self, batches: &[(u64, u64)]) -> Vec<usize> {
         let mut seen = BTreeSet::new();
         let mut needed = Vec::new();
