@@ -30,6 +30,13 @@ struct MemoState<K, V> {
     here: HashMap<K, Arc<tokio::sync::Notify>>,
 }
 
+impl<K: Hash + Eq, V> MemoState<K, V> {
+    /// Whether `key` is being built, by [`Memo::get_or_build`] or under a claim.
+    fn building(&self, key: &K) -> bool {
+        self.flights.contains_key(key) || self.here.contains_key(key)
+    }
+}
+
 /// A byte-bounded LRU cache in front of single-flight builds: concurrent callers for one key
 /// share one build.
 pub(crate) struct Memo<K, V> {
@@ -124,7 +131,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
         let mut s = self.state.lock().unwrap();
         let mut claimed = Vec::new();
         for key in keys {
-            if s.cache.contains(&key) || s.flights.contains_key(&key) || s.here.contains_key(&key) {
+            if s.cache.contains(&key) || s.building(&key) {
                 continue;
             }
             s.here.insert(key.clone(), Arc::default());
@@ -186,7 +193,7 @@ impl<K: Hash + Eq + Clone, V: Weighted> Memo<K, V> {
     /// Whether `key` is held now (then used, as a [`Memo::get`] would) or being built.
     pub(crate) fn held_or_under_way(&self, key: &K) -> bool {
         let mut s = self.state.lock().unwrap();
-        s.cache.get(key).is_some() || s.flights.contains_key(key) || s.here.contains_key(key)
+        s.cache.get(key).is_some() || s.building(key)
     }
 
     /// Whether `key` is held now (its place in the LRU order unchanged).
