@@ -501,7 +501,8 @@ fn append_piece(
             }
             .expect("each part is served once");
             match tensors[ti].capacity() {
-                // Nothing reserved (a length column): taken as it is.
+                // Nothing reserved (a length column, or any column of a row group of one
+                // piece): taken as it is.
                 0 => tensors[ti] = part,
                 _ => tensors[ti].extend_from_slice(&part),
             }
